@@ -1,0 +1,26 @@
+"""The lab fleet on this machine (`python -m lab up` makes it): real Debian hosts in
+systemd-nspawn containers, reached over SSH with strict host key checking, serving a
+tiny real GGUF from a local mirror on the CPU backend."""
+from lab.fleet import load_state
+from voltafleet.groupvars import load_or_exit
+
+_lab = load_state()
+_overrides = {
+    "llama_cpp_repo": _lab["llama_cpp_repo"],
+    "llama_cpp_ref": _lab["llama_cpp_ref"],
+    "model_url": _lab["model_url"],
+    "model_sha256": _lab["model_sha256"],
+}
+_hosts = [
+    (h["name"], {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": h["ssh_port"],
+        "ssh_user": "root",
+        "ssh_key": _lab["ssh_key"],
+        "ssh_known_hosts_file": _lab["known_hosts"],
+        "ssh_strict_host_key_checking": "yes",
+        "server_port_base": h["server_port_base"],
+    })
+    for h in _lab["hosts"]
+]
+lab = load_or_exit({"lab": _hosts}, origin="inventory/lab.py", overrides=_overrides)["lab"]

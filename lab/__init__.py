@@ -1,0 +1,1 @@
+"""The voltafleet lab fleet (see lab/fleet.py)."""

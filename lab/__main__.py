@@ -1,0 +1,26 @@
+import argparse
+import os
+import sys
+
+from lab import fleet
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m lab", description=fleet.__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="make and boot the lab hosts and mirrors (idempotent)")
+    u.add_argument("--hosts", type=int, default=int(os.environ.get("LAB_HOSTS", "2")))
+    sub.add_parser("down", help="stop and remove the hosts and mirrors (caches stay)")
+    sub.add_parser("status", help="list hosts, ports and mirrors")
+    a = p.parse_args()
+    if a.cmd == "up":
+        fleet.up(a.hosts)
+        return fleet.status()
+    if a.cmd == "down":
+        fleet.down()
+        return 0
+    return fleet.status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

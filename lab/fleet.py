@@ -1,0 +1,384 @@
+"""The lab fleet: real Debian hosts on this machine, reached over SSH like any server.
+
+Each host is a systemd-nspawn container booted with systemd, sharing the loopback
+network, with its sshd on its own 127.0.0.1 port. Beside the hosts run the two
+mirrors a deploy needs without the internet: llama.cpp's git repository (git
+daemon) and a model mirror (nginx, which honours HTTP Range requests).
+
+    python -m lab up [--hosts N]     idempotent
+    python -m lab status
+    python -m lab down               stops and removes what up made (caches stay)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+CACHE = Path(os.environ.get("VOLTAFLEET_CACHE", "/var/cache/voltafleet"))
+STATE = Path(os.environ.get("VOLTAFLEET_LAB", "/var/lib/voltafleet/lab"))
+STATE_FILE = STATE / "lab.json"
+
+SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+ROOTFS_PACKAGES = "systemd,systemd-sysv,dbus,openssh-server,sudo,ca-certificates,curl"
+
+# llama.cpp comes from the llama-cpp-python sdist, which carries a git checkout of it.
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+# A second commit on top of the sdist's, for tests that change the ref.
+NEXT_TAG = "lab-next"
+
+SSH_PORT_BASE = 2200
+SERVER_PORT_BASE = 18000  # host i serves on 18000 + 10*i + gpu index
+GIT_PORT = 9418
+HTTP_PORT = 8808
+MODEL_NAME = "tiny-qwen2-f16.gguf"
+
+
+def log(msg: str) -> None:
+    print(f"[lab] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def pid_alive(pidfile: Path) -> int | None:
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- caches
+
+
+def ensure_rootfs() -> Path:
+    """Debian minbase with systemd and sshd, made once and reused."""
+    root = CACHE / f"rootfs-{SUITE}"
+    if (root / ".voltafleet-complete").exists():
+        return root
+    tmp = CACHE / f"rootfs-{SUITE}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"debootstrap {SUITE} into {root} (once, about a minute or two)")
+    run(["debootstrap", "--variant=minbase", f"--include={ROOTFS_PACKAGES}",
+         SUITE, str(tmp), DEBIAN_MIRROR], stdout=subprocess.DEVNULL)
+    # Host keys made by the package are shared by every copy: each host gets its own.
+    for key in (tmp / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    (tmp / ".voltafleet-complete").touch()
+    tmp.rename(root)
+    return root
+
+
+def ensure_sdist() -> Path:
+    dest = CACHE / "sdist"
+    tarball = dest / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+    if not tarball.exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        log(f"pip download {SDIST_NAME}=={SDIST_VERSION} (sdist)")
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             "-d", str(dest), f"{SDIST_NAME}=={SDIST_VERSION}"], stdout=subprocess.DEVNULL)
+    got = sha256_file(tarball)
+    if got != SDIST_SHA256:
+        tarball.unlink()
+        raise SystemExit(f"lab: {tarball.name} sha256 {got} != pinned {SDIST_SHA256}; removed it, "
+                         f"run again (or update SDIST_SHA256 in lab/fleet.py if the pin moved)")
+    src = dest / f"llama_cpp_python-{SDIST_VERSION}"
+    if not (src / "vendor/llama.cpp/CMakeLists.txt").exists():
+        with tarfile.open(tarball) as tf:
+            tf.extractall(dest, filter="tar")
+    return src
+
+
+def git(repo: Path, *args: str, **kw) -> str:
+    return run(["git", "-C", str(repo), *args], capture_output=True, text=True, **kw).stdout.strip()
+
+
+def ensure_git_mirror() -> dict:
+    """A bare llama.cpp repository holding the sdist's real upstream commit."""
+    bare = CACHE / "mirror/git/llama.cpp.git"
+    if not (bare / "voltafleet-complete").exists():
+        sdist = ensure_sdist()
+        checkout = sdist / "vendor/llama.cpp"
+        shutil.rmtree(bare, ignore_errors=True)
+        bare.parent.mkdir(parents=True, exist_ok=True)
+        log("making the llama.cpp git mirror from the sdist's checkout")
+        run(["git", "clone", "--bare", "--no-local", str(checkout), str(bare)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        head = git(checkout, "rev-parse", "HEAD")
+        git(bare, "update-ref", "refs/heads/master", head)
+        git(bare, "tag", "-f", "lab-base", head)
+        # lab-next: one more commit (a README line), so tests can move the ref.
+        work = CACHE / "mirror/work"
+        shutil.rmtree(work, ignore_errors=True)
+        run(["git", "clone", "-q", "--no-local", str(bare), str(work)])
+        (work / "VOLTAFLEET_LAB").write_text("a commit on top of upstream, for ref-change tests\n")
+        git(work, "add", "VOLTAFLEET_LAB")
+        fixed = {**os.environ, "GIT_AUTHOR_DATE": "2026-10-01T00:00:00Z",
+                 "GIT_COMMITTER_DATE": "2026-10-01T00:00:00Z"}  # the same commit id on every machine
+        git(work, "-c", "user.name=voltafleet lab", "-c", "user.email=lab@voltafleet.invalid",
+            "commit", "-q", "-m", "lab: a second commit for ref-change tests", env=fixed)
+        git(work, "push", "-q", "origin", f"HEAD:refs/tags/{NEXT_TAG}")
+        shutil.rmtree(work)
+        git(bare, "config", "uploadpack.allowAnySHA1InWant", "true")
+        git(bare, "config", "uploadpack.allowReachableSHA1InWant", "true")
+        (bare / "git-daemon-export-ok").touch()
+        (bare / "voltafleet-complete").touch()
+    return {
+        "commit": git(bare, "rev-parse", "lab-base^{commit}"),
+        "next_commit": git(bare, "rev-parse", f"{NEXT_TAG}^{{commit}}"),
+    }
+
+
+def ensure_model() -> dict:
+    models = CACHE / "mirror/http/models"
+    model = models / MODEL_NAME
+    if not model.exists():
+        models.mkdir(parents=True, exist_ok=True)
+        vocab = ensure_sdist() / "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"
+        log(f"writing {model.name} (random weights, Qwen2 tokenizer)")
+        from lab.tinymodel import write
+
+        tmp = model.with_suffix(".tmp")
+        write(str(vocab), str(tmp))
+        tmp.rename(model)
+    sha_file = model.with_name(model.name + ".sha256")
+    if not sha_file.exists():
+        sha_file.write_text(f"{sha256_file(model)}  {model.name}\n")
+    return {"sha256": sha_file.read_text().split()[0], "size": model.stat().st_size}
+
+
+# ---------------------------------------------------------------- services
+
+
+NGINX_CONF = """\
+worker_processes 1;
+pid {state}/nginx.pid;
+error_log {state}/nginx-error.log;
+events {{ worker_connections 256; }}
+http {{
+    access_log {state}/nginx-access.log;
+    client_body_temp_path {state}/nginx-tmp;
+    proxy_temp_path {state}/nginx-tmp;
+    fastcgi_temp_path {state}/nginx-tmp;
+    uwsgi_temp_path {state}/nginx-tmp;
+    scgi_temp_path {state}/nginx-tmp;
+    types {{ application/octet-stream gguf; text/plain sha256; }}
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location / {{ autoindex on; }}
+    }}
+}}
+"""
+
+
+def ensure_http_mirror() -> None:
+    pidfile = STATE / "nginx.pid"
+    if pid_alive(pidfile) and port_open(HTTP_PORT):
+        return
+    conf = STATE / "nginx.conf"
+    (STATE / "nginx-tmp").mkdir(parents=True, exist_ok=True)
+    conf.write_text(NGINX_CONF.format(state=STATE, port=HTTP_PORT, root=CACHE / "mirror/http"))
+    run(["nginx", "-c", str(conf), "-g", "daemon on;"])
+    wait_for(lambda: port_open(HTTP_PORT), 10, f"nginx on 127.0.0.1:{HTTP_PORT}")
+
+
+def ensure_git_daemon() -> None:
+    pidfile = STATE / "git-daemon.pid"
+    if pid_alive(pidfile) and port_open(GIT_PORT):
+        return
+    run(["git", "daemon", "--detach", f"--pid-file={pidfile}", "--reuseaddr",
+         "--listen=127.0.0.1", f"--port={GIT_PORT}", f"--base-path={CACHE / 'mirror/git'}",
+         str(CACHE / "mirror/git")])
+    wait_for(lambda: port_open(GIT_PORT), 10, f"git daemon on 127.0.0.1:{GIT_PORT}")
+
+
+def stop_pidfile(pidfile: Path, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    pid = pid_alive(pidfile)
+    if not pid:
+        return
+    os.kill(pid, sig)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.3)
+    os.kill(pid, signal.SIGKILL)
+
+
+def wait_for(check, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"lab: timed out after {timeout:.0f}s waiting for {what}")
+
+
+# ---------------------------------------------------------------- hosts
+
+
+def host_name(i: int) -> str:
+    return f"vf-lab-{i}"
+
+
+def ensure_key() -> Path:
+    key = STATE / "id_ed25519"
+    if not key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "voltafleet-lab", "-f", str(key)])
+    return key
+
+
+def make_host(i: int, rootfs: Path, key: Path) -> dict:
+    name, port = host_name(i), SSH_PORT_BASE + i
+    hdir = STATE / "hosts" / name
+    root = hdir / "rootfs"
+    if not (hdir / "ready").exists():
+        shutil.rmtree(hdir, ignore_errors=True)
+        hdir.mkdir(parents=True)
+        log(f"{name}: copying the cached rootfs")
+        run(["cp", "-a", "--reflink=auto", str(rootfs), str(root)])
+        (root / "etc/hostname").write_text(name + "\n")
+        (root / "etc/hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {name}\n")
+        ssh = root / "root/.ssh"
+        ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copy(key.with_suffix(".pub"), ssh / "authorized_keys")
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name,
+             "-f", str(root / "etc/ssh/ssh_host_ed25519_key")])
+        (root / "etc/ssh/sshd_config.d/lab.conf").write_text(
+            f"Port {port}\nListenAddress 127.0.0.1\n"
+            "HostKey /etc/ssh/ssh_host_ed25519_key\n"
+            "PasswordAuthentication no\nPermitRootLogin prohibit-password\n")
+        (hdir / "ready").touch()
+    hostkey = (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+    return {"name": name, "ssh_port": port, "server_port_base": SERVER_PORT_BASE + 10 * i,
+            "dir": str(hdir), "known_host": f"[127.0.0.1]:{port} {hostkey[0]} {hostkey[1]}"}
+
+
+def boot_host(host: dict) -> None:
+    hdir = Path(host["dir"])
+    pidfile = hdir / "nspawn.pid"
+    if pid_alive(pidfile):
+        return
+    ccache = CACHE / "ccache"
+    ccache.mkdir(parents=True, exist_ok=True)
+    log(f"{host['name']}: booting (sshd on 127.0.0.1:{host['ssh_port']})")
+    console = open(hdir / "console.log", "ab")
+    proc = subprocess.Popen(
+        ["systemd-nspawn", "-D", str(hdir / "rootfs"), "--boot", "--register=no",
+         "--keep-unit", "-M", host["name"],
+         # the compiler cache lives on this machine between runs and lab rebuilds
+         f"--bind={ccache}:/var/cache/voltafleet/ccache"],
+        stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    pidfile.write_text(str(proc.pid))
+
+
+def ssh_ok(host: dict, key: Path, known_hosts: Path) -> bool:
+    r = subprocess.run(
+        ["ssh", "-i", str(key), "-p", str(host["ssh_port"]), "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+         "-o", "ConnectTimeout=3", "root@127.0.0.1", "systemctl is-system-running --wait"],
+        capture_output=True, text=True, timeout=120)
+    return r.stdout.strip() in ("running", "degraded")
+
+
+def up(n_hosts: int) -> dict:
+    t0 = time.time()
+    STATE.mkdir(parents=True, exist_ok=True)
+    rootfs = ensure_rootfs()
+    git_info = ensure_git_mirror()
+    model = ensure_model()
+    ensure_git_daemon()
+    ensure_http_mirror()
+    key = ensure_key()
+    known_hosts = STATE / "known_hosts"
+    previous = load_state(required=False)
+    n_hosts = max(n_hosts, len(previous.get("hosts", [])) if previous else 0)
+    hosts = [make_host(i, rootfs, key) for i in range(1, n_hosts + 1)]
+    known_hosts.write_text("".join(h["known_host"] + "\n" for h in hosts))
+    for h in hosts:
+        boot_host(h)
+    for h in hosts:
+        wait_for(lambda h=h: port_open(h["ssh_port"]), 90, f"sshd of {h['name']}")
+        wait_for(lambda h=h: ssh_ok(h, key, known_hosts), 120, f"systemd of {h['name']}")
+    state = {
+        "hosts": hosts,
+        "ssh_key": str(key),
+        "known_hosts": str(known_hosts),
+        "llama_cpp_repo": f"git://127.0.0.1:{GIT_PORT}/llama.cpp.git",
+        "llama_cpp_ref": git_info["commit"],
+        "llama_cpp_next_ref": NEXT_TAG,
+        "llama_cpp_next_commit": git_info["next_commit"],
+        "model_url": f"http://127.0.0.1:{HTTP_PORT}/models/{MODEL_NAME}",
+        "model_sha256": model["sha256"],
+        "model_size": model["size"],
+        "mirror_root": str(CACHE / "mirror/http"),
+    }
+    STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
+    log(f"up: {len(hosts)} host(s) in {time.time() - t0:.1f}s")
+    return state
+
+
+def load_state(required: bool = True) -> dict:
+    if STATE_FILE.exists():
+        return json.loads(STATE_FILE.read_text())
+    if required:
+        raise SystemExit(f"lab: no lab fleet ({STATE_FILE} is missing). Fix: run `python -m lab up`.")
+    return {}
+
+
+def down() -> None:
+    hosts_dir = STATE / "hosts"
+    for hdir in sorted(hosts_dir.glob("*")) if hosts_dir.exists() else []:
+        log(f"{hdir.name}: shutting down")
+        stop_pidfile(hdir / "nspawn.pid")
+    stop_pidfile(STATE / "git-daemon.pid")
+    stop_pidfile(STATE / "nginx.pid", signal.SIGQUIT)
+    shutil.rmtree(STATE, ignore_errors=True)
+    log("down: hosts and mirrors stopped, lab state removed (caches kept in %s)" % CACHE)
+
+
+def status() -> int:
+    state = load_state(required=False)
+    if not state:
+        print("lab: down")
+        return 1
+    print(f"{'host':<10} {'ssh':>6} {'servers':>8}  state")
+    for h in state["hosts"]:
+        alive = pid_alive(Path(h["dir"]) / "nspawn.pid")
+        up_ = "up" if alive and port_open(h["ssh_port"]) else "down"
+        print(f"{h['name']:<10} {h['ssh_port']:>6} {h['server_port_base']:>8}  {up_}")
+    print(f"git mirror:   {state['llama_cpp_repo']} ({'up' if port_open(GIT_PORT) else 'down'})")
+    print(f"model mirror: {state['model_url']} ({'up' if port_open(HTTP_PORT) else 'down'})")
+    return 0

@@ -1,0 +1,192 @@
+"""voltafleet's pyinfra facts: what a host has, read before (and during) the rollout.
+
+pyinfra 3 reads facts afresh each time: in the prepare phase they show the state before
+the rollout, and operations re-read them when they execute.
+"""
+from __future__ import annotations
+
+import json
+
+from pyinfra.api import FactBase
+
+
+class Gpus(FactBase):
+    """NVIDIA GPUs as nvidia-smi lists them; [] without a driver.
+
+    .. code:: python
+
+        host.get_fact(Gpus)  # [{"index": 0, "name": "Tesla V100-SXM2-16GB", "compute_cap": "7.0", ...}]
+    """
+
+    @staticmethod
+    def default():
+        return []
+
+    def command(self) -> str:
+        return ("nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version "
+                "--format=csv,noheader,nounits 2>/dev/null || true")
+
+    def process(self, output):
+        return parse_gpus(output)
+
+
+def parse_gpus(lines) -> list[dict]:
+    gpus = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5 or not parts[0].isdigit():
+            continue
+        gpus.append({"index": int(parts[0]), "name": parts[1], "compute_cap": parts[2],
+                     "memory_mib": int(float(parts[3])), "driver_version": parts[4]})
+    return gpus
+
+
+class NvccVersion(FactBase):
+    """The CUDA toolkit's version from nvcc (PATH or /usr/local/cuda), e.g. "12.9.86"; None if absent."""
+
+    def command(self) -> str:
+        return ("for n in nvcc /usr/local/cuda/bin/nvcc; do command -v $n >/dev/null 2>&1 "
+                "&& { $n --version; exit 0; }; done; true")
+
+    def process(self, output):
+        return parse_nvcc(output)
+
+
+def parse_nvcc(lines) -> str | None:
+    for line in lines:
+        # "Cuda compilation tools, release 12.9, V12.9.86"
+        if "release" in line and ", V" in line:
+            return line.rsplit(", V", 1)[1].strip()
+    return None
+
+
+class HostBasics(FactBase):
+    """OS id and version, CPU count, RAM and the C++ compiler of a host.
+
+    .. code:: python
+
+        host.get_fact(HostBasics)  # {"os": "debian-12", "cpus": 2, "mem_mib": 24000, "cxx": "12.2.0 x86_64-linux-gnu"}
+    """
+
+    def command(self) -> str:
+        return (". /etc/os-release; echo \"os=$ID-$VERSION_ID\"; echo \"cpus=$(nproc)\"; "
+                "echo \"mem_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)\"; "
+                "if command -v c++ >/dev/null 2>&1; then "
+                "echo \"cxx=$(c++ -dumpfullversion) $(c++ -dumpmachine)\"; fi")
+
+    def process(self, output):
+        kv = dict(line.split("=", 1) for line in output if "=" in line)
+        return {"os": kv.get("os"), "cpus": int(kv.get("cpus", 1)),
+                "mem_mib": int(kv.get("mem_kib", 0)) // 1024, "cxx": kv.get("cxx")}
+
+
+class FreeDisk(FactBase):
+    """Filesystem id and free bytes where `path` is (or its nearest existing parent).
+
+    .. code:: python
+
+        host.get_fact(FreeDisk, path="/var/lib/voltafleet/models")  # {"dev": "64768", "free": 85899345920}
+    """
+
+    def command(self, path: str) -> str:
+        return (f"p={path}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+                "echo \"$(stat -c %d \"$p\") $(df -PB1 \"$p\" | awk 'NR==2 {print $4}')\"")
+
+    def process(self, output):
+        dev, free = output[0].split()
+        return {"dev": dev, "free": int(free)}
+
+
+class Releases(FactBase):
+    """llama.cpp releases under ROOT: which exist, which is current, last good and their build info.
+
+    .. code:: python
+
+        host.get_fact(Releases, root="/opt/voltafleet")
+        # {"current": "3f2a...", "good": "3f2a...", "releases": {"3f2a...": {"mtime": 1.7e9, "info": {...}}}}
+    """
+
+    @staticmethod
+    def default():
+        return {"current": None, "good": None, "releases": {}}
+
+    def command(self, root: str) -> str:
+        return (f"cd {root} 2>/dev/null || exit 0; "
+                "echo \"current=$(basename \"$(readlink current 2>/dev/null)\" 2>/dev/null)\"; "
+                "echo \"good=$(basename \"$(readlink good 2>/dev/null)\" 2>/dev/null)\"; "
+                "for d in releases/*/; do [ -f \"$d/BUILD_INFO.json\" ] || continue; "
+                "echo \"release=$(basename $d) $(stat -c %Y $d) $(tr -d '\\n' < $d/BUILD_INFO.json)\"; done")
+
+    def process(self, output):
+        out = self.default()
+        for line in output:
+            key, _, val = line.partition("=")
+            if key in ("current", "good"):
+                out[key] = val or None
+            elif key == "release":
+                name, mtime, info = val.split(" ", 2)
+                out["releases"][name] = {"mtime": float(mtime), "info": json.loads(info)}
+        return out
+
+
+class GitHead(FactBase):
+    """The commit checked out in a git work tree, or None."""
+
+    def command(self, path: str) -> str:
+        return f"git -C {path} rev-parse HEAD 2>/dev/null || true"
+
+    def process(self, output):
+        return output[0].strip() if output else None
+
+
+class FileState(FactBase):
+    """Size and mtime of a file plus the content of a small sidecar file; None if absent."""
+
+    def command(self, path: str, sidecar: str) -> str:
+        return (f"if [ -f {path} ]; then stat -c 'stat=%s %Y' {path}; "
+                f"[ -f {sidecar} ] && sed 's/^/side=/' {sidecar}; fi; true")
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            key, _, val = line.partition("=")
+            if key == "stat":
+                size, mtime = val.split()
+                out.update(size=int(size), mtime=int(mtime))
+            elif key == "side":
+                out.setdefault("sidecar", []).append(val)
+        return out or None
+
+
+class HelpText(FactBase):
+    """`llama-server --help` of a given binary, or None if the binary is not there."""
+
+    def command(self, binary: str) -> str:
+        return f"if [ -x {binary} ]; then {binary} --help 2>&1; else echo __voltafleet_missing__; fi; true"
+
+    def process(self, output):
+        if output and output[0] == "__voltafleet_missing__":
+            return None
+        return "\n".join(output)
+
+
+class ServerInstances(FactBase):
+    """llama-server@N units on a host: {index: {"env": True, "active": "active", "enabled": "enabled"}}."""
+
+    @staticmethod
+    def default():
+        return {}
+
+    def command(self, env_dir: str) -> str:
+        return (f"for f in {env_dir}/*.env; do [ -f \"$f\" ] || continue; i=$(basename $f .env); "
+                "echo \"$i $(systemctl is-active llama-server@$i.service 2>/dev/null || true) "
+                "$(systemctl is-enabled llama-server@$i.service 2>/dev/null || true)\"; done")
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            parts = line.split()
+            if parts and parts[0].isdigit():
+                out[int(parts[0])] = {"active": parts[1] if len(parts) > 1 else "unknown",
+                                      "enabled": parts[2] if len(parts) > 2 else "unknown"}
+        return out
