@@ -6,6 +6,7 @@ merge them per host and validate the result before pyinfra connects anywhere.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 GROUP_VARS = REPO / "group_vars"
 # Host data keys that belong to pyinfra (connection), not to voltafleet.
 CONNECTOR_PREFIXES = ("ssh_", "_")
+# A YAML file of variables applied last, to every host of the run.
+EXTRA_VARS_ENV = "VOLTAFLEET_VARS"
 
 
 def read_yaml(path: Path) -> dict:
     rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    if not path.exists():
+        raise ConfigError(f"{rel}: no such file. Fix: create it or correct the path.")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -63,6 +68,9 @@ def build_inventory(groups: dict[str, list], origin: str, overrides: dict | None
         merged = host_vars(member_of, {}, origin, group_vars)
         merged.update(overrides or {}, origin)
         merged.update(ours, f"{origin} (host {name})")
+        if os.environ.get(EXTRA_VARS_ENV):  # one-off overrides for a run, e.g. a canary ref
+            extra = Path(os.environ[EXTRA_VARS_ENV])
+            merged.update(read_yaml(extra), f"{extra} ({EXTRA_VARS_ENV})")
         values = validate(name, merged)
         values["voltafleet_groups"] = member_of
         for g in member_of:

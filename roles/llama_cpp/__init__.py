@@ -21,6 +21,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from gevent.lock import Semaphore
 from pyinfra import host, inventory, logger
 from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
@@ -146,28 +147,35 @@ def compiled(ctx: dict, builder: str | None = None):
     yield build_script(ctx, fp, host.get_fact(HostBasics)["cxx"], toolkit)
 
 
+_ARCHIVE_LOCKS: dict[str, Semaphore] = {}
+
+
 def _archive_from(builder, ctx: dict, fp: str) -> Path:
-    """The release archive in the controller cache, fetched from the builder once."""
-    root = ctx["cfg"]["voltafleet_root"]
-    archive = RELEASE_CACHE / f"{fp}.tar.gz"
-    if archive.exists() and archive.with_suffix(".sha256").exists():
+    """The release archive in the controller cache, fetched from the builder once even when
+    many hosts ask for it at the same time."""
+    with _ARCHIVE_LOCKS.setdefault(fp, Semaphore()):
+        archive = RELEASE_CACHE / f"{fp}.tar.gz"
+        if archive.exists() and archive.with_suffix(".sha256").exists():
+            return archive
+        root = ctx["cfg"]["voltafleet_root"]
+        RELEASE_CACHE.mkdir(parents=True, exist_ok=True)
+        remote = f"{root}/releases/{fp}.tar.gz"
+        has, _ = builder.run_shell_command(f"test -f {root}/releases/{fp}/BUILD_INFO.json")
+        if not has:
+            raise OperationError(f"{builder.name} has no release {fp} to ship (its compiler or toolkit "
+                                 "differs from this host's?). Fix: align the hosts, or set "
+                                 "llama_cpp_build_strategy: per_host for this group.")
+        ok, out = builder.run_shell_command(
+            f"tar -C {root}/releases -czf {remote}.tmp {fp} && mv -f {remote}.tmp {remote}")
+        if not ok:
+            raise OperationError(f"could not archive release {fp} on {builder.name}: {out.stderr}")
+        tmp = archive.with_suffix(".part")
+        if not builder.get_file(remote, str(tmp)):
+            raise OperationError(f"could not fetch {remote} from {builder.name}")
+        sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        tmp.rename(archive)
+        archive.with_suffix(".sha256").write_text(sha + "\n")
         return archive
-    RELEASE_CACHE.mkdir(parents=True, exist_ok=True)
-    remote = f"{root}/releases/{fp}.tar.gz"
-    ok, out = builder.run_shell_command(
-        f"test -f {root}/releases/{fp}/BUILD_INFO.json && tar -C {root}/releases -czf {remote}.tmp {fp} "
-        f"&& mv -f {remote}.tmp {remote}")
-    if not ok:
-        raise OperationError(f"{builder.name} has no release {fp} to ship (its compiler or toolkit "
-                             "differs from this host's?). Fix: align the hosts, or set "
-                             "llama_cpp_build_strategy: per_host for this group.")
-    tmp = archive.with_suffix(".part")
-    if not builder.get_file(remote, str(tmp)):
-        raise OperationError(f"could not fetch {remote} from {builder.name}")
-    sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
-    tmp.rename(archive)
-    archive.with_suffix(".sha256").write_text(sha + "\n")
-    return archive
 
 
 def _ship(state, host, builder_name: str, ctx: dict, fp: str) -> None:

@@ -1,0 +1,79 @@
+"""Helpers for tests against the real lab fleet: SSH with strict host keys, pyinfra runs."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from lab.fleet import load_state
+
+REPO = Path(__file__).resolve().parents[2]
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+
+
+def lab() -> dict:
+    return load_state()
+
+
+def ssh(host: dict, cmd: str, check: bool = True) -> str:
+    st = lab()
+    r = subprocess.run(["ssh", "-i", st["ssh_key"], "-p", str(host["ssh_port"]), "-o", "BatchMode=yes",
+                        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={st['known_hosts']}",
+                        "root@127.0.0.1", cmd], capture_output=True, text=True, timeout=300)
+    if check and r.returncode != 0:
+        raise AssertionError(f"ssh {host['name']} {cmd!r} failed: {r.stderr}")
+    return r.stdout.strip()
+
+
+class Run:
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.rc, self.out = proc.returncode, proc.stdout + proc.stderr
+
+    @property
+    def changed(self) -> int:
+        """pyinfra's Grand total 'Success' column: operations that changed something."""
+        m = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", self.out)
+        assert m, f"no results table in pyinfra output:\n{self.out[-3000:]}"
+        return 0 if m.group(2) == "-" else int(m.group(2))
+
+    def __repr__(self):
+        return f"Run(rc={self.rc}):\n{self.out[-4000:]}"
+
+
+def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None = None) -> Run:
+    e = {**os.environ, **(env or {})}
+    e.pop("VOLTAFLEET_VARS", None)
+    if vars:
+        path = (tmp or Path("/tmp")) / "voltafleet-test-vars.yml"
+        path.write_text(yaml.safe_dump(vars))
+        e["VOLTAFLEET_VARS"] = str(path)
+    proc = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=3000)
+    return Run(proc)
+
+
+def current_release(host: dict) -> str:
+    return ssh(host, "basename $(readlink /opt/voltafleet/current)")
+
+
+def build_info(host: dict) -> dict:
+    return json.loads(ssh(host, "cat /opt/voltafleet/current/BUILD_INFO.json"))
+
+
+def compiled_here(host: dict) -> list[str]:
+    """Fingerprints this host compiled (a CMake build tree exists only where it compiled)."""
+    out = ssh(host, "ls -d /opt/voltafleet/build/*/ 2>/dev/null | xargs -rn1 basename", check=False)
+    return out.split()
+
+
+def main_pid(host: dict, instance: int) -> int:
+    return int(ssh(host, f"systemctl show -P MainPID llama-server@{instance}.service"))
+
+
+def report(host: dict) -> dict:
+    return json.loads((REPO / "reports" / f"smoke-{host['name']}.json").read_text())

@@ -1,0 +1,131 @@
+"""The whole rollout on the real lab fleet, in order: these tests share the fleet's state.
+
+Start from a fresh lab (`python -m lab up --fresh`, as `make test` does): real Debian
+hosts with systemd and sshd, real llama.cpp built from source, a real GGUF over HTTP,
+the real systemd units, the real smoke test.
+"""
+import pytest
+
+from lab import fleet
+from tests.lab.helpers import (build_info, compiled_here, current_release, deploy, lab, main_pid, report,
+                               ssh)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    return lab()["hosts"][:2]
+
+
+def test_first_rollout_converges(hosts):
+    for h in hosts:
+        assert ssh(h, "test -e /opt/voltafleet/current && echo yes || echo no") == "no", \
+            f"{h['name']} is not fresh: run `python -m lab up --fresh` first"
+    run = deploy()
+    assert run.rc == 0, run
+    assert run.changed > 0
+    assert "smoke PASSED" in run.out
+
+
+def test_every_instance_is_active_under_systemd(hosts):
+    for h in hosts:
+        for i in (0, 1):
+            assert ssh(h, f"systemctl is-active llama-server@{i}.service") == "active"
+            assert ssh(h, f"systemctl is-enabled llama-server@{i}.service") == "enabled"
+
+
+def test_smoke_report_has_the_three_numbers(hosts):
+    for h in hosts:
+        r = report(h)
+        assert r["passed"] is True and r["failures"] == []
+        assert [m["port"] for m in r["instances"]] == [h["server_port_base"], h["server_port_base"] + 1]
+        for m in r["instances"]:
+            assert 0 < m["ttft_ms"] < 5000
+            assert m["single_tps"] > 5 and m["aggregate_tps"] > 5
+            assert m["parallel"] == 4 and m["errors"] == []
+
+
+def test_servers_answer_with_the_model_over_ssh(hosts):
+    out = ssh(hosts[0], "curl -s http://127.0.0.1:%d/completion -d '{\"prompt\":\"hi\",\"n_predict\":4}'"
+              % hosts[0]["server_port_base"])
+    assert '"tokens_predicted":4' in out and "hello" in out
+
+
+def test_second_run_changes_nothing(hosts):
+    run = deploy()
+    assert run.rc == 0, run
+    assert run.changed == 0, run
+
+
+def test_shared_strategy_compiled_exactly_once(hosts):
+    fps = {current_release(h) for h in hosts}
+    assert len(fps) == 1
+    fp = fps.pop()
+    compiles = [h["name"] for h in hosts if fp in compiled_here(h)]
+    assert compiles == [hosts[0]["name"]]
+    assert {build_info(h)["built_on"] for h in hosts} == {hosts[0]["name"]}
+
+
+def test_host_joining_later_gets_the_release_without_compiling(hosts):
+    fleet.up(3)
+    third = lab()["hosts"][2]
+    run = deploy()
+    assert run.rc == 0, run
+    fp = current_release(hosts[0])
+    assert current_release(third) == fp
+    assert compiled_here(third) == []
+    assert build_info(third)["built_on"] == hosts[0]["name"]
+    assert ssh(third, "systemctl is-active llama-server@0.service llama-server@1.service").split() == ["active"] * 2
+    # still exactly one compile in the whole fleet
+    assert sum(fp in compiled_here(h) for h in lab()["hosts"]) == 1
+
+
+def test_changed_ref_rebuilds_once_and_switches_every_host(tmp_path):
+    all_hosts = lab()["hosts"]
+    before = current_release(all_hosts[0])
+    pids = {h["name"]: main_pid(h, 0) for h in all_hosts}
+    run = deploy({"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp_path)
+    assert run.rc == 0, run
+    after = {current_release(h) for h in all_hosts}
+    assert len(after) == 1 and before not in after
+    fp = after.pop()
+    assert sum(fp in compiled_here(h) for h in all_hosts) == 1
+    for h in all_hosts:
+        assert build_info(h)["commit"] == lab()["llama_cpp_next_commit"]
+        assert main_pid(h, 0) != pids[h["name"]]  # restarted onto the new binary
+        assert ssh(h, f"ls /opt/voltafleet/releases | grep -c {before}") == "1"  # previous kept
+    assert deploy({"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp_path).changed == 0
+
+
+def test_back_to_the_pinned_ref_switches_without_compiling(tmp_path):
+    all_hosts = lab()["hosts"]
+    builds = {h["name"]: compiled_here(h) for h in all_hosts}
+    run = deploy()
+    assert run.rc == 0, run
+    assert "compiling llama.cpp" not in run.out
+    assert {build_info(h)["commit"] for h in all_hosts} == {lab()["llama_cpp_ref"]}
+    assert {h["name"]: compiled_here(h) for h in all_hosts} == builds
+
+
+def test_bad_ref_is_refused_before_any_change(tmp_path):
+    h = lab()["hosts"][0]
+    before, pid = current_release(h), main_pid(h, 0)
+    run = deploy({"llama_cpp_ref": "no-such-tag"}, tmp_path)
+    assert run.rc != 0
+    assert "llama_cpp_ref: 'no-such-tag' is not a tag, branch or commit" in run.out
+    assert current_release(h) == before and main_pid(h, 0) == pid
+    assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
+
+
+def test_failed_smoke_rolls_back_to_the_last_good_flags(tmp_path):
+    h = lab()["hosts"][0]
+    env_before = ssh(h, "cat /etc/voltafleet/llama-server/0.env")
+    # a flag change (restart + smoke) with a threshold no server can meet
+    run = deploy({"server_threads": 2, "smoke_min_single_tps": 1000000}, tmp_path)
+    assert run.rc != 0
+    assert "single-stream" in run.out and "rolled back to the last release and flags" in run.out
+    assert ssh(h, "cat /etc/voltafleet/llama-server/0.env") == env_before
+    assert ssh(h, "systemctl is-active llama-server@0.service") == "active"
+    assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
+    # the fleet converges again with the unchanged config
+    run = deploy()
+    assert run.rc == 0 and run.changed == 0, run
