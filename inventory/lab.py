@@ -1,8 +1,19 @@
 """The lab fleet on this machine (`python -m lab up` makes it): real Debian hosts in
 systemd-nspawn containers, reached over SSH with strict host key checking, serving a
 tiny real GGUF from a local mirror on the CPU backend."""
+import os
+
+import yaml
+
 from lab.fleet import load_state
 from voltafleet.groupvars import load_or_exit
+
+# Per-host variables for one run, e.g. to change a flag on one lab host only:
+# VOLTAFLEET_LAB_HOST_VARS=file.yml holding {vf-lab-2: {server_threads: 2}}
+_per_host = {}
+if os.environ.get("VOLTAFLEET_LAB_HOST_VARS"):
+    with open(os.environ["VOLTAFLEET_LAB_HOST_VARS"]) as f:
+        _per_host = yaml.safe_load(f) or {}
 
 _lab = load_state()
 _overrides = {
@@ -20,6 +31,7 @@ _hosts = [
         "ssh_known_hosts_file": _lab["known_hosts"],
         "ssh_strict_host_key_checking": "yes",
         "server_port_base": h["server_port_base"],
+        **_per_host.get(h["name"], {}),
     })
     for h in _lab["hosts"]
 ]

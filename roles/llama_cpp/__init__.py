@@ -112,11 +112,12 @@ mkdir -p {root}/src {root}/build {root}/releases {CCACHE_DIR}
 cd {root}/src/llama.cpp
 git fetch -q --depth 1 {shlex.quote(cfg['llama_cpp_repo'])} {b['commit']}
 git checkout -q --force --detach {b['commit']}
-log={root}/build/{fp}.log
+log={root}/build/{fp}.log; t0=$(date +%s)
 echo "voltafleet: compiling llama.cpp {b['commit'][:12]} as release {fp} on $(hostname)" >&2
 if ! {{ cmake -S . -B {root}/build/{fp} {flags} && cmake --build {root}/build/{fp} --target {targets} -j {jobs}; }} >$log 2>&1; then
   tail -n 40 $log >&2; echo "voltafleet: build failed, log in $log; current release untouched" >&2; exit 1
 fi
+echo $(( $(date +%s) - t0 )) > {root}/build/{fp}.seconds
 rm -rf {root}/releases/{fp}.tmp; mkdir -p {root}/releases/{fp}.tmp/bin
 for t in {targets}; do cp {root}/build/{fp}/bin/$t {root}/releases/{fp}.tmp/bin/; done
 {root}/releases/{fp}.tmp/bin/llama-server --version >/dev/null 2>&1 || {{ echo "voltafleet: new llama-server fails --version" >&2; exit 1; }}

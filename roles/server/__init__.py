@@ -114,7 +114,7 @@ def configured(ctx: dict, model_changed=None):
         protect = {fp, releases["good"], releases["current"]} - {None}
         old = [(name, r["mtime"]) for name, r in releases["releases"].items()]
         for name in releases_to_prune(old + [(fp, float("inf"))], cfg["llama_cpp_keep_releases"], protect):
-            yield f"rm -rf {root}/releases/{name} {root}/build/{name} {root}/build/{name}.log"
+            yield f"rm -rf {root}/releases/{name} {root}/releases/{name}.tar.gz {root}/build/{name} {root}/build/{name}.log {root}/build/{name}.seconds"
 
 
 @operation()
@@ -151,6 +151,8 @@ def server(ctx: dict, model_op=None) -> None:
     if cfg["server_api_key_file"]:
         files.put(name="API key file (0600, service user only)", src=cfg["server_api_key_file"],
                   dest=API_KEY_PATH, user=cfg["server_user"], group=cfg["server_user"], mode="600")
+    else:
+        files.file(name="No API key file", path=API_KEY_PATH, present=False)
     configured(name="Check flags, write unit and instances, switch release", ctx=ctx,
                model_changed=(lambda: model_op.changed) if model_op is not None else None)
     restarted(name="Restart changed instances one at a time", ctx=ctx)

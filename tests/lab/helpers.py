@@ -45,13 +45,17 @@ class Run:
         return f"Run(rc={self.rc}):\n{self.out[-4000:]}"
 
 
-def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None = None) -> Run:
+def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None = None,
+           host_vars: dict | None = None) -> Run:
+    """Run the lab rollout; `vars` apply to every host, `host_vars` {host: {...}} to one each."""
     e = {**os.environ, **(env or {})}
     e.pop("VOLTAFLEET_VARS", None)
-    if vars:
-        path = (tmp or Path("/tmp")) / "voltafleet-test-vars.yml"
-        path.write_text(yaml.safe_dump(vars))
-        e["VOLTAFLEET_VARS"] = str(path)
+    e.pop("VOLTAFLEET_LAB_HOST_VARS", None)
+    for data, var, name in ((vars, "VOLTAFLEET_VARS", "vars"), (host_vars, "VOLTAFLEET_LAB_HOST_VARS", "hosts")):
+        if data:
+            path = (tmp or Path("/tmp")) / f"voltafleet-test-{name}.yml"
+            path.write_text(yaml.safe_dump(data))
+            e[var] = str(path)
     proc = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO, env=e,
                           capture_output=True, text=True, timeout=3000)
     return Run(proc)
