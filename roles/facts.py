@@ -71,13 +71,15 @@ class HostBasics(FactBase):
     def command(self) -> str:
         return (". /etc/os-release; echo \"os=$ID-$VERSION_ID\"; echo \"cpus=$(nproc)\"; "
                 "echo \"mem_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)\"; "
+                "echo \"systemd=$(systemctl --version 2>/dev/null | awk 'NR==1 {print $2}')\"; "
                 "if command -v c++ >/dev/null 2>&1; then "
                 "echo \"cxx=$(c++ -dumpfullversion) $(c++ -dumpmachine)\"; fi")
 
     def process(self, output):
         kv = dict(line.split("=", 1) for line in output if "=" in line)
         return {"os": kv.get("os"), "cpus": int(kv.get("cpus", 1)),
-                "mem_mib": int(kv.get("mem_kib", 0)) // 1024, "cxx": kv.get("cxx")}
+                "mem_mib": int(kv.get("mem_kib", 0)) // 1024, "cxx": kv.get("cxx"),
+                "systemd": int(kv["systemd"]) if kv.get("systemd", "").isdigit() else 0}
 
 
 class FreeDisk(FactBase):

@@ -33,13 +33,13 @@ START_TIMEOUT = 900  # seconds to load ~15 GB from disk into VRAM, with margin
 RUNTIME: dict[str, dict] = {}
 
 
-def render_unit(cfg: dict) -> str:
+def render_unit(cfg: dict, systemd_version: int) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     return env.get_template("llama-server@.service.j2").render(
         user=cfg["server_user"], root=cfg["voltafleet_root"], env_dir=ENV_DIR,
         model_dir=cfg["model_dir"], cuda=cfg["voltafleet_backend"] == "cuda",
-        start_timeout=START_TIMEOUT)
+        start_timeout=START_TIMEOUT, restart_backoff=systemd_version >= 254)
 
 
 def health_url(cfg: dict, port: int) -> str:
@@ -78,7 +78,7 @@ def configured(ctx: dict, model_changed=None):
     root = cfg["voltafleet_root"]
     fp = host_fingerprint(host, ctx)
     envs = render_envs(ctx)
-    unit = render_unit(cfg)
+    unit = render_unit(cfg, ctx["basics"]["systemd"])
     if fp is not None:
         help_text = host.get_fact(HelpText, binary=f"{root}/releases/{fp}/bin/llama-server")
         if help_text is not None:
