@@ -9,9 +9,12 @@ import json
 
 from pyinfra.api import FactBase
 
+from voltafleet.nvidia import gpus_from_lspci
+
 
 class Gpus(FactBase):
-    """NVIDIA GPUs as nvidia-smi lists them; [] without a driver.
+    """NVIDIA GPUs as nvidia-smi lists them; with no driver yet, as lspci sees them
+    (name and compute capability from the PCI id); [] when there are none.
 
     .. code:: python
 
@@ -24,10 +27,12 @@ class Gpus(FactBase):
 
     def command(self) -> str:
         return ("nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version "
-                "--format=csv,noheader,nounits 2>/dev/null || true")
+                "--format=csv,noheader,nounits 2>/dev/null "
+                "|| (lspci -Dnn -d 10de: 2>/dev/null | sed 's/^/pci: /') || true")
 
     def process(self, output):
-        return parse_gpus(output)
+        pci = [line[5:] for line in output if line.startswith("pci: ")]
+        return parse_gpus(output) or gpus_from_lspci(pci)
 
 
 def parse_gpus(lines) -> list[dict]:
@@ -42,10 +47,17 @@ def parse_gpus(lines) -> list[dict]:
 
 
 class NvccVersion(FactBase):
-    """The CUDA toolkit's version from nvcc (PATH or /usr/local/cuda), e.g. "12.9.86"; None if absent."""
+    """A CUDA toolkit's version, e.g. "12.9.86"; None if absent. With `path`, that nvcc;
+    without, the one a plain build would find (PATH, then /usr/local/cuda).
 
-    def command(self) -> str:
-        return ("for n in nvcc /usr/local/cuda/bin/nvcc; do command -v $n >/dev/null 2>&1 "
+    .. code:: python
+
+        host.get_fact(NvccVersion, path="/usr/local/cuda-12.9/bin/nvcc")  # "12.9.86"
+    """
+
+    def command(self, path: str | None = None) -> str:
+        candidates = path or "nvcc /usr/local/cuda/bin/nvcc"
+        return (f"for n in {candidates}; do command -v $n >/dev/null 2>&1 "
                 "&& { $n --version; exit 0; }; done; true")
 
     def process(self, output):
@@ -192,3 +204,17 @@ class ServerInstances(FactBase):
                 out[int(parts[0])] = {"active": parts[1] if len(parts) > 1 else "unknown",
                                       "enabled": parts[2] if len(parts) > 2 else "unknown"}
         return out
+
+
+class AptHolds(FactBase):
+    """Packages on hold (`apt-mark showhold`)."""
+
+    @staticmethod
+    def default():
+        return []
+
+    def command(self) -> str:
+        return "apt-mark showhold 2>/dev/null || true"
+
+    def process(self, output):
+        return [line.strip() for line in output if line.strip()]

@@ -49,6 +49,7 @@ SCHEMA: dict[str, Var] = {
     "manage_driver": Var(bool),
     "nvidia_driver_branch": Var(int, min=470, max=999),
     "nvidia_driver_flavour": Var(str, choices=("proprietary", "open")),
+    "nvidia_driver_source": Var(str, choices=("nvidia_repo", "distro")),
     # llama.cpp build
     "llama_cpp_repo": Var(str),
     "llama_cpp_ref": Var(str, pattern=re.compile(r"^[A-Za-z0-9._/-]+$"),

@@ -15,7 +15,7 @@ ARCH_FLAG = "-DCMAKE_CUDA_ARCHITECTURES="
 
 
 def cmake_flags(backend: str, cuda_archs: list[int], extra: list[str],
-                kv_types: tuple[str, str] = ("q8_0", "q8_0")) -> list[str]:
+                kv_types: tuple[str, str] = ("q8_0", "q8_0"), nvcc: str | None = None) -> list[str]:
     """The CMake configure flags for a release. CUDA hosts get their archs; the lab the CPU.
 
     The FlashAttention K/V combinations compiled are the served one plus f16-f16, under
@@ -43,6 +43,8 @@ def cmake_flags(backend: str, cuda_archs: list[int], extra: list[str],
             "-DGGML_CUDA_FA_QUANTS=" + ";".join(sorted({f"{kv_types[0]}-{kv_types[1]}", "f16-f16"})),
             "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",
         ]
+        if nvcc:  # the pinned toolkit, not whatever `nvcc` is first on PATH
+            flags.append("-DCMAKE_CUDA_COMPILER=" + nvcc)
     return flags + list(extra)
 
 

@@ -17,7 +17,7 @@ from voltafleet.config import ConfigError, Sourced, validate
 REPO = Path(__file__).resolve().parent.parent
 GROUP_VARS = REPO / "group_vars"
 # Host data keys that belong to pyinfra (connection), not to voltafleet.
-CONNECTOR_PREFIXES = ("ssh_", "_")
+CONNECTOR_PREFIXES = ("ssh_", "_", "fake_")
 # A YAML file of variables applied last, to every host of the run.
 EXTRA_VARS_ENV = "VOLTAFLEET_VARS"
 

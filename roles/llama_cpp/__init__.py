@@ -28,6 +28,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from roles.facts import HostBasics, NvccVersion, Releases
 from voltafleet import fingerprint as fpmod
+from voltafleet.nvidia import toolkit_nvcc
 
 CCACHE_DIR = "/var/cache/voltafleet/ccache"
 REPO = Path(__file__).resolve().parents[2]
@@ -66,8 +67,10 @@ def build_inputs(ctx: dict) -> dict:
     """Commit and CMake flags of this host's build (known in the prepare phase)."""
     cfg = ctx["cfg"]
     commit = resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])
+    cuda = cfg["voltafleet_backend"] == "cuda"
     flags = fpmod.cmake_flags(cfg["voltafleet_backend"], ctx["cuda_archs"], cfg["llama_cpp_cmake_extra"],
-                              (cfg["server_cache_type_k"], cfg["server_cache_type_v"]))
+                              (cfg["server_cache_type_k"], cfg["server_cache_type_v"]),
+                              nvcc=toolkit_nvcc(cfg["cuda_toolkit_version"]) if cuda else None)
     return {"commit": commit, "flags": flags}
 
 
@@ -76,9 +79,17 @@ def host_fingerprint(h, ctx: dict) -> str | None:
     basics = h.get_fact(HostBasics)
     if not basics["cxx"]:
         return None
-    toolkit = h.get_fact(NvccVersion) if ctx["cfg"]["voltafleet_backend"] == "cuda" else None
+    toolkit = pinned_toolkit(h, ctx)
     b = build_inputs(ctx)
     return fpmod.fingerprint(b["commit"], b["flags"], toolkit, basics["cxx"])
+
+
+def pinned_toolkit(h, ctx: dict) -> str | None:
+    """The version of the configured CUDA toolkit's nvcc on host h (None on the CPU backend)."""
+    cfg = ctx["cfg"]
+    if cfg["voltafleet_backend"] != "cuda":
+        return None
+    return h.get_fact(NvccVersion, path=toolkit_nvcc(cfg["cuda_toolkit_version"]))
 
 
 def choose_builder(ctx: dict) -> str:
@@ -105,7 +116,8 @@ def build_script(ctx: dict, fp: str, cxx: str, toolkit: str | None) -> str:
     targets = " ".join(shlex.quote(t) for t in cfg["llama_cpp_targets"])
     info = json.dumps({"fingerprint": fp, "commit": b["commit"], "flags": b["flags"], "toolkit": toolkit,
                        "compiler": cxx, "built_on": host.name, "repo": cfg["llama_cpp_repo"]})
-    cuda_path = "export PATH=/usr/local/cuda/bin:$PATH; " if cfg["voltafleet_backend"] == "cuda" else ""
+    cuda_path = (f"export PATH=/usr/local/cuda-{cfg['cuda_toolkit_version']}/bin:$PATH; "
+                 if cfg["voltafleet_backend"] == "cuda" else "")
     return f"""set -eu; {cuda_path}export CCACHE_DIR={CCACHE_DIR}
 mkdir -p {root}/src {root}/build {root}/releases {CCACHE_DIR}
 [ -d {root}/src/llama.cpp/.git ] || git init -q {root}/src/llama.cpp
@@ -144,8 +156,7 @@ def compiled(ctx: dict, builder: str | None = None):
         return
     if fp in host.get_fact(Releases, root=ctx["cfg"]["voltafleet_root"])["releases"]:
         return
-    toolkit = host.get_fact(NvccVersion) if ctx["cfg"]["voltafleet_backend"] == "cuda" else None
-    yield build_script(ctx, fp, host.get_fact(HostBasics)["cxx"], toolkit)
+    yield build_script(ctx, fp, host.get_fact(HostBasics)["cxx"], pinned_toolkit(host, ctx))
 
 
 _ARCHIVE_LOCKS: dict[str, Semaphore] = {}

@@ -10,7 +10,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from roles.common import config
 from roles.facts import FileState, FreeDisk, Gpus, HostBasics, NvccVersion
-from voltafleet import plan
+from voltafleet import nvidia, plan
 from voltafleet.modelmeta import remote_size
 
 
@@ -48,6 +48,15 @@ def preflight() -> dict:
         "model_bytes": None if present else _model_size(cfg["model_url"]),
     }
     errors = plan.preflight_errors(host.name, cfg, facts)
+    if cuda:
+        driver = next((g["driver_version"] for g in gpus if g.get("driver_version")), None)
+        errors += nvidia.refusals(host.name, cfg, gpus, facts["nvcc"], driver)
+        if cfg["manage_driver"]:
+            try:
+                nvidia.driver_packages(basics["os"], cfg["nvidia_driver_source"], cfg["nvidia_driver_branch"],
+                                       cfg["nvidia_driver_flavour"])
+            except ValueError as e:
+                errors.append(f"{host.name}: {e}")
     if errors:
         raise PreflightError("preflight refused the rollout, nothing was changed:\n  "
                              + "\n  ".join(errors))
