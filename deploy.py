@@ -16,6 +16,6 @@ from roles.toolchain import toolchain
 ctx = preflight()
 toolchain(ctx)
 llama_cpp(ctx)
-model_op = model(ctx)
-server(ctx, model_op)
+model_ops = model(ctx)
+server(ctx, model_ops)
 smoke(ctx)

@@ -195,6 +195,8 @@ http {{
         listen 127.0.0.1:{port};
         root {root};
         location / {{ autoindex on; }}
+        # the same files at 2 MB/s, for tests that break a transfer half way
+        location /slow/ {{ alias {root}/; limit_rate 2m; }}
     }}
 }}
 """

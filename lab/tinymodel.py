@@ -38,8 +38,8 @@ def _copy_tokenizer(vocab: gguf.GGUFReader, w: gguf.GGUFWriter) -> tuple[int, in
     return len(tokens), tokens.index(favourite)
 
 
-def write(vocab_path: str, out_path: str, seed: int = 0) -> None:
-    s = SHAPE
+def write(vocab_path: str, out_path: str, seed: int = 0, shape: dict | None = None) -> None:
+    s = shape or SHAPE
     rng = np.random.default_rng(seed)
     vocab = gguf.GGUFReader(vocab_path)
     w = gguf.GGUFWriter(out_path, "qwen2")
@@ -56,7 +56,7 @@ def write(vocab_path: str, out_path: str, seed: int = 0) -> None:
     n_vocab, favourite = _copy_tokenizer(vocab, w)
 
     def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16)
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
 
     e, kv = s["n_embd"], s["n_embd"] // s["n_head"] * s["n_head_kv"]
     w.add_tensor("token_embd.weight", mat(n_vocab, e))

@@ -62,15 +62,21 @@ SCHEMA: dict[str, Var] = {
     "llama_cpp_keep_releases": Var(int, min=1, max=20),
     # model
     "model_url": Var(str, pattern=re.compile(r"^(https?|file)://\S+$"), hint="an http(s) URL"),
-    "model_sha256": Var(str, nullable=True, pattern=HEX64, hint="64 lowercase hex digits"),
+    "model_sha256": Var((str, list), nullable=True, pattern=HEX64,
+                        hint="64 lowercase hex digits (a list of them for a split GGUF)"),
     "model_allow_unverified": Var(bool),
     "model_dir": Var(str, pattern=SAFE_PATH, hint="an absolute path without spaces"),
+    "model_draft_url": Var(str, nullable=True, pattern=re.compile(r"^(https?|file)://\S+\.gguf$"),
+                           hint="an http(s) URL of a .gguf"),
+    "model_draft_sha256": Var(str, nullable=True, pattern=HEX64, hint="64 lowercase hex digits"),
     # server
     "server_instances": Var(int, nullable=True, min=1, max=16),
     "server_port_base": _ports(),
     "server_host": Var(str),
-    "server_ctx": Var(int, min=256, max=1 << 20),
-    "server_parallel": Var(int, min=1, max=64),
+    "server_ctx": Var(int, nullable=True, min=256, max=1 << 20),
+    "server_parallel": Var(int, nullable=True, min=1, max=64),
+    "vram_headroom_mib": Var(int, min=0, max=65536),
+    "vram_cuda_overhead_mib": Var(int, min=0, max=65536),
     "server_cache_type_k": Var(str, choices=KV_TYPES),
     "server_cache_type_v": Var(str, choices=KV_TYPES),
     "server_flash_attn": Var(str, choices=("on", "off", "auto")),
@@ -144,6 +150,10 @@ def check_value(key: str, value: Any, origin: str) -> None:
             fail(f"is {value}, above the maximum {var.max}", f"set {var.max} or less")
     if var.pattern is not None and isinstance(value, str) and not var.pattern.match(value):
         fail(f"is {value!r}", f"give {var.hint or 'a value matching ' + var.pattern.pattern}")
+    if isinstance(value, list) and var.pattern is not None:
+        for v in value:
+            if not isinstance(v, str) or not var.pattern.match(v):
+                fail(f"has the item {v!r}", f"every item must be {var.hint}")
     if var.item is not None:
         for v in value:
             if not _is(v, var.item):
@@ -171,6 +181,9 @@ def validate(host: str, data: Sourced) -> dict:
         fail("model_sha256", "no checksum for the model, so a corrupt download would be served",
              "set model_sha256 to the file's sha256 (Hugging Face shows it on the file page), "
              "or set model_allow_unverified: true")
+    if v["model_draft_url"] and v["model_draft_sha256"] is None and not v["model_allow_unverified"]:
+        fail("model_draft_sha256", "no checksum for the draft model",
+             "set model_draft_sha256, or model_allow_unverified: true")
     if v["server_cache_type_v"] != "f16" and v["server_cache_type_v"] != "f32" \
             and v["server_flash_attn"] == "off":
         fail("server_flash_attn", f"is off, but server_cache_type_v is {v['server_cache_type_v']} "
@@ -183,6 +196,11 @@ def validate(host: str, data: Sourced) -> dict:
         fail("server_gpu_layers", f"is {layers}: layers left on the CPU make decode several times "
              "slower (the seed's 4 tok/s)",
              'use "all", or set server_allow_partial_offload: true if you mean it')
+    if v["voltafleet_backend"] == "cpu":
+        for key in ("server_ctx", "server_parallel"):
+            if v[key] is None:
+                fail(key, "is empty on the cpu backend (the VRAM planner picks it only for GPUs)",
+                     f"set {key}")
     if v["voltafleet_backend"] == "cpu" and v["server_instances"] is None:
         fail("server_instances", "is empty on the cpu backend (there are no GPUs to count)",
              "set server_instances to the number of servers per host")
@@ -190,4 +208,10 @@ def validate(host: str, data: Sourced) -> dict:
         if flag.split("=")[0] in ("--api-key", "-ak"):
             fail("server_extra_flags", "passes an API key on the command line, where `ps` shows it",
                  "put the key in a file and set server_api_key_file")
+    from voltafleet.plan import model_files  # the same rule the model role follows
+
+    try:
+        model_files(v)
+    except ValueError as e:
+        fail("model_sha256", str(e), "give one sha256 per file of the model")
     return dict(v)

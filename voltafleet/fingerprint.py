@@ -30,8 +30,6 @@ def cmake_flags(backend: str, cuda_archs: list[int], extra: list[str],
         "-DLLAMA_USE_PREBUILT_UI=OFF",    # the build must not download the web UI
         "-DLLAMA_OPENSSL=OFF",            # models come through the deploy, not -hf
         "-DGGML_NATIVE=OFF",              # a shared release runs on every host of the group
-        "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
-        "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
     ]
     if backend == "cuda":
         if not cuda_archs:
@@ -41,7 +39,6 @@ def cmake_flags(backend: str, cuda_archs: list[int], extra: list[str],
             "-DGGML_CUDA=ON",
             ARCH_FLAG + archs,
             "-DGGML_CUDA_FA_QUANTS=" + ";".join(sorted({f"{kv_types[0]}-{kv_types[1]}", "f16-f16"})),
-            "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",
         ]
         if nvcc:  # the pinned toolkit, not whatever `nvcc` is first on PATH
             flags.append("-DCMAKE_CUDA_COMPILER=" + nvcc)

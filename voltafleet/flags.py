@@ -20,7 +20,8 @@ REPLACED = {
 _DESC_COL = 40
 
 
-def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None) -> list[str]:
+def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
+                draft_path: str | None = None) -> list[str]:
     """argv for one llama-server instance. Options whose defaults llama.cpp now picks for
     you (-ngl auto, --fit on, -np auto, -fa auto) are always explicit, so behaviour does
     not drift with the pinned version."""
@@ -38,7 +39,12 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None)
         "--host", cfg["server_host"],
         "--port", str(port),
         "--metrics",
+        # llama.cpp logs its library's info lines (`offloaded N/M layers to GPU`, buffer
+        # sizes) at trace level: 4 keeps them in the journal for the offload check.
+        "--log-verbosity", "4",
     ]
+    if draft_path:
+        args += ["-md", draft_path, "-ngld", str(cfg["server_gpu_layers"]) if cuda else "0"]
     if api_key_file:
         args += ["--api-key-file", api_key_file]
     for extra in cfg["server_extra_flags"]:

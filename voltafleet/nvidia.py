@@ -20,7 +20,7 @@ BLACKWELL = 10.0
 VOLTA_PCI_IDS = {"1db1": "Tesla V100-SXM2-16GB", "1db4": "Tesla V100-PCIE-16GB",
                  "1db5": "Tesla V100-SXM2-32GB", "1db6": "Tesla V100-PCIE-32GB",
                  "1db7": "Tesla V100 DGXS 32GB", "1db8": "Tesla V100-SXM3-32GB",
-                 "1df5": "Tesla V100-SXM2-16GB", "1df6": "Tesla V100S-PCIE-32GB", "1db0": "Quadro GV100"}
+                 "1df5": "Tesla V100-SXM2-16GB", "1df6": "Tesla V100S-PCIE-32GB", "1db0": "Quadro GV100 32GB"}
 
 
 def keyring_url(os_id: str) -> str:
@@ -114,7 +114,8 @@ def gpus_from_lspci(lines: list[str]) -> list[dict]:
         if "[10de:" not in line or not any(c in line for c in ("[0300]", "[0302]")):
             continue
         dev = line.split("[10de:", 1)[1][:4].lower()
-        gpus.append({"index": len(gpus), "name": VOLTA_PCI_IDS.get(dev, f"NVIDIA [10de:{dev}]"),
-                     "compute_cap": "7.0" if dev in VOLTA_PCI_IDS else "unknown",
-                     "memory_mib": 0, "driver_version": None, "pci_only": True})
+        name = VOLTA_PCI_IDS.get(dev, f"NVIDIA [10de:{dev}]")
+        memory = 32768 if "32GB" in name else 16384 if "16GB" in name else 0
+        gpus.append({"index": len(gpus), "name": name, "compute_cap": "7.0" if dev in VOLTA_PCI_IDS else "unknown",
+                     "memory_mib": memory, "driver_version": None, "pci_only": True})
     return gpus

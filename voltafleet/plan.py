@@ -4,6 +4,7 @@ and the preflight verdict. No pyinfra import: every rule is unit-tested alone.
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -47,6 +48,37 @@ def model_path(cfg: dict) -> str:
     return posixpath.join(cfg["model_dir"], model_filename(cfg["model_url"]))
 
 
+def draft_path(cfg: dict) -> str | None:
+    url = cfg["model_draft_url"]
+    return posixpath.join(cfg["model_dir"], model_filename(url)) if url else None
+
+
+SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def model_files(cfg: dict) -> list[tuple[str, str, str | None]]:
+    """(url, dest, sha256) of every file to fetch: each part of a split GGUF
+    (`-00001-of-00003.gguf`; llama-server is given the first and finds the rest), then
+    the draft model. model_sha256 is one checksum, or a list with one per part."""
+    url, shas = cfg["model_url"], cfg["model_sha256"]
+    m = SPLIT.search(url)
+    urls = [url] if not m else [url[:m.start()] + f"-{i:05d}-of-{m.group(2)}.gguf"
+                                for i in range(1, int(m.group(2)) + 1)]
+    if shas is None:
+        shas = [None] * len(urls)  # model_allow_unverified
+    elif isinstance(shas, str):
+        if len(urls) > 1:
+            raise ValueError(f"model_url is a split GGUF of {len(urls)} parts: model_sha256 must list "
+                             "one checksum per part")
+        shas = [shas]
+    elif len(shas) != len(urls):
+        raise ValueError(f"model_sha256 lists {len(shas)} checksums for {len(urls)} file(s)")
+    out = [(u, posixpath.join(cfg["model_dir"], model_filename(u)), s) for u, s in zip(urls, shas)]
+    if cfg["model_draft_url"]:
+        out.append((cfg["model_draft_url"], draft_path(cfg), cfg["model_draft_sha256"]))
+    return out
+
+
 def toolkit_major_minor(version: str) -> tuple[int, int]:
     major, minor = version.split(".")[:2]
     return int(major), int(minor)
@@ -70,7 +102,7 @@ def preflight_errors(host: str, cfg: dict, facts: dict) -> list[str]:
         if cfg["server_instances"] and gpus and cfg["server_instances"] > len(gpus):
             errors.append(f"{host}: server_instances is {cfg['server_instances']} but the host has "
                           f"{len(gpus)} GPU(s)")
-    need_model = 0 if facts["model_present"] else (facts["model_bytes"] or 0)
+    need_model = 0 if facts["model_present"] else int((facts["model_bytes"] or 0) * 1.02)  # 2 % margin
     need_build = int(cfg["preflight_build_disk_gb"] * GIB)
     free_model, free_root = facts["free_model"], facts["free_root"]
     if free_model is not None and free_root is not None and facts["same_fs"]:

@@ -108,17 +108,20 @@ def _key(h) -> str:
     return json.dumps({**data, "os": h.get_fact(HostBasics)["os"]}, sort_keys=True)
 
 
-def build_script(ctx: dict, fp: str, cxx: str, toolkit: str | None) -> str:
+def build_script(ctx: dict, fp: str, cxx: str, toolkit: str | None, built_on: str) -> str:
+    """The shell script that compiles release `fp` on a host (also run as is on the GPU box)."""
     cfg, b = ctx["cfg"], build_inputs(ctx)
     root = cfg["voltafleet_root"]
     jobs = cfg["llama_cpp_build_jobs"] or "$(nproc)"
     flags = " ".join(shlex.quote(f) for f in b["flags"])
     targets = " ".join(shlex.quote(t) for t in cfg["llama_cpp_targets"])
     info = json.dumps({"fingerprint": fp, "commit": b["commit"], "flags": b["flags"], "toolkit": toolkit,
-                       "compiler": cxx, "built_on": host.name, "repo": cfg["llama_cpp_repo"]})
+                       "compiler": cxx, "built_on": built_on, "repo": cfg["llama_cpp_repo"]})
     cuda_path = (f"export PATH=/usr/local/cuda-{cfg['cuda_toolkit_version']}/bin:$PATH; "
                  if cfg["voltafleet_backend"] == "cuda" else "")
+    # ccache through CMake's environment variables: the cache is not part of the fingerprint
     return f"""set -eu; {cuda_path}export CCACHE_DIR={CCACHE_DIR}
+if command -v ccache >/dev/null; then for l in C CXX CUDA; do export CMAKE_${{l}}_COMPILER_LAUNCHER=ccache; done; fi
 mkdir -p {root}/src {root}/build {root}/releases {CCACHE_DIR}
 [ -d {root}/src/llama.cpp/.git ] || git init -q {root}/src/llama.cpp
 cd {root}/src/llama.cpp
@@ -156,7 +159,7 @@ def compiled(ctx: dict, builder: str | None = None):
         return
     if fp in host.get_fact(Releases, root=ctx["cfg"]["voltafleet_root"])["releases"]:
         return
-    yield build_script(ctx, fp, host.get_fact(HostBasics)["cxx"], pinned_toolkit(host, ctx))
+    yield build_script(ctx, fp, host.get_fact(HostBasics)["cxx"], pinned_toolkit(host, ctx), host.name)
 
 
 _ARCHIVE_LOCKS: dict[str, Semaphore] = {}

@@ -75,7 +75,12 @@ def fetched(url: str, dest: str, sha256: str | None):
 
 @deploy("Model")
 def model(ctx: dict):
-    """Fetch and verify this host's model. Returns the operation (did_change tells restarts)."""
-    cfg = ctx["cfg"]
-    return fetched(name=f"Fetch and verify {ctx['model_path']}", url=cfg["model_url"],
-                   dest=ctx["model_path"], sha256=cfg["model_sha256"])
+    """Fetch and verify this host's model files (every part of a split GGUF, the draft
+    model). Returns the operations, whose `changed` tells the server role to restart.
+
+    .. code:: python
+
+        model_ops = model(ctx)
+    """
+    return [fetched(name=f"Fetch and verify {dest}", url=url, dest=dest, sha256=sha)
+            for url, dest, sha in ctx["model_files"]]

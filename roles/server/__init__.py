@@ -52,7 +52,7 @@ def render_envs(ctx: dict) -> dict[int, str]:
     key = API_KEY_PATH if cfg["server_api_key_file"] else None
     out = {}
     for inst in ctx["instances"]:
-        args = flagmod.server_args(cfg, ctx["model_path"], inst.port, key)
+        args = flagmod.server_args(cfg, ctx["model_path"], inst.port, key, ctx["draft_path"])
         text = flagmod.env_file(inst.index, args, cfg["voltafleet_backend"] == "cuda")
         out[inst.index] = text + f"LLAMA_HEALTH_URL={health_url(cfg, inst.port)}\n"
     return out
@@ -72,7 +72,7 @@ def configured(ctx: dict, model_changed=None):
 
     .. code:: python
 
-        server.configured(ctx, model_changed=lambda: model_op.changed)
+        server.configured(ctx, model_changed=lambda: any(op.changed for op in model_ops))
     """
     cfg = ctx["cfg"]
     root = cfg["voltafleet_root"]
@@ -136,12 +136,12 @@ def restarted(ctx: dict):
 
 
 @deploy("Server")
-def server(ctx: dict, model_op=None) -> None:
+def server(ctx: dict, model_ops=()) -> None:
     """Service user, API key file, unit, per-instance flags; restart what changed.
 
     .. code:: python
 
-        server(ctx, model_op)
+        server(ctx, model_ops)
     """
     cfg = ctx["cfg"]
     server_ops.group(name="Service group", group=cfg["server_user"], system=True)
@@ -154,5 +154,5 @@ def server(ctx: dict, model_op=None) -> None:
     else:
         files.file(name="No API key file", path=API_KEY_PATH, present=False)
     configured(name="Check flags, write unit and instances, switch release", ctx=ctx,
-               model_changed=(lambda: model_op.changed) if model_op is not None else None)
+               model_changed=lambda: any(op.changed for op in model_ops))
     restarted(name="Restart changed instances one at a time", ctx=ctx)

@@ -13,6 +13,7 @@ def cfg():
     """group_vars/all.yml's defaults plus a checksum: a valid prod host config."""
     data = yaml.safe_load((GROUP_VARS / "all.yml").read_text())
     data["model_sha256"] = "a" * 64
+    data.update(server_ctx=8192, server_parallel=4)  # what the VRAM plan resolves for a V100 16 GB
     return data
 
 

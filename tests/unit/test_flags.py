@@ -69,3 +69,9 @@ def test_env_file_pins_the_gpu_and_refuses_whitespace(cfg):
     assert "CUDA_VISIBLE_DEVICES=\n" in env_file(0, ["-m", "x"], cuda=False)
     with pytest.raises(ValueError, match="whitespace"):
         env_file(0, ["-m", "/my models/q.gguf"], cuda=True)
+
+
+def test_draft_model_flags_are_current(cfg, help_text):
+    args = server_args(cfg, "/m/q.gguf", port=1, api_key_file=None, draft_path="/m/d.gguf")
+    assert args[args.index("-md") + 1] == "/m/d.gguf" and args[args.index("-ngld") + 1] == "all"
+    assert check_against_help(args, help_text) == []
