@@ -33,7 +33,7 @@ GEN=$!
 
 log "build through voltafleet's build script"
 sed "s#/DEVICE_REPO#$PWD#" $D/build.sh > /tmp/build.sh
-t0=$(date +%s); bash /tmp/build.sh > $R/build.txt 2>&1; rc=$?; t1=$(date +%s)
+t0=$(date +%s); bash /tmp/build.sh >> $R/build.txt 2>&1; rc=$?; t1=$(date +%s)
 echo "build rc=$rc seconds=$((t1-t0))" | tee -a $R/build.txt
 FP=$(cat $D/fingerprint); BIN=/tmp/vf/releases/$FP/bin
 tail -5 /tmp/vf/build/$FP.log >> $R/build.txt 2>/dev/null

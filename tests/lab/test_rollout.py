@@ -92,7 +92,7 @@ def test_changed_ref_rebuilds_once_and_switches_every_host(tmp_path):
     for h in all_hosts:
         assert build_info(h)["commit"] == lab()["llama_cpp_next_commit"]
         assert main_pid(h, 0) != pids[h["name"]]  # restarted onto the new binary
-        assert ssh(h, f"ls /opt/voltafleet/releases | grep -c {before}") == "1"  # previous kept
+        assert ssh(h, f"test -d /opt/voltafleet/releases/{before} && echo kept") == "kept"  # previous kept
     assert deploy({"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp_path).changed == 0
 
 
