@@ -143,16 +143,6 @@ class Releases(FactBase):
         return out
 
 
-class GitHead(FactBase):
-    """The commit checked out in a git work tree, or None."""
-
-    def command(self, path: str) -> str:
-        return f"git -C {path} rev-parse HEAD 2>/dev/null || true"
-
-    def process(self, output):
-        return output[0].strip() if output else None
-
-
 class FileState(FactBase):
     """Size and mtime of a file plus the content of a small sidecar file; None if absent."""
 

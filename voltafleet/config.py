@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-SHA40 = re.compile(r"^[0-9a-f]{40}$")
 SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1", "f32")
 

@@ -52,11 +52,6 @@ def fingerprint(commit: str, flags: list[str], toolkit: str | None, compiler: st
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def build_key(commit: str, flags: list[str], os_id: str, toolkit_series: str | None) -> str:
-    """Hosts with the same key are expected to build the same fingerprint (shared strategy)."""
-    return fingerprint(commit, flags, toolkit_series, os_id)
-
-
 def releases_to_prune(releases: list[tuple[str, float]], keep: int, protect: set[str]) -> list[str]:
     """Oldest releases beyond `keep` (by mtime), never one in `protect` (current, last good)."""
     ordered = sorted(releases, key=lambda r: r[1], reverse=True)

@@ -79,11 +79,6 @@ def model_files(cfg: dict) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def toolkit_major_minor(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int(minor)
-
-
 def preflight_errors(host: str, cfg: dict, facts: dict) -> list[str]:
     """Every reason not to touch this host, each naming the host and the number.
 

@@ -106,6 +106,22 @@ def test_back_to_the_pinned_ref_switches_without_compiling(tmp_path):
     assert {h["name"]: compiled_here(h) for h in all_hosts} == builds
 
 
+def test_changed_cmake_flag_rebuilds_once_and_switches_every_host(tmp_path):
+    all_hosts = lab()["hosts"]
+    before = current_release(all_hosts[0])
+    extra = {"llama_cpp_cmake_extra": ["-DLLAMA_BUILD_COMMON=ON"]}  # same binary, a new fingerprint
+    run = deploy(extra, tmp_path)
+    assert run.rc == 0, run
+    after = {current_release(h) for h in all_hosts}
+    assert len(after) == 1 and before not in after
+    fp = after.pop()
+    assert sum(fp in compiled_here(h) for h in all_hosts) == 1
+    assert all("-DLLAMA_BUILD_COMMON=ON" in build_info(h)["flags"] for h in all_hosts)
+    run = deploy()
+    assert run.rc == 0 and "compiling llama.cpp" not in run.out, run
+    assert {current_release(h) for h in all_hosts} == {before}
+
+
 def test_bad_ref_is_refused_before_any_change(tmp_path):
     h = lab()["hosts"][0]
     before, pid = current_release(h), main_pid(h, 0)

@@ -108,3 +108,15 @@ def test_fleet_converges_back(hosts):
         assert ssh(h, "systemctl is-active llama-server@0.service llama-server@1.service").split() == ["active"] * 2
     again = deploy()
     assert again.rc == 0 and again.changed == 0, again
+
+
+def test_offload_line_is_read_from_a_units_journal(hosts):
+    """CPU builds print no offload line, so a transient unit writes one to the real journal
+    and the smoke client (as installed on the host) must find it."""
+    h = hosts[0]
+    ssh(h, "systemd-run --quiet --unit=vf-offload-probe --wait --collect "
+           "/bin/echo 'load_tensors: offloaded 65/65 layers to GPU'")
+    out = ssh(h, "python3 -c \"from importlib.machinery import SourceFileLoader as L; "
+                 "m = L('smoke', '/opt/voltafleet/bin/voltafleet-smoke').load_module(); "
+                 "print(m.offload_from_journal('vf-offload-probe.service'))\"")
+    assert out == "{'offloaded': 65, 'total': 65}"
