@@ -47,14 +47,15 @@ def health_url(cfg: dict, port: int) -> str:
     return f"http://{'127.0.0.1' if h in ('0.0.0.0', '::', '') else h}:{port}/health"
 
 
-def render_envs(ctx: dict) -> dict[int, str]:
+def render_envs(ctx: dict) -> dict[int, tuple[list[str], str]]:
+    """{instance: (llama-server argv, environment file text)}."""
     cfg = ctx["cfg"]
     key = API_KEY_PATH if cfg["server_api_key_file"] else None
     out = {}
     for inst in ctx["instances"]:
         args = flagmod.server_args(cfg, ctx["model_path"], inst.port, key, ctx["draft_path"])
         text = flagmod.env_file(inst.index, args, cfg["voltafleet_backend"] == "cuda")
-        out[inst.index] = text + f"LLAMA_HEALTH_URL={health_url(cfg, inst.port)}\n"
+        out[inst.index] = (args, text + f"LLAMA_HEALTH_URL={health_url(cfg, inst.port)}\n")
     return out
 
 
@@ -82,17 +83,14 @@ def configured(ctx: dict, model_changed=None):
     if fp is not None:
         help_text = host.get_fact(HelpText, binary=f"{root}/releases/{fp}/bin/llama-server")
         if help_text is not None:
-            errors = []
-            for text in envs.values():
-                args = text.split("LLAMA_SERVER_ARGS=", 1)[1].splitlines()[0].split()
-                errors += flagmod.check_against_help(args, help_text)
+            errors = [e for args, _ in envs.values() for e in flagmod.check_against_help(args, help_text)]
             if errors:
                 raise OperationError("llama-server flags refused, nothing restarted:\n  "
                                      + "\n  ".join(sorted(set(errors))))
     releases = host.get_fact(Releases, root=root)
     switch = fp is None or releases["current"] != fp
     unit_changed = host.get_fact(Sha1File, path=UNIT_PATH) != _sha1(unit)
-    env_changed = {i for i, text in envs.items()
+    env_changed = {i for i, (_, text) in envs.items()
                    if host.get_fact(Sha1File, path=f"{ENV_DIR}/{i}.env") != _sha1(text)}
     everything = switch or unit_changed or bool(model_changed and model_changed())
     restart = sorted(envs) if everything else sorted(env_changed)
@@ -103,7 +101,7 @@ def configured(ctx: dict, model_changed=None):
                                                 or live.get(i, {}).get("enabled") != "enabled")}
 
     yield from files.directory._inner(path=ENV_DIR, mode="755")
-    for i, text in envs.items():
+    for i, (_, text) in envs.items():
         if i in env_changed:
             yield from files.put._inner(src=StringIO(text), dest=f"{ENV_DIR}/{i}.env", mode="644")
     if unit_changed:
