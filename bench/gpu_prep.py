@@ -49,7 +49,7 @@ def main():
                server_host="127.0.0.1")
     ctx = {"cfg": cfg, "cuda_archs": [90]}
     flags = fpmod.cmake_flags("cuda", [90], [], ("q8_0", "q8_0"), nvcc=f"/usr/local/cuda-{TOOLKIT}/bin/nvcc")
-    fp = fpmod.fingerprint(COMMIT, flags, "DEVICE_NVCC", "DEVICE_CXX")
+    fp = fpmod.fingerprint(COMMIT, flags, "DEVICE_NVCC", "DEVICE_CXX", cfg["llama_cpp_targets"])
     script = build_script(ctx, fp, "DEVICE_CXX", "DEVICE_NVCC", "h200-device")
     (OUT / "build.sh").write_text(script + "\n")
     (OUT / "fingerprint").write_text(fp + "\n")

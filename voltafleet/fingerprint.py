@@ -1,7 +1,7 @@
 """Build fingerprints: one release directory per distinct build.
 
-A fingerprint covers everything that changes the binary: the resolved llama.cpp
-commit, the CMake flags, the CUDA toolkit and the C++ compiler.
+A fingerprint covers everything that changes a release: the resolved llama.cpp
+commit, the CMake flags, the CUDA toolkit, the C++ compiler and the targets it holds.
 
     >>> fingerprint("0c1e57098bba43ac29e6e3b677cdceebdd22334f", ["-DGGML_CUDA=ON"], "12.9.86", "12.2.0 x86_64-linux-gnu")
     '...'
@@ -45,10 +45,11 @@ def cmake_flags(backend: str, cuda_archs: list[int], extra: list[str],
     return flags + list(extra)
 
 
-def fingerprint(commit: str, flags: list[str], toolkit: str | None, compiler: str) -> str:
-    """A short, stable id of a build. Flag order does not matter; values do."""
+def fingerprint(commit: str, flags: list[str], toolkit: str | None, compiler: str,
+                targets: list[str] = ("llama-server",)) -> str:
+    """A short, stable id of a build. Flag and target order do not matter; values do."""
     blob = json.dumps({"commit": commit, "flags": sorted(flags), "toolkit": toolkit or "none",
-                       "compiler": compiler}, sort_keys=True)
+                       "compiler": compiler, "targets": sorted(targets)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

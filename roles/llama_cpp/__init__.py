@@ -81,7 +81,7 @@ def host_fingerprint(h, ctx: dict) -> str | None:
         return None
     toolkit = pinned_toolkit(h, ctx)
     b = build_inputs(ctx)
-    return fpmod.fingerprint(b["commit"], b["flags"], toolkit, basics["cxx"])
+    return fpmod.fingerprint(b["commit"], b["flags"], toolkit, basics["cxx"], ctx["cfg"]["llama_cpp_targets"])
 
 
 def pinned_toolkit(h, ctx: dict) -> str | None:

@@ -122,6 +122,19 @@ def test_changed_cmake_flag_rebuilds_once_and_switches_every_host(tmp_path):
     assert {current_release(h) for h in all_hosts} == {before}
 
 
+def test_failed_build_never_touches_current_or_the_servers(tmp_path):
+    all_hosts = lab()["hosts"]
+    before = {h["name"]: (current_release(h), main_pid(h, 0)) for h in all_hosts}
+    run = deploy({"llama_cpp_targets": ["llama-server", "no-such-target"]}, tmp_path)
+    assert run.rc != 0
+    assert "voltafleet: build failed, log in" in run.out and "current release untouched" in run.out
+    for h in all_hosts:
+        assert (current_release(h), main_pid(h, 0)) == before[h["name"]]
+        assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
+    run = deploy()
+    assert run.rc == 0 and run.changed == 0, run
+
+
 def test_bad_ref_is_refused_before_any_change(tmp_path):
     h = lab()["hosts"][0]
     before, pid = current_release(h), main_pid(h, 0)

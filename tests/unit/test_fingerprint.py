@@ -34,7 +34,9 @@ def test_fingerprint_changes_with_each_input_and_not_with_flag_order():
                 fingerprint("1" * 40, ["-DA=1", "-DB=2"], "12.9.86", "12.2.0 x86_64-linux-gnu"),
                 fingerprint(C, ["-DA=1", "-DB=3"], "12.9.86", "12.2.0 x86_64-linux-gnu"),
                 fingerprint(C, ["-DA=1", "-DB=2"], "12.8.93", "12.2.0 x86_64-linux-gnu"),
-                fingerprint(C, ["-DA=1", "-DB=2"], "12.9.86", "13.3.0 x86_64-linux-gnu")}) == 5
+                fingerprint(C, ["-DA=1", "-DB=2"], "12.9.86", "13.3.0 x86_64-linux-gnu"),
+                fingerprint(C, ["-DA=1", "-DB=2"], "12.9.86", "12.2.0 x86_64-linux-gnu",
+                            ["llama-server", "llama-bench"])}) == 6
 
 
 def test_prune_keeps_newest_and_protected():
