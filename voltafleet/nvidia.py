@@ -61,9 +61,9 @@ def driver_packages(os_id: str, source: str, branch: int, flavour: str) -> dict:
     raise ValueError(f"unknown driver source {source!r}")
 
 
-def min_compute_cap(gpus: list[dict]) -> float | None:
-    caps = [float(g["compute_cap"]) for g in gpus if g.get("compute_cap") not in (None, "", "unknown")]
-    return min(caps) if caps else None
+def compute_caps(gpus: list[dict]) -> list[float]:
+    """The known compute capabilities (a GPU seen only on the PCI bus may have none)."""
+    return [float(g["compute_cap"]) for g in gpus if g.get("compute_cap") not in (None, "", "unknown")]
 
 
 def major(version: str | None) -> int | None:
@@ -74,9 +74,8 @@ def refusals(host: str, cfg: dict, gpus: list[dict], installed_nvcc: str | None,
              installed_driver: str | None) -> list[str]:
     """Why the NVIDIA stack this config asks for cannot serve these GPUs, each with its fix."""
     out = []
-    low = min_compute_cap(gpus)
-    high = max((float(g["compute_cap"]) for g in gpus if g.get("compute_cap") not in (None, "", "unknown")),
-               default=None)
+    caps = compute_caps(gpus)
+    low, high = (min(caps), max(caps)) if caps else (None, None)
     names = ", ".join(sorted({g["name"] for g in gpus})) or "no GPU"
     pre_turing = low is not None and low < TURING
     if pre_turing and major(cfg["cuda_toolkit_version"]) >= 13:

@@ -44,10 +44,6 @@ def model_filename(url: str) -> str:
     return name
 
 
-def model_path(cfg: dict) -> str:
-    return posixpath.join(cfg["model_dir"], model_filename(cfg["model_url"]))
-
-
 def draft_path(cfg: dict) -> str | None:
     url = cfg["model_draft_url"]
     return posixpath.join(cfg["model_dir"], model_filename(url)) if url else None

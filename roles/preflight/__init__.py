@@ -63,7 +63,8 @@ def preflight() -> dict:
     basics = host.get_fact(HostBasics)
     cuda = cfg["voltafleet_backend"] == "cuda"
     gpus = host.get_fact(Gpus) if cuda else []
-    model = plan.model_path(cfg)
+    files = plan.model_files(cfg)
+    model = files[0][1]  # llama-server's -m: the model, or the first part of a split GGUF
     present = host.get_fact(FileState, path=model, sidecar=model + ".verified")
     free_model = host.get_fact(FreeDisk, path=cfg["model_dir"])
     free_root = host.get_fact(FreeDisk, path=cfg["voltafleet_root"])
@@ -97,8 +98,7 @@ def preflight() -> dict:
         logger.info(f"{host.name}: VRAM plan: {vram_text}")
     return {
         "cfg": cfg,
-        "vram_plan": vram_text,
-        "model_files": plan.model_files(cfg),
+        "model_files": files,
         "draft_path": plan.draft_path(cfg),
         "gpus": gpus,
         "basics": basics,

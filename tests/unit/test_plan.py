@@ -34,10 +34,6 @@ def test_cuda_archs_from_the_host_unless_set(cfg):
     assert plan.cuda_archs(cfg, gpus(1, "9.0")) == [70]
 
 
-def test_model_path_from_url(cfg):
-    assert plan.model_path(cfg) == "/var/lib/voltafleet/models/Qwen3.6-27B-Q4_K_S.gguf"
-
-
 def test_preflight_passes_a_good_host(cfg):
     assert plan.preflight_errors("gpu-01", cfg, facts()) == []
 
