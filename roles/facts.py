@@ -6,6 +6,7 @@ the rollout, and operations re-read them when they execute.
 from __future__ import annotations
 
 import json
+import shlex
 
 from pyinfra.api import FactBase
 
@@ -56,7 +57,7 @@ class NvccVersion(FactBase):
     """
 
     def command(self, path: str | None = None) -> str:
-        candidates = path or "nvcc /usr/local/cuda/bin/nvcc"
+        candidates = shlex.quote(path) if path else "nvcc /usr/local/cuda/bin/nvcc"
         return (f"for n in {candidates}; do command -v $n >/dev/null 2>&1 "
                 "&& { $n --version; exit 0; }; done; true")
 
@@ -103,7 +104,7 @@ class FreeDisk(FactBase):
     """
 
     def command(self, path: str) -> str:
-        return (f"p={path}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+        return (f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
                 "echo \"$(stat -c %d \"$p\") $(df -PB1 \"$p\" | awk 'NR==2 {print $4}')\"")
 
     def process(self, output):
@@ -125,11 +126,11 @@ class Releases(FactBase):
         return {"current": None, "good": None, "releases": {}}
 
     def command(self, root: str) -> str:
-        return (f"cd {root} 2>/dev/null || exit 0; "
+        return (f"cd {shlex.quote(root)} 2>/dev/null || exit 0; "
                 "echo \"current=$(basename \"$(readlink current 2>/dev/null)\" 2>/dev/null)\"; "
                 "echo \"good=$(basename \"$(readlink good 2>/dev/null)\" 2>/dev/null)\"; "
                 "for d in releases/*/; do [ -f \"$d/BUILD_INFO.json\" ] || continue; "
-                "echo \"release=$(basename $d) $(stat -c %Y $d) $(tr -d '\\n' < $d/BUILD_INFO.json)\"; done")
+                "echo \"release=$(basename \"$d\") $(stat -c %Y \"$d\") $(tr -d '\\n' < \"$d/BUILD_INFO.json\")\"; done")
 
     def process(self, output):
         out = self.default()
@@ -147,6 +148,7 @@ class FileState(FactBase):
     """Size and mtime of a file plus the content of a small sidecar file; None if absent."""
 
     def command(self, path: str, sidecar: str) -> str:
+        path, sidecar = shlex.quote(path), shlex.quote(sidecar)
         return (f"if [ -f {path} ]; then stat -c 'stat=%s %Y' {path}; "
                 f"[ -f {sidecar} ] && sed 's/^/side=/' {sidecar}; fi; true")
 
@@ -166,6 +168,7 @@ class HelpText(FactBase):
     """`llama-server --help` of a given binary, or None if the binary is not there."""
 
     def command(self, binary: str) -> str:
+        binary = shlex.quote(binary)
         return f"if [ -x {binary} ]; then {binary} --help 2>&1; else echo __voltafleet_missing__; fi; true"
 
     def process(self, output):
@@ -182,7 +185,7 @@ class ServerInstances(FactBase):
         return {}
 
     def command(self, env_dir: str) -> str:
-        return (f"for f in {env_dir}/*.env; do [ -f \"$f\" ] || continue; i=$(basename $f .env); "
+        return (f"for f in {shlex.quote(env_dir)}/*.env; do [ -f \"$f\" ] || continue; i=$(basename \"$f\" .env); "
                 "echo \"$i $(systemctl is-active llama-server@$i.service 2>/dev/null || true) "
                 "$(systemctl is-enabled llama-server@$i.service 2>/dev/null || true)\"; done")
 

@@ -207,7 +207,7 @@ def validate(host: str, data: Sourced) -> dict:
         if flag.split("=")[0] in ("--api-key", "-ak"):
             fail("server_extra_flags", "passes an API key on the command line, where `ps` shows it",
                  "put the key in a file and set server_api_key_file")
-    from voltafleet.plan import model_files  # the same rule the model role follows
+    from voltafleet.hostplan import model_files  # the same rule the model role follows
 
     try:
         model_files(v)

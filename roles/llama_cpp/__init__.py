@@ -17,20 +17,20 @@ import os
 import re
 import shlex
 import subprocess
-import time
 from functools import lru_cache
 from pathlib import Path
 
 from gevent.lock import Semaphore
-from pyinfra import host, inventory, logger
-from pyinfra.api import FunctionCommand, OperationError, deploy, operation
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.facts import HostBasics, NvccVersion, Releases
-from voltafleet import fingerprint as fpmod
-from voltafleet.nvidia import toolkit_nvcc
+from roles.facts import Gpus, HostBasics, NvccVersion, Releases
+from roles.helpers import bin_path
+from voltafleet import hostplan
+from voltafleet.config import SCHEMA
+from voltafleet.hostplan import BuildSpec, HostPlan
 
-CCACHE_DIR = "/var/cache/voltafleet/ccache"
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_CACHE = Path(os.environ.get("VOLTAFLEET_RELEASE_CACHE", REPO / ".voltafleet" / "releases"))
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
@@ -47,7 +47,7 @@ def resolve_ref(repo: str, ref: str) -> str:
     if SHA40.match(ref):
         return ref
     try:
-        out = subprocess.run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], capture_output=True,
+        out = subprocess.run(["git", "ls-remote", "--", repo, ref, f"{ref}^{{}}"], capture_output=True,
                              text=True, timeout=60)
     except subprocess.TimeoutExpired:
         raise RefError(f"llama_cpp_ref: `git ls-remote {repo}` timed out. Fix: check the "
@@ -63,127 +63,88 @@ def resolve_ref(repo: str, ref: str) -> str:
                    "Fix: set llama_cpp_ref to an existing tag or a full 40-hex commit.")
 
 
-def build_inputs(ctx: dict) -> dict:
-    """Commit and CMake flags of this host's build (known in the prepare phase)."""
-    cfg = ctx["cfg"]
-    commit = resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])
+# ---------------------------------------------------------------- fingerprints from live facts
+
+
+def host_build(h) -> BuildSpec:
+    """Host h's build inputs, from its variables and GPUs (the same rule as its plan)."""
+    cfg = {k: h.data.get(k) for k in SCHEMA}
     cuda = cfg["voltafleet_backend"] == "cuda"
-    flags = fpmod.cmake_flags(cfg["voltafleet_backend"], ctx["cuda_archs"], cfg["llama_cpp_cmake_extra"],
-                              (cfg["server_cache_type_k"], cfg["server_cache_type_v"]),
-                              nvcc=toolkit_nvcc(cfg["cuda_toolkit_version"]) if cuda else None)
-    return {"commit": commit, "flags": flags}
+    archs = hostplan.cuda_archs(cfg, h.get_fact(Gpus)) if cuda else []
+    return hostplan.build_spec(cfg, archs, resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"]))
 
 
-def host_fingerprint(h, ctx: dict) -> str | None:
-    """The fingerprint for host h from its live facts; None while it has no compiler."""
-    basics = h.get_fact(HostBasics)
-    if not basics["cxx"]:
+def host_fingerprint(h, build: BuildSpec | None = None) -> str | None:
+    """Host h's fingerprint from its live facts; None while it has no compiler yet."""
+    cxx = h.get_fact(HostBasics)["cxx"]
+    if not cxx:
         return None
-    toolkit = pinned_toolkit(h, ctx)
-    b = build_inputs(ctx)
-    return fpmod.fingerprint(b["commit"], b["flags"], toolkit, basics["cxx"], ctx["cfg"]["llama_cpp_targets"])
+    build = build or host_build(h)
+    toolkit = h.get_fact(NvccVersion, path=f"{build.cuda_bin}/nvcc") if build.cuda_bin else None
+    return build.fingerprint(toolkit, cxx)
 
 
-def pinned_toolkit(h, ctx: dict) -> str | None:
-    """The version of the configured CUDA toolkit's nvcc on host h (None on the CPU backend)."""
-    cfg = ctx["cfg"]
-    if cfg["voltafleet_backend"] != "cuda":
-        return None
-    return h.get_fact(NvccVersion, path=toolkit_nvcc(cfg["cuda_toolkit_version"]))
-
-
-def choose_builder(ctx: dict) -> str:
-    """Shared strategy: the first host of the inventory with the same build key compiles."""
-    mine = _key(host)
-    for other in inventory:
-        if other.data.get("llama_cpp_build_strategy") == "shared" and _key(other) == mine:
+def builder_of(fp: str) -> str:
+    """Shared strategy: of the hosts in this run, the first (inventory order) with this
+    fingerprint compiles it; the others receive it."""
+    state = host.state
+    for other in state.inventory:
+        if other not in state.active_hosts or other.data.get("llama_cpp_build_strategy") != "shared":
+            continue
+        if other is host or host_fingerprint(other) == fp:
             return other.name
     return host.name
 
 
-def _key(h) -> str:
-    data = {k: h.data.get(k) for k in ("llama_cpp_repo", "llama_cpp_ref", "llama_cpp_cmake_extra",
-                                       "llama_cpp_cuda_archs", "voltafleet_backend", "cuda_toolkit_version",
-                                       "server_cache_type_k", "server_cache_type_v")}
-    return json.dumps({**data, "os": h.get_fact(HostBasics)["os"]}, sort_keys=True)
-
-
-def build_script(ctx: dict, fp: str, cxx: str, toolkit: str | None, built_on: str) -> str:
-    """The shell script that compiles release `fp` on a host (also run as is on the GPU box)."""
-    cfg, b = ctx["cfg"], build_inputs(ctx)
-    root = cfg["voltafleet_root"]
-    jobs = cfg["llama_cpp_build_jobs"] or "$(nproc)"
-    flags = " ".join(shlex.quote(f) for f in b["flags"])
-    targets = " ".join(shlex.quote(t) for t in cfg["llama_cpp_targets"])
-    info = json.dumps({"fingerprint": fp, "commit": b["commit"], "flags": b["flags"], "toolkit": toolkit,
-                       "compiler": cxx, "built_on": built_on, "repo": cfg["llama_cpp_repo"]})
-    cuda_path = (f"export PATH=/usr/local/cuda-{cfg['cuda_toolkit_version']}/bin:$PATH; "
-                 if cfg["voltafleet_backend"] == "cuda" else "")
-    # ccache through CMake's environment variables: the cache is not part of the fingerprint
-    return f"""set -eu; {cuda_path}export CCACHE_DIR={CCACHE_DIR}
-if command -v ccache >/dev/null; then for l in C CXX CUDA; do export CMAKE_${{l}}_COMPILER_LAUNCHER=ccache; done; fi
-mkdir -p {root}/src {root}/build {root}/releases {CCACHE_DIR}
-[ -d {root}/src/llama.cpp/.git ] || git init -q {root}/src/llama.cpp
-cd {root}/src/llama.cpp
-git fetch -q --depth 1 {shlex.quote(cfg['llama_cpp_repo'])} {b['commit']}
-git checkout -q --force --detach {b['commit']}
-log={root}/build/{fp}.log; t0=$(date +%s)
-echo "voltafleet: compiling llama.cpp {b['commit'][:12]} as release {fp} on $(hostname)" >&2
-if ! {{ cmake -S . -B {root}/build/{fp} {flags} && cmake --build {root}/build/{fp} --target {targets} -j {jobs}; }} >$log 2>&1; then
-  tail -n 40 $log >&2; echo "voltafleet: build failed, log in $log; current release untouched" >&2; exit 1
-fi
-echo $(( $(date +%s) - t0 )) > {root}/build/{fp}.seconds
-rm -rf {root}/releases/{fp}.tmp; mkdir -p {root}/releases/{fp}.tmp/bin
-for t in {targets}; do cp {root}/build/{fp}/bin/$t {root}/releases/{fp}.tmp/bin/; done
-{root}/releases/{fp}.tmp/bin/llama-server --version >/dev/null 2>&1 || {{ echo "voltafleet: new llama-server fails --version" >&2; exit 1; }}
-printf '%s\\n' {shlex.quote(info)} > {root}/releases/{fp}.tmp/BUILD_INFO.json
-mv -T {root}/releases/{fp}.tmp {root}/releases/{fp}"""
+def build_command(plan: HostPlan, fp: str, toolkit: str | None, cxx: str) -> str:
+    """The command that compiles release `fp` on a host (also run as is on the GPU box)."""
+    b, cfg = plan.build, plan.cfg
+    info = json.dumps({"fingerprint": fp, "commit": b.commit, "flags": list(b.flags), "toolkit": toolkit,
+                       "compiler": cxx, "built_on": plan.host, "repo": b.repo})
+    args = [bin_path(plan, "vf-build-release"), plan.root, fp, b.repo, b.commit,
+            str(cfg["llama_cpp_build_jobs"] or "auto"), b.cuda_bin or "-", info, " ".join(b.targets),
+            "--", *b.flags]
+    return " ".join(shlex.quote(a) for a in args)
 
 
 @operation()
-def compiled(ctx: dict, builder: str | None = None):
-    """Compile the release for this host's fingerprint if it is missing and this host builds.
-
-    + ctx: the preflight context
-    + builder: with the shared strategy, the one host of the build group that compiles
+def compiled(plan: HostPlan, strategy: str):
+    """Compile this host's release unless it has it (or, shared, another host compiles it).
 
     .. code:: python
 
-        llama_cpp.compiled(ctx, builder="gpu-01")
+        llama_cpp.compiled(plan, strategy="shared")
     """
-    if builder not in (None, host.name):
-        return
-    fp = host_fingerprint(host, ctx)
+    fp = host_fingerprint(host, plan.build)
     if fp is None:  # prepare phase on a fresh host: the compiler comes with the toolchain role
-        yield f"# compile llama.cpp {build_inputs(ctx)['commit'][:12]} (fingerprint once the compiler is installed)"
+        yield StringCommand(f"# compile llama.cpp {plan.build.commit[:12]} once the compiler is installed")
         return
-    if fp in host.get_fact(Releases, root=ctx["cfg"]["voltafleet_root"])["releases"]:
+    if fp in host.get_fact(Releases, root=plan.root)["releases"]:
         return
-    yield build_script(ctx, fp, host.get_fact(HostBasics)["cxx"], pinned_toolkit(host, ctx), host.name)
+    if strategy == "shared" and builder_of(fp) != host.name:
+        return
+    toolkit = host.get_fact(NvccVersion, path=f"{plan.build.cuda_bin}/nvcc") if plan.build.cuda_bin else None
+    yield build_command(plan, fp, toolkit, host.get_fact(HostBasics)["cxx"])
 
 
 _ARCHIVE_LOCKS: dict[str, Semaphore] = {}
 
 
-def _archive_from(builder, ctx: dict, fp: str) -> Path:
+def _archive_from(builder, root: str, fp: str) -> Path:
     """The release archive in the controller cache, fetched from the builder once even when
     many hosts ask for it at the same time."""
     with _ARCHIVE_LOCKS.setdefault(fp, Semaphore()):
         archive = RELEASE_CACHE / f"{fp}.tar.gz"
         if archive.exists() and archive.with_suffix(".sha256").exists():
             return archive
-        root = ctx["cfg"]["voltafleet_root"]
         RELEASE_CACHE.mkdir(parents=True, exist_ok=True)
         remote = f"{root}/releases/{fp}.tar.gz"
-        has, _ = builder.run_shell_command(f"test -f {root}/releases/{fp}/BUILD_INFO.json")
-        if not has:
-            raise OperationError(f"{builder.name} has no release {fp} to ship (its compiler or toolkit "
-                                 "differs from this host's?). Fix: align the hosts, or set "
-                                 "llama_cpp_build_strategy: per_host for this group.")
         ok, out = builder.run_shell_command(
-            f"tar -C {root}/releases -czf {remote}.tmp {fp} && mv -f {remote}.tmp {remote}")
+            " ".join(shlex.quote(a) for a in (f"{root}/bin/vf-release", "pack", root, fp)))
         if not ok:
-            raise OperationError(f"could not archive release {fp} on {builder.name}: {out.stderr}")
+            raise OperationError(f"{builder.name} could not pack release {fp} to ship ({out.stderr.strip()}): "
+                                 "its compiler or toolkit differs from this host's? Fix: align the hosts, or "
+                                 "set llama_cpp_build_strategy: per_host for this group.")
         tmp = archive.with_suffix(".part")
         if not builder.get_file(remote, str(tmp)):
             raise OperationError(f"could not fetch {remote} from {builder.name}")
@@ -193,19 +154,17 @@ def _archive_from(builder, ctx: dict, fp: str) -> Path:
         return archive
 
 
-def _ship(state, host, builder_name: str, ctx: dict, fp: str) -> None:
-    builder = inventory.get_host(builder_name)
-    archive = _archive_from(builder, ctx, fp)
-    root = ctx["cfg"]["voltafleet_root"]
+def _ship(state, host, plan: HostPlan, fp: str) -> None:
+    builder_name = builder_of(fp)
+    builder = state.inventory.get_host(builder_name)
+    archive = _archive_from(builder, plan.root, fp)
     sha = archive.with_suffix(".sha256").read_text().strip()
-    incoming = f"{root}/releases/.incoming-{fp}.tar.gz"
-    host.run_shell_command(f"mkdir -p {root}/releases")
+    incoming = f"{plan.root}/releases/.incoming-{fp}.tar.gz"
+    host.run_shell_command(f"mkdir -p {shlex.quote(plan.root + '/releases')}")
     if not host.put_file(str(archive), incoming):
         raise OperationError(f"could not upload the release archive to {host.name}")
     ok, out = host.run_shell_command(
-        f"set -e; cd {root}/releases; echo '{sha}  {incoming}' | sha256sum -c --quiet; "
-        f"rm -rf {fp}.tmp; mkdir {fp}.tmp; tar -C {fp}.tmp --strip-components=1 -xzf {incoming}; "
-        f"{fp}.tmp/bin/llama-server --version >/dev/null 2>&1; mv -T {fp}.tmp {fp}; rm -f {incoming}")
+        " ".join(shlex.quote(a) for a in (bin_path(plan, "vf-release"), "install", plan.root, fp, sha, incoming)))
     if not ok:
         raise OperationError(f"release {fp} from {builder_name} failed its checksum or self-check on "
                              f"{host.name}: {out.stderr}")
@@ -213,37 +172,33 @@ def _ship(state, host, builder_name: str, ctx: dict, fp: str) -> None:
 
 
 @operation()
-def shipped(ctx: dict, builder: str):
-    """Shared strategy: install the builder's release (checksummed archive, through the
-    controller's cache) on a host that did not compile it.
+def shipped(plan: HostPlan):
+    """Shared strategy: install the release that another host of the same fingerprint
+    compiled (a checksummed archive, through the controller's cache).
 
     .. code:: python
 
-        llama_cpp.shipped(ctx, builder="gpu-01")
+        llama_cpp.shipped(plan)
     """
-    if builder == host.name:
-        return
-    fp = host_fingerprint(host, ctx)
+    fp = host_fingerprint(host, plan.build)
     if fp is None:
-        yield f"# install the release compiled on {builder}"
+        yield StringCommand("# install the release of this host's fingerprint")
         return
-    if fp in host.get_fact(Releases, root=ctx["cfg"]["voltafleet_root"])["releases"]:
+    if fp in host.get_fact(Releases, root=plan.root)["releases"] or builder_of(fp) == host.name:
         return
-    yield FunctionCommand(_ship, (builder, ctx, fp), {})
+    yield FunctionCommand(_ship, (plan, fp), {})
 
 
 @deploy("llama.cpp")
-def llama_cpp(ctx: dict) -> None:
+def llama_cpp(plan: HostPlan) -> None:
     """Make sure this host has the release for its fingerprint (compiling or receiving it).
 
     .. code:: python
 
-        llama_cpp(ctx)
+        llama_cpp(plan)
     """
-    build_inputs(ctx)  # resolve the ref now: a bad ref stops the rollout before any change
-    if ctx["cfg"]["llama_cpp_build_strategy"] == "per_host":
-        compiled(name="Compile llama.cpp release", ctx=ctx)
-        return
-    builder = choose_builder(ctx)
-    compiled(name="Compile llama.cpp release (one host per fingerprint)", ctx=ctx, builder=builder)
-    shipped(name=f"Install llama.cpp release built on {builder}", ctx=ctx, builder=builder)
+    strategy = plan.cfg["llama_cpp_build_strategy"]
+    compiled(name="Compile llama.cpp release" + (" (one host per fingerprint)" if strategy == "shared" else ""),
+             plan=plan, strategy=strategy)
+    if strategy == "shared":
+        shipped(name="Install the release compiled by a host of the same fingerprint", plan=plan)

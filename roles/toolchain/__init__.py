@@ -12,6 +12,7 @@ from pyinfra.operations.util import any_changed
 
 from roles.facts import AptHolds, Gpus
 from voltafleet import nvidia
+from voltafleet.hostplan import HostPlan
 
 BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "python3", "curl", "ca-certificates"]
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf"
@@ -54,15 +55,15 @@ def driver_verified(branch: int, gpu_count: int):
     yield  # an operation is a generator; this one only checks
 
 
-def cuda_stack(ctx: dict) -> None:
-    cfg, os_id = ctx["cfg"], ctx["basics"]["os"]
+def cuda_stack(plan: HostPlan) -> None:
+    cfg, os_id = plan.cfg, plan.facts.os
     keyring = apt.deb(name="NVIDIA CUDA repository keyring", src=nvidia.keyring_url(os_id))
     apt.update(name="Refresh apt after adding NVIDIA's repository", _if=keyring.did_change)
     apt.packages(name=f"CUDA toolkit {cfg['cuda_toolkit_version']} (pinned series)",
                  packages=[nvidia.toolkit_package(cfg["cuda_toolkit_version"])], no_recommends=True)
     if not cfg["manage_driver"]:
         driver_verified(name="Check the driver managed elsewhere", branch=cfg["nvidia_driver_branch"],
-                        gpu_count=len(ctx["gpus"]))
+                        gpu_count=len(plan.facts.gpus))
         return
     pkgs = nvidia.driver_packages(os_id, cfg["nvidia_driver_source"], cfg["nvidia_driver_branch"],
                                   cfg["nvidia_driver_flavour"])
@@ -80,18 +81,18 @@ def cuda_stack(ctx: dict) -> None:
     systemd.service(name="NVIDIA persistence daemon", service="nvidia-persistenced", running=True,
                     enabled=True)
     driver_verified(name="nvidia-smi answers with the driver branch", branch=cfg["nvidia_driver_branch"],
-                    gpu_count=len(ctx["gpus"]))
+                    gpu_count=len(plan.facts.gpus))
 
 
 @deploy("Toolchain")
-def toolchain(ctx: dict) -> None:
+def toolchain(plan: HostPlan) -> None:
     """Build dependencies from the distro, then the NVIDIA stack on CUDA hosts.
 
     .. code:: python
 
-        toolchain(ctx)
+        toolchain(plan)
     """
     apt.packages(name="Install build dependencies", packages=BUILD_PACKAGES, update=True,
                  cache_time=24 * 3600, no_recommends=True)
-    if ctx["cfg"]["voltafleet_backend"] == "cuda":
-        cuda_stack(ctx)
+    if plan.cuda:
+        cuda_stack(plan)

@@ -1,13 +1,13 @@
 """Model fetch on a real lab host from the real nginx mirror (HTTP Range): resume after a
 broken transfer, a wrong checksum, a 404; and the GGUF header read by Range alone."""
 import re
+import shlex
 import subprocess
 
 import pytest
 
 from lab.fleet import STATE
-from roles.model import fetch_script
-from tests.lab.helpers import lab, ssh
+from tests.lab.helpers import REPO, lab, ssh
 from voltafleet.gguf_header import read_url
 
 DEST = "/var/tmp/vf-fetch-test/model.gguf"
@@ -20,12 +20,17 @@ def h():
     return host
 
 
-def run_script(host, script, timeout=None):
+FETCH = REPO / "roles/model/files/vf-fetch-model.sh"
+
+
+def fetch(host, url, dest, sha, timeout=None):
+    """Run the role's own fetch script on the host (piped over SSH, with quoted arguments)."""
     st = lab()
+    args = " ".join(shlex.quote(a) for a in (url, dest, sha))
     cmd = ["ssh", "-i", st["ssh_key"], "-p", str(host["ssh_port"]), "-o", "BatchMode=yes",
            "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={st['known_hosts']}", "root@127.0.0.1",
-           f"timeout {timeout} bash -s" if timeout else "bash -s"]
-    return subprocess.run(cmd, input=script, capture_output=True, text=True, timeout=300)
+           (f"timeout {timeout} " if timeout else "") + f"bash -s -- {args}"]
+    return subprocess.run(cmd, input=FETCH.read_text(), capture_output=True, text=True, timeout=300)
 
 
 def access_log_since(mark: int) -> list[str]:
@@ -41,13 +46,13 @@ def log_mark() -> int:
 def test_interrupted_download_resumes_and_never_leaves_a_half_model(h):
     st = lab()
     slow = st["model_url"].replace("/models/", "/slow/models/")
-    r = run_script(h, fetch_script(slow, DEST, st["model_sha256"]), timeout=3)
+    r = fetch(h, slow, DEST, st["model_sha256"], timeout=3)
     assert r.returncode == 124  # killed mid-transfer
     part = int(ssh(h, f"stat -c %s {DEST}.part"))
     assert 0 < part < st["model_size"]
     assert ssh(h, f"test -e {DEST} && echo yes || echo no") == "no"
     mark = log_mark()
-    r = run_script(h, fetch_script(st["model_url"], DEST, st["model_sha256"]))
+    r = fetch(h, st["model_url"], DEST, st["model_sha256"])
     assert r.returncode == 0, r.stderr
     assert ssh(h, f"sha256sum < {DEST} | cut -d' ' -f1") == st["model_sha256"]
     assert ssh(h, f"test -e {DEST}.part && echo yes || echo no") == "no"
@@ -63,7 +68,7 @@ def test_wrong_checksum_never_replaces_the_good_file(h):
     st = lab()
     before = ssh(h, f"stat -c '%i %Y' {DEST}")
     ssh(h, f"rm -f {DEST}.verified")  # force a fetch: the file is no longer recorded as verified
-    r = run_script(h, fetch_script(st["model_url"], DEST, "0" * 64))
+    r = fetch(h, st["model_url"], DEST, "0" * 64)
     assert r.returncode == 1
     assert "model_sha256 says 0000" in r.stderr and "untouched" in r.stderr
     assert ssh(h, f"stat -c '%i %Y' {DEST}") == before
@@ -73,7 +78,7 @@ def test_wrong_checksum_never_replaces_the_good_file(h):
 def test_404_leaves_the_good_file_alone(h):
     st = lab()
     before = ssh(h, f"stat -c '%i %Y' {DEST}")
-    r = run_script(h, fetch_script(st["model_url"].replace("tiny", "missing"), DEST + ".other", st["model_sha256"]))
+    r = fetch(h, st["model_url"].replace("tiny", "missing"), DEST + ".other", st["model_sha256"])
     assert r.returncode == 1 and "download of" in r.stderr
     assert ssh(h, f"stat -c '%i %Y' {DEST}") == before
     assert ssh(h, f"test -s {DEST}.other && echo yes || echo no") == "no"

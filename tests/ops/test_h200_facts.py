@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from roles.facts import FreeDisk, Gpus, HostBasics, NvccVersion
-from voltafleet import nvidia, plan
+from voltafleet import hostplan, nvidia
 from voltafleet.groupvars import GROUP_VARS
 
 FACTS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "h200-facts.json").read_text())
@@ -35,7 +35,7 @@ def test_h200_with_cuda_13_passes_the_volta_rules_and_plans_sm_90():
     cfg.update(cuda_toolkit_version="13.0", llama_cpp_cuda_archs=None)
     gpus = Gpus().process(lines("Gpus"))
     assert nvidia.refusals("h200", cfg, gpus, NvccVersion().process(lines("NvccVersion")), "580.159.04") == []
-    assert plan.cuda_archs(cfg, gpus) == [90]
+    assert hostplan.cuda_archs(cfg, gpus) == [90]
 
 
 def test_the_same_cuda_13_on_a_v100_is_refused():

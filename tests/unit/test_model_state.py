@@ -1,4 +1,4 @@
-from roles.model import is_verified
+from voltafleet.modelstate import is_verified
 
 SHA = "b" * 64
 

@@ -1,4 +1,5 @@
-from voltafleet import plan
+from voltafleet import hostplan as plan
+from voltafleet.hostplan import HostFacts
 
 V100 = {"index": 0, "name": "Tesla V100-SXM2-16GB", "compute_cap": "7.0", "memory_mib": 16384,
         "driver_version": "580.95.05"}
@@ -12,7 +13,7 @@ def gpus(n, cap="7.0"):
 def facts(**kw):
     base = {"os": "debian-12", "gpus": gpus(8), "nvcc": None, "free_model": 100 * GIB,
             "free_root": 100 * GIB, "same_fs": True, "model_present": False, "model_bytes": 15 * GIB}
-    return {**base, **kw}
+    return HostFacts(**{**base, **kw})
 
 
 def test_one_instance_per_gpu_with_consecutive_ports(cfg):
@@ -35,31 +36,31 @@ def test_cuda_archs_from_the_host_unless_set(cfg):
 
 
 def test_preflight_passes_a_good_host(cfg):
-    assert plan.preflight_errors("gpu-01", cfg, facts()) == []
+    assert plan.host_refusals("gpu-01", cfg, facts()) == []
 
 
 def test_preflight_refuses_cuda_host_without_gpu(cfg):
-    errs = plan.preflight_errors("gpu-01", cfg, facts(gpus=[]))
+    errs = plan.host_refusals("gpu-01", cfg, facts(gpus=[]))
     assert errs == [e for e in errs if e.startswith("gpu-01: ")] and "0 GPUs" in errs[0]
 
 
 def test_preflight_refuses_unsupported_os(cfg):
-    errs = plan.preflight_errors("gpu-01", cfg, facts(os="centos-7"))
+    errs = plan.host_refusals("gpu-01", cfg, facts(os="centos-7"))
     assert "OS centos-7 is not one of" in errs[0]
 
 
 def test_preflight_refuses_too_little_disk_with_numbers(cfg):
-    errs = plan.preflight_errors("gpu-01", cfg, facts(free_model=10 * GIB, free_root=10 * GIB))
+    errs = plan.host_refusals("gpu-01", cfg, facts(free_model=10 * GIB, free_root=10 * GIB))
     assert errs == ["gpu-01: 10.0 GiB free for model (15.3 GiB) plus build (6.0 GiB)"]  # 2 % margin
     # separate filesystems are checked separately
-    errs = plan.preflight_errors("gpu-01", cfg, facts(same_fs=False, free_model=20 * GIB, free_root=1 * GIB))
+    errs = plan.host_refusals("gpu-01", cfg, facts(same_fs=False, free_model=20 * GIB, free_root=1 * GIB))
     assert len(errs) == 1 and "a build needs 6.0 GiB" in errs[0]
 
 
 def test_preflight_counts_no_model_bytes_when_present(cfg):
-    assert plan.preflight_errors("h", cfg, facts(free_model=7 * GIB, free_root=7 * GIB, model_present=True)) == []
+    assert plan.host_refusals("h", cfg, facts(free_model=7 * GIB, free_root=7 * GIB, model_present=True)) == []
 
 
 def test_preflight_refuses_more_instances_than_gpus(cfg):
     cfg["server_instances"] = 9
-    assert "server_instances is 9 but the host has 8 GPU(s)" in plan.preflight_errors("h", cfg, facts())[0]
+    assert "server_instances is 9 but the host has 8 GPU(s)" in plan.host_refusals("h", cfg, facts())[0]
