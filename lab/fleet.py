@@ -329,6 +329,12 @@ def up(n_hosts: int) -> dict:
     n_hosts = max(n_hosts, len(previous.get("hosts", [])) if previous else 0)
     hosts = [make_host(i, rootfs, key) for i in range(1, n_hosts + 1)]
     known_hosts.write_text("".join(h["known_host"] + "\n" for h in hosts))
+    ssh_config = STATE / "ssh_config"  # for ssh, testinfra and operators: strict host keys
+    ssh_config.write_text("".join(
+        f"Host {h['name']}\n  HostName 127.0.0.1\n  Port {h['ssh_port']}\n  User root\n  IdentityFile {key}\n"
+        f"  IdentitiesOnly yes\n  BatchMode yes\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {known_hosts}\n"
+        f"  HostKeyAlias [127.0.0.1]:{h['ssh_port']}\n"
+        f"  ControlMaster auto\n  ControlPath {STATE}/cm-%r@%h:%p\n  ControlPersist 60s\n" for h in hosts))
     for h in hosts:
         boot_host(h)
     for h in hosts:
@@ -338,6 +344,7 @@ def up(n_hosts: int) -> dict:
         "hosts": hosts,
         "ssh_key": str(key),
         "known_hosts": str(known_hosts),
+        "ssh_config": str(ssh_config),
         "llama_cpp_repo": f"git://127.0.0.1:{GIT_PORT}/llama.cpp.git",
         "llama_cpp_ref": git_info["commit"],
         "llama_cpp_next_ref": NEXT_TAG,

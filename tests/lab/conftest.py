@@ -14,3 +14,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/lab/" in str(item.fspath):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def first_rollout():
+    """The session's first rollout, whichever lab test asks first: (run, fresh) where
+    fresh says whether the hosts had never been rolled out to (`lab up --fresh`)."""
+    from tests.lab.helpers import deploy, lab, ssh
+
+    fresh = all(ssh(h, "test -e /opt/voltafleet/current && echo yes || echo no") == "no"
+                for h in lab()["hosts"])
+    return deploy(), fresh
+
+
+@pytest.fixture
+def converged(first_rollout):
+    """A fleet rolled out with the repository's own configuration (each test that changes
+    it rolls it back at its end; this re-converges if one failed half way)."""
+    from tests.lab.helpers import deploy, lab
+
+    run = deploy()
+    assert run.rc == 0, run
+    return lab()["hosts"]

@@ -1,4 +1,5 @@
-"""Helpers for tests against the real lab fleet: SSH with strict host keys, pyinfra runs."""
+"""Helpers for tests against the real lab fleet: hosts through pytest-testinfra (SSH with
+the lab's ssh_config: strict host keys), pyinfra runs."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import testinfra
 import yaml
 
 from lab.fleet import load_state
@@ -20,13 +22,21 @@ def lab() -> dict:
     return load_state()
 
 
-def ssh(host: dict, cmd: str, check: bool = True) -> str:
-    st = lab()
-    r = subprocess.run(["ssh", "-i", st["ssh_key"], "-p", str(host["ssh_port"]), "-o", "BatchMode=yes",
-                        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={st['known_hosts']}",
-                        "root@127.0.0.1", cmd], capture_output=True, text=True, timeout=300)
-    if check and r.returncode != 0:
-        raise AssertionError(f"ssh {host['name']} {cmd!r} failed: {r.stderr}")
+_HOSTS: dict[str, testinfra.host.Host] = {}
+
+
+def th(host: dict) -> testinfra.host.Host:
+    """The lab host as a testinfra Host (services, users, files, sockets, commands)."""
+    if host["name"] not in _HOSTS:
+        _HOSTS[host["name"]] = testinfra.get_host(f"ssh://{host['name']}", ssh_config=lab()["ssh_config"])
+    return _HOSTS[host["name"]]
+
+
+def ssh(host: dict, cmd: str, check: bool = True, stdin: str | None = None) -> str:
+    """Run a shell command on the lab host; its stdout, stripped."""
+    r = th(host).run(cmd) if stdin is None else th(host).run(f"{cmd} <<'VF_STDIN_EOF'\n{stdin}\nVF_STDIN_EOF")
+    if check and r.rc != 0:
+        raise AssertionError(f"{host['name']}: {cmd!r} failed ({r.rc}): {r.stderr}")
     return r.stdout.strip()
 
 

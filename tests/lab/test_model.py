@@ -2,12 +2,11 @@
 broken transfer, a wrong checksum, a 404; and the GGUF header read by Range alone."""
 import re
 import shlex
-import subprocess
 
 import pytest
 
 from lab.fleet import STATE
-from tests.lab.helpers import REPO, lab, ssh
+from tests.lab.helpers import REPO, lab, ssh, th
 from voltafleet.gguf_header import read_url
 
 DEST = "/var/tmp/vf-fetch-test/model.gguf"
@@ -24,13 +23,10 @@ FETCH = REPO / "roles/model/files/vf-fetch-model.sh"
 
 
 def fetch(host, url, dest, sha, timeout=None):
-    """Run the role's own fetch script on the host (piped over SSH, with quoted arguments)."""
-    st = lab()
+    """Run the role's own fetch script on the host (its copy in /tmp, quoted arguments)."""
+    th(host).run("cat > /tmp/vf-fetch-model <<'VF_EOF'\n" + FETCH.read_text() + "VF_EOF")
     args = " ".join(shlex.quote(a) for a in (url, dest, sha))
-    cmd = ["ssh", "-i", st["ssh_key"], "-p", str(host["ssh_port"]), "-o", "BatchMode=yes",
-           "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={st['known_hosts']}", "root@127.0.0.1",
-           (f"timeout {timeout} " if timeout else "") + f"bash -s -- {args}"]
-    return subprocess.run(cmd, input=FETCH.read_text(), capture_output=True, text=True, timeout=300)
+    return th(host).run((f"timeout {timeout} " if timeout else "") + f"bash /tmp/vf-fetch-model {args}")
 
 
 def access_log_since(mark: int) -> list[str]:
@@ -47,13 +43,13 @@ def test_interrupted_download_resumes_and_never_leaves_a_half_model(h):
     st = lab()
     slow = st["model_url"].replace("/models/", "/slow/models/")
     r = fetch(h, slow, DEST, st["model_sha256"], timeout=3)
-    assert r.returncode == 124  # killed mid-transfer
+    assert r.rc == 124  # killed mid-transfer
     part = int(ssh(h, f"stat -c %s {DEST}.part"))
     assert 0 < part < st["model_size"]
     assert ssh(h, f"test -e {DEST} && echo yes || echo no") == "no"
     mark = log_mark()
     r = fetch(h, st["model_url"], DEST, st["model_sha256"])
-    assert r.returncode == 0, r.stderr
+    assert r.rc == 0, r.stderr
     assert ssh(h, f"sha256sum < {DEST} | cut -d' ' -f1") == st["model_sha256"]
     assert ssh(h, f"test -e {DEST}.part && echo yes || echo no") == "no"
     resumed = [l for l in access_log_since(mark) if "tiny-qwen2" in l]
@@ -69,7 +65,7 @@ def test_wrong_checksum_never_replaces_the_good_file(h):
     before = ssh(h, f"stat -c '%i %Y' {DEST}")
     ssh(h, f"rm -f {DEST}.verified")  # force a fetch: the file is no longer recorded as verified
     r = fetch(h, st["model_url"], DEST, "0" * 64)
-    assert r.returncode == 1
+    assert r.rc == 1
     assert "model_sha256 says 0000" in r.stderr and "untouched" in r.stderr
     assert ssh(h, f"stat -c '%i %Y' {DEST}") == before
     assert ssh(h, f"test -e {DEST}.part && echo yes || echo no") == "no"
@@ -79,7 +75,7 @@ def test_404_leaves_the_good_file_alone(h):
     st = lab()
     before = ssh(h, f"stat -c '%i %Y' {DEST}")
     r = fetch(h, st["model_url"].replace("tiny", "missing"), DEST + ".other", st["model_sha256"])
-    assert r.returncode == 1 and "download of" in r.stderr
+    assert r.rc == 1 and "download of" in r.stderr
     assert ssh(h, f"stat -c '%i %Y' {DEST}") == before
     assert ssh(h, f"test -s {DEST}.other && echo yes || echo no") == "no"
 

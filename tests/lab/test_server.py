@@ -1,18 +1,18 @@
 """llama-server units on the real lab fleet: restarts, API key, hardening, flag checks.
-Runs after test_rollout.py, on the converged fleet it leaves."""
+Each test starts from a converged fleet (the `converged` fixture)."""
 import re
 import time
 
 import pytest
 
-from tests.lab.helpers import deploy, lab, main_pid, ssh
+from tests.lab.helpers import deploy, lab, main_pid, ssh, th
 
 KEY = "vf-test-key-6c1b0e9f2a"
 
 
-@pytest.fixture(scope="module")
-def hosts():
-    return lab()["hosts"]
+@pytest.fixture
+def hosts(converged):
+    return converged
 
 
 def health(h, i=0):
@@ -39,7 +39,9 @@ def test_kill_9_is_followed_by_a_restart_and_health(hosts):
 def test_runs_as_an_unprivileged_user_without_a_shell(hosts):
     h = hosts[0]
     assert ssh(h, f"ps -o user= -p {main_pid(h, 0)}") == "llama"
-    assert ssh(h, "getent passwd llama | cut -d: -f7") == "/usr/sbin/nologin"
+    user = th(h).user("llama")
+    assert user.shell == "/usr/sbin/nologin" and user.home == "/nonexistent"
+    assert not th(h).file("/nonexistent").exists  # no home is made for it
     assert ssh(h, "grep -c '^CapEff:\\s*0*$' /proc/%d/status" % main_pid(h, 0)) == "1"
 
 
@@ -64,7 +66,7 @@ def test_one_host_flag_change_restarts_exactly_its_instances(hosts, tmp_path):
 def test_retiring_one_instance_leaves_the_other_running(hosts, tmp_path):
     b = hosts[1]
     pid0 = main_pid(b, 0)
-    run = deploy(host_vars={b["name"]: {"server_threads": 2, "server_instances": 1}}, tmp=tmp_path)
+    run = deploy(host_vars={b["name"]: {"server_instances": 1}}, tmp=tmp_path)
     assert run.rc == 0, run
     assert main_pid(b, 0) == pid0
     assert ssh(b, "systemctl is-active llama-server@1.service", check=False) == "inactive"

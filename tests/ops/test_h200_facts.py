@@ -4,11 +4,8 @@ parsers and refusal rules as a rollout."""
 import json
 from pathlib import Path
 
-import yaml
-
 from roles.facts import FreeDisk, Gpus, HostBasics, NvccVersion
 from voltafleet import hostplan, nvidia
-from voltafleet.groupvars import GROUP_VARS
 
 FACTS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "h200-facts.json").read_text())
 
@@ -30,16 +27,14 @@ def test_nvcc_and_host_facts():
     assert FreeDisk().process(lines("FreeDisk"))["free"] > 10 * 2 ** 30
 
 
-def test_h200_with_cuda_13_passes_the_volta_rules_and_plans_sm_90():
-    cfg = yaml.safe_load((GROUP_VARS / "all.yml").read_text())
+def test_h200_with_cuda_13_passes_the_volta_rules_and_plans_sm_90(cfg):
     cfg.update(cuda_toolkit_version="13.0", llama_cpp_cuda_archs=None)
     gpus = Gpus().process(lines("Gpus"))
     assert nvidia.refusals("h200", cfg, gpus, NvccVersion().process(lines("NvccVersion")), "580.159.04") == []
     assert hostplan.cuda_archs(cfg, gpus) == [90]
 
 
-def test_the_same_cuda_13_on_a_v100_is_refused():
-    cfg = yaml.safe_load((GROUP_VARS / "all.yml").read_text())
+def test_the_same_cuda_13_on_a_v100_is_refused(cfg):
     v100 = [{"index": 0, "name": "Tesla V100-SXM2-16GB", "compute_cap": "7.0", "memory_mib": 16384,
              "driver_version": "580.159.04"}]
     errs = nvidia.refusals("v100", cfg, v100, NvccVersion().process(lines("NvccVersion")), "580.159.04")

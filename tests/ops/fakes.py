@@ -1,0 +1,45 @@
+"""pyinfra's fixture style, in process: a fact is command output in, parsed value out;
+an operation is facts in, commands out. No connector, no SSH: milliseconds a test."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pyinfra.context import ctx_host, ctx_state
+
+
+class FakeHost:
+    """A host whose facts come from a dict: {FactClass: value} or {FactClass: {kwargs-tuple: value}}."""
+
+    def __init__(self, facts: dict, name: str = "gpu-01", executing: bool = True, data: dict | None = None):
+        self.facts, self.name, self.data = facts, name, SimpleNamespace(**(data or {}))
+        self.state = SimpleNamespace(is_executing=executing)
+
+    def get_fact(self, cls, *args, **kwargs):
+        value = self.facts[cls]
+        if isinstance(value, dict) and kwargs and tuple(sorted(kwargs.items())) in value:
+            return value[tuple(sorted(kwargs.items()))]
+        return value
+
+
+class FakeOp:
+    """An earlier operation's result, as pyinfra's OperationMeta answers it."""
+
+    def __init__(self, changed: bool, complete: bool = True):
+        self.changed_, self.complete = changed, complete
+
+    def is_complete(self):
+        return self.complete
+
+    def did_change(self):
+        return self.changed_
+
+    @property
+    def will_change(self):
+        return self.changed_
+
+
+def commands(op, fake: FakeHost, *args, **kwargs) -> list[str]:
+    """The commands an operation yields on this fake host, as strings."""
+    with ctx_host.use(fake), ctx_state.use(fake.state):
+        return [str(c) if not hasattr(c, "function") else f"<function {c.function.__name__}>"
+                for c in op._inner(*args, **kwargs)]

@@ -1,0 +1,141 @@
+"""voltafleet's own facts and operations, in process (tests/ops/fakes.py): the commands a
+fact runs and how it parses their output; the commands an operation yields for given facts."""
+import pytest
+from pyinfra.api import OperationError
+
+from roles import facts as F
+from roles.llama_cpp import compiled
+from roles.model import fetched
+from roles.server import flags_accepted, release_switched, restarted
+from tests.ops.fakes import FakeHost, FakeOp, commands
+from voltafleet.hostplan import HostFacts, make_plan
+
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+CXX = "12.2.0 x86_64-linux-gnu"
+
+
+# ---------------------------------------------------------------- facts
+
+
+def test_paths_in_fact_commands_are_quoted():
+    assert "p='/var/lib/my models'" in F.FreeDisk().command(path="/var/lib/my models")
+    assert "'/x/a b.gguf'" in F.FileState().command(path="/x/a b.gguf", sidecar="/x/a b.gguf.verified")
+    assert "if [ -x '/o p/llama-server' ]" in F.HelpText().command(binary="/o p/llama-server")
+    assert "cd '/opt/$(id)'" in F.Releases().command(root="/opt/$(id)")
+
+
+def test_releases_fact_parses_current_good_and_build_info():
+    out = F.Releases().process(["current=aaa", "good=", 'release=aaa 1700000000 {"commit": "c1"}'])
+    assert out == {"current": "aaa", "good": None,
+                   "releases": {"aaa": {"mtime": 1700000000.0, "info": {"commit": "c1"}}}}
+
+
+def test_file_state_and_server_instances_and_holds():
+    assert F.FileState().process(["stat=10 100", "side=abc 10 100"]) == {"size": 10, "mtime": 100,
+                                                                         "sidecar": ["abc 10 100"]}
+    assert F.FileState().process([]) is None
+    assert F.ServerInstances().process(["0 active enabled", "1 failed", "x"]) == {
+        0: {"active": "active", "enabled": "enabled"}, 1: {"active": "failed", "enabled": "unknown"}}
+    assert F.AptHolds().process(["cuda-drivers-580", " "]) == ["cuda-drivers-580"]
+
+
+def test_gpus_fall_back_to_the_pci_bus_without_a_driver():
+    lines = ["pci: 0000:06:00.0 3D controller [0302]: NVIDIA Corporation GV100GL [Tesla V100 SXM2 32GB] [10de:1db5] (rev a1)"]
+    gpus = F.Gpus().process(lines)
+    assert gpus[0]["name"] == "Tesla V100-SXM2-32GB" and gpus[0]["memory_mib"] == 32768 and gpus[0]["pci_only"]
+    assert F.Gpus().process(["0, Tesla V100-SXM2-16GB, 7.0, 16384, 580.95.05"])[0]["driver_version"] == "580.95.05"
+
+
+def test_help_text_missing_binary():
+    assert F.HelpText().process(["__voltafleet_missing__"]) is None
+
+
+# ---------------------------------------------------------------- operations
+
+
+@pytest.fixture
+def plan(cfg):
+    cfg.update(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"])
+    return make_plan("gpu-01", cfg, HostFacts(os="debian-12", systemd=252), None, COMMIT)
+
+
+def host_with(facts=None):
+    base = {F.HostBasics: {"os": "debian-12", "cxx": CXX, "cpus": 2, "mem_mib": 1, "systemd": 252},
+            F.Releases: {"current": None, "good": None, "releases": {}}, F.ServerInstances: {}}
+    return FakeHost({**base, **(facts or {})})
+
+
+def test_compile_runs_the_build_script_with_quoted_arguments(plan):
+    cmds = commands(compiled, host_with(), plan, strategy="per_host")
+    assert len(cmds) == 1
+    assert cmds[0].startswith("/opt/voltafleet/bin/vf-build-release /opt/voltafleet ")
+    assert f" git://" not in cmds[0] and f" {COMMIT} auto - " in cmds[0]
+    assert "'{\"fingerprint\"" in cmds[0]  # the JSON build info is one quoted argument
+    assert cmds[0].endswith("-DGGML_NATIVE=OFF")
+
+
+def test_compile_skips_a_release_the_host_has(plan):
+    fp = plan.build.fingerprint(None, CXX)
+    fake = host_with({F.Releases: {"current": fp, "good": fp, "releases": {fp: {"mtime": 1, "info": {}}}}})
+    assert commands(compiled, fake, plan, strategy="per_host") == []
+
+
+def test_model_fetch_only_when_not_verified():
+    args = dict(fetcher="/opt/voltafleet/bin/vf-fetch-model", url="http://m/a b.gguf", dest="/m/a.gguf", sha256="c" * 64)
+    assert commands(fetched, FakeHost({F.FileState: None}), **args) == [
+        f"/opt/voltafleet/bin/vf-fetch-model 'http://m/a b.gguf' /m/a.gguf {'c' * 64}"]
+    ok = {"size": 5, "mtime": 9, "sidecar": [f"{'c' * 64} 5 9"]}
+    assert commands(fetched, FakeHost({F.FileState: ok}), **args) == []
+
+
+def test_switch_points_current_at_the_release_and_prunes_beyond_keep(plan):
+    fp = plan.build.fingerprint(None, CXX)
+    old = {f"old{i}": {"mtime": i, "info": {}} for i in range(7)}
+    fake = host_with({F.Releases: {"current": "old6", "good": "old0", "releases": old}})
+    cmds = commands(release_switched, fake, plan)
+    assert cmds[0] == f"/opt/voltafleet/bin/vf-atomic link /opt/voltafleet/current releases/{fp}"
+    # keep 3 besides the new one, current (old6) and good (old0): old5, old4, old3
+    assert cmds[1] == "/opt/voltafleet/bin/vf-release prune /opt/voltafleet old2 old1"
+    fake.facts[F.Releases]["current"] = fp
+    assert commands(release_switched, fake, plan) == []
+
+
+def test_flags_refused_before_any_restart(plan, help_text):
+    fake = host_with({F.HelpText: help_text})
+    assert commands(flags_accepted, fake, plan) == []
+    plan.argv[0].append("--draft-max")
+    with pytest.raises(OperationError, match="--draft-max: the pinned llama-server says"):
+        commands(flags_accepted, fake, plan)
+
+
+def test_missing_release_at_execution_is_an_error_not_a_switch(plan):
+    fake = host_with({F.HelpText: None})
+    with pytest.raises(OperationError, match="release .* is missing"):
+        commands(flags_accepted, fake, plan)
+
+
+UP = {"active": "active", "enabled": "enabled"}
+
+
+def test_restart_only_changed_instances_one_at_a_time(plan):
+    fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
+    envs = {0: FakeOp(False), 1: FakeOp(True)}
+    assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[FakeOp(False)]) == [
+        "systemctl enable llama-server@1.service && systemctl restart llama-server@1.service"]
+    assert len(commands(restarted, fake, plan, env_ops=envs, everything_ops=[FakeOp(True)])) == 2
+    none = {0: FakeOp(False), 1: FakeOp(False)}
+    assert commands(restarted, fake, plan, env_ops=none, everything_ops=[FakeOp(False)]) == []
+
+
+def test_prepare_phase_uses_will_change(plan):
+    fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
+    envs = {0: FakeOp(True, complete=False), 1: FakeOp(False, complete=False)}
+    assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == [
+        "systemctl enable llama-server@0.service && systemctl restart llama-server@0.service"]
+
+
+def test_retired_instance_is_disabled_and_its_env_removed(plan):
+    fake = host_with({F.ServerInstances: {0: UP, 1: UP, 2: UP}})
+    envs = {0: FakeOp(False), 1: FakeOp(False)}
+    assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == [
+        "systemctl disable --now llama-server@2.service; rm -f /etc/voltafleet/llama-server/2.env"]

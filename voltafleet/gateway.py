@@ -1,0 +1,77 @@
+"""The gateway's backends and runtime commands (HAProxy), decided from the inventory.
+
+Every llama-server instance of every server host is a backend named `<host>-<index>`;
+the rolling rollout drains one through HAProxy's runtime API before restarting it and
+sets it ready again once its host's smoke test passed.
+
+    >>> backend_name("gpu-01.fleet.internal", 3)
+    'gpu-01.fleet.internal-3'
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+BACKEND = "llama"
+ADMIN_SOCKET = "/run/haproxy/admin.sock"
+STATE_FILE = "/var/lib/haproxy/server-state"
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    address: str
+    port: int
+
+
+def backend_name(host: str, index: int) -> str:
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{index}"
+
+
+def backends(servers: list[tuple[str, str, list[int]]]) -> list[Backend]:
+    """servers: (host name, address the gateway reaches it at, its instance ports)."""
+    out = []
+    for name, address, ports in servers:
+        for index, port in enumerate(ports):
+            out.append(Backend(backend_name(name, index), address, port))
+    return out
+
+
+def runtime(command: str, socket: str = ADMIN_SOCKET) -> str:
+    """A shell command that sends one runtime-API command to HAProxy's admin socket."""
+    if not re.fullmatch(r"[A-Za-z0-9 ._/@:-]+", command):
+        raise ValueError(f"unexpected characters in HAProxy runtime command {command!r}")
+    return f"echo '{command}' | socat stdio UNIX-CONNECT:{socket}"
+
+
+def set_state(host: str, index: int, state: str) -> str:
+    if state not in ("ready", "drain", "maint"):
+        raise ValueError(state)
+    return runtime(f"set server {BACKEND}/{backend_name(host, index)} state {state}")
+
+
+def current_sessions(stat_csv: str, server: str) -> int | None:
+    """scur of one server from `show stat` CSV output (None if it is not listed)."""
+    lines = stat_csv.splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return None
+    cols = lines[0][2:].split(",")
+    for line in lines[1:]:
+        row = line.split(",")
+        if len(row) >= len(cols) - 1 and row[0] == BACKEND and row[1] == server:
+            return int(row[cols.index("scur")] or 0)
+    return None
+
+
+def server_states(stat_csv: str) -> dict[str, str]:
+    """{server: status} (UP, DOWN, DRAIN, MAINT, ...) of the llama backend, from `show stat`."""
+    lines = stat_csv.splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    cols = lines[0][2:].split(",")
+    out = {}
+    for line in lines[1:]:
+        row = line.split(",")
+        if len(row) > cols.index("status") and row[0] == BACKEND and row[1] not in ("FRONTEND", "BACKEND"):
+            out[row[1]] = row[cols.index("status")]
+    return out
