@@ -1,20 +1,17 @@
 from pathlib import Path
 
 import pytest
-import yaml
 
-from voltafleet.groupvars import GROUP_VARS
+from tests.unit.fixture_vars import prod_host_vars
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.fixture
 def cfg():
-    """group_vars/all.yml's defaults plus a checksum: a valid prod host config."""
-    data = yaml.safe_load((GROUP_VARS / "all.yml").read_text())
-    data["model_sha256"] = "a" * 64
-    data.update(server_ctx=8192, server_parallel=4)  # what the VRAM plan resolves for a V100 16 GB
-    return data
+    """A valid prod host config (all.yml's keys, the values tests rely on pinned), with a
+    checksum and the -c/-np the VRAM plan resolves for a V100 16 GB."""
+    return prod_host_vars()
 
 
 @pytest.fixture
