@@ -9,6 +9,8 @@ import re
 import shlex
 from pathlib import Path
 
+from voltafleet.errors import Problem
+
 # Flags the seed (and older guides) use that the pinned llama.cpp no longer has at all.
 REPLACED = {
     "--draft-max": "--spec-draft-n-max",
@@ -234,3 +236,18 @@ def extra_flag_errors(extra_flags: list[str], ref: str) -> list[tuple[str, str]]
                 errors.append((f"{name} is not a flag of llama-server {ref[:12]} (llama_cpp_ref)",
                                f"use {hint} instead" if hint else "remove it; see llama-server --help"))
     return errors
+
+
+def binary_flag_problems(args: list[str], extra_flags: list[str], help_text: str,
+                         source: str | None = None) -> list[Problem]:
+    """The build-time check (roles/server, against the new binary's own --help): every
+    rendered argument known and current, and no extra flag that is, or is an alias of, a
+    flag voltafleet sets. Each Problem names server_extra_flags and its file."""
+    extra, _ = split_extra(extra_flags)
+    out = [Problem(what, fix, source, "server_extra_flags") for what, fix in protected_flag_errors(extra, help_text)]
+    for e in check_against_help(args, help_text):
+        name = e.split(":", 1)[0]
+        fix = (f"use {REPLACED[name]} instead" if name in REPLACED
+               else f"remove {name} from server_extra_flags, or see llama-server --help")
+        out.append(Problem(e, fix, source, "server_extra_flags"))
+    return out

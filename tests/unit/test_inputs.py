@@ -368,3 +368,18 @@ def test_config_error_keeps_its_problems(cfg):
         validate_values("h9", {**cfg, "server_extra_flags": ["-ngl 1", "--port 1"]}, SRC)
     assert [p.key for p in e.value.problems] == ["server_extra_flags"] * 2 and e.value.host == "h9"
     assert str(e.value).startswith("voltafleet: h9: configuration refused")
+
+
+def test_build_time_check_uses_the_binarys_own_aliases(cfg, help_text):
+    # a future llama-server that adds an alias of -ngl: refused with the binary's own --help
+    newer = help_text.replace("-ngl,  --gpu-layers, --n-gpu-layers N  ", "-ngl,  --gpu-layers, --ngl-new N       ")
+    cfg["server_extra_flags"] = ["--ngl-new 10", "--draft-max 4"]
+    args = flags.server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)
+    problems = flags.binary_flag_problems(args, cfg["server_extra_flags"], newer, source="group_vars/g.yml")
+    text = format_errors("h1", problems, "llama-server flags refused, nothing restarted")
+    assert "group_vars/g.yml: server_extra_flags: --ngl-new (an alias of -ngl) is set by voltafleet from " \
+           "server_gpu_layers" in text
+    assert "--draft-max: the pinned llama-server says: the argument has been removed. use --spec-draft-n-max" in text
+    assert "Fix: use --spec-draft-n-max instead." in text
+    cfg["server_extra_flags"] = ["--no-webui"]
+    assert flags.binary_flag_problems(flags.server_args(cfg, "/m", 1, None), ["--no-webui"], help_text) == []
