@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.unit.fixture_vars import prod_host_vars
-from voltafleet import flags, plan
+from voltafleet import flags, hostplan as plan
 from voltafleet.config import SCHEMA, ConfigError, validate_values
 
 SRC = {k: "group_vars/prop.yml" for k in SCHEMA}
@@ -97,7 +97,7 @@ def render_one_argument_per_value(cfg):
     """The argv of an instance and its env file: systemd splits $LLAMA_SERVER_ARGS on
     whitespace, so the env file must give back exactly the argv, and every accepted value
     that reaches the argv stays one argument."""
-    model = plan.model_files(cfg)[0][1]
+    model = plan.model_files(cfg)[0].dest
     args = flags.server_args(cfg, model, port=cfg["server_port_base"], api_key_file="/etc/voltafleet/api-key",
                              draft_path=plan.draft_path(cfg))
     env = flags.env_file(0, args, cuda=True)
