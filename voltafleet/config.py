@@ -56,7 +56,7 @@ def _ports():
 
 
 def _safe_path_error(path: str) -> str | None:
-    if not SAFE_PATH.match(path) or "/../" in path + "/" or path.startswith("//"):
+    if not SAFE_PATH.fullmatch(path) or "/../" in path + "/" or path.startswith("//"):
         return f"is {path!r}, not an absolute path of plain names (letters, digits, . _ + - /, no ..)"
     return None
 
@@ -204,7 +204,7 @@ def check_value(key: str, value: Any, origin: str | None, host: str | None = Non
             fail(f"is {value}, below the minimum {var.min}", f"set {var.min} or more")
         if var.max is not None and value > var.max:
             fail(f"is {value}, above the maximum {var.max}", f"set {var.max} or less")
-    if var.pattern is not None and isinstance(value, str) and not var.pattern.match(value):
+    if var.pattern is not None and isinstance(value, str) and not var.pattern.fullmatch(value):
         fail(f"is {value!r}", f"give {var.hint or 'a value matching ' + var.pattern.pattern}")
     if var.check is not None and isinstance(value, str):
         why = var.check(value)
@@ -216,7 +216,7 @@ def check_value(key: str, value: Any, origin: str | None, host: str | None = Non
                 fail(f"has the item {v!r}", f"every item must be {_type_name(var.item)}")
     if isinstance(value, list) and var.pattern is not None:
         for v in value:
-            if not isinstance(v, str) or not var.pattern.match(v):
+            if not isinstance(v, str) or not var.pattern.fullmatch(v):
                 fail(f"has the item {v!r}", f"every item must be {var.hint}")
 
 

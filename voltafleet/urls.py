@@ -36,7 +36,7 @@ def _host_ok(host: str) -> bool:
             return True
         except ValueError:
             return False
-    return bool(HOSTNAME.match(host))
+    return bool(HOSTNAME.fullmatch(host))
 
 
 def _shown(value: str) -> str:
@@ -49,7 +49,7 @@ def http_url_error(url: str, gguf: bool = True) -> str | None:
     and (gguf) a path that ends in a plain .gguf file name."""
     if not isinstance(url, str):
         return "is not a string"
-    m = HTTP_URL.match(url)
+    m = HTTP_URL.fullmatch(url)
     if not m:
         if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", url) and not url.lower().startswith(("http://", "https://")):
             return f"is {url!r}: only http:// and https:// URLs are fetched"
@@ -63,7 +63,7 @@ def http_url_error(url: str, gguf: bool = True) -> str | None:
         return f"is {url!r}: port {m['port']} is out of range"
     if gguf:
         name = posixpath.basename(m["path"])
-        if not GGUF_NAME.match(name):
+        if not GGUF_NAME.fullmatch(name):
             return f"is {url!r}: the path must end in a .gguf file name (letters, digits, . _ + -)"
     return None
 
@@ -75,14 +75,14 @@ def git_url_error(url: str) -> str | None:
     if url.startswith("-"):
         return f"is {url!r}: a leading '-' makes git read it as an option"
     for grammar in (GIT_URL, GIT_SCP):
-        m = grammar.match(url)
+        m = grammar.fullmatch(url)
         if m:
             if not _host_ok(m["host"]):
                 return f"is {url!r}: {m['host']!r} is not a host name"
             if m.groupdict().get("port") and not 0 < int(m["port"]) <= 65535:
                 return f"is {url!r}: port {m['port']} is out of range"
             return None
-    if GIT_LOCAL.match(url) and "/../" not in url + "/":
+    if GIT_LOCAL.fullmatch(url) and "/../" not in url + "/":
         return None
     return f"is {url!r}, not a git URL{_shown(url)}"
 
@@ -93,7 +93,7 @@ def git_ref_error(ref: str) -> str | None:
         return "is not a string"
     if ref.startswith("-"):
         return f"is {ref!r}: a leading '-' makes git read it as an option"
-    if not GIT_REF.match(ref) or ".." in ref or "//" in ref or ref.endswith(("/", ".", ".lock")):
+    if not GIT_REF.fullmatch(ref) or ".." in ref or "//" in ref or ref.endswith(("/", ".", ".lock")):
         return f"is {ref!r}, not a git tag, branch or commit{_shown(ref)}"
     return None
 
@@ -107,6 +107,6 @@ def server_host_error(host: str) -> str | None:
         return None
     except ValueError:
         pass
-    if HOSTNAME.match(host) and not re.match(r"^[0-9.]+$", host):
+    if HOSTNAME.fullmatch(host) and not re.fullmatch(r"[0-9.]+", host):
         return None
     return f"is {host!r}, not an IP address or a host name{_shown(host)}"

@@ -126,3 +126,18 @@ def test_every_string_variable_refuses_a_command_substitution(key):
 def test_the_property_covers_every_string_variable():
     assert len(STRING_KEYS) >= 15 and {"model_url", "llama_cpp_repo", "server_extra_flags", "server_host"} <= set(
         STRING_KEYS + LIST_OF_STRING_KEYS)
+
+
+@pytest.mark.parametrize("key", sorted(set(STRING_KEYS + LIST_OF_STRING_KEYS) - {"server_extra_flags"}))
+def test_a_trailing_newline_is_refused(key):
+    """`$` in a Python regex also matches before a final newline: grammars must use fullmatch."""
+    good = base()[key]
+    if isinstance(good, list):
+        good = good[0] if good else STEMS[key][0]
+    if good is None or key == "server_api_key_file":
+        good = {"model_draft_url": "https://h.example/d.gguf", "model_draft_sha256": "b" * 64,
+                "server_api_key_file": "/etc/voltafleet/key", "model_sha256": "a" * 64}[key]
+    value = good + "\n"
+    with pytest.raises(ConfigError) as e:
+        validate_values("h1", {**base(), key: [value] if key in LIST_OF_STRING_KEYS else value}, SRC)
+    assert f"group_vars/prop.yml: {key}:" in str(e.value)
