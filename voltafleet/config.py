@@ -4,21 +4,38 @@ merged data of each host before any host is touched.
 Values come from group_vars/all.yml, then group_vars/<group>.yml for each group of the
 host (inventory order), then the inventory's own host data. Each value remembers the
 file that set it, so an error names the file, the key and the fix.
+
+`validate_values` runs the same checks on a plain dict, whatever its source: the roles
+call it on what they read from host.data, so `pyinfra --data key=value` is checked too.
 """
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from voltafleet import checks, flags, urls
+from voltafleet.errors import Problem, format_errors
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1", "f32")
+# Where a value set with pyinfra's own `--data key=value` comes from, in messages.
+CLI_SOURCE = "pyinfra --data"
 
 
 class ConfigError(Exception):
-    """A bad value in the user's data: says where it came from and how to fix it."""
+    """A bad value in the user's data: says where it came from and how to fix it.
+
+    str(e) is the whole block (format_errors); .problems holds each Problem."""
+
+    def __init__(self, what: str | list[Problem], fix: str = "", source: str | None = None,
+                 key: str | None = None, host: str | None = None):
+        self.problems = what if isinstance(what, list) else [Problem(what, fix, source, key)]
+        self.host = host
+        super().__init__(format_errors(host, self.problems, "configuration refused, no host was touched"))
 
 
 @dataclass(frozen=True)
@@ -29,20 +46,32 @@ class Var:
     min: float | None = None
     max: float | None = None
     item: type | None = None  # for lists
-    pattern: re.Pattern | None = None
+    pattern: re.Pattern | None = None  # for a string, or each item of a list
     hint: str = ""
+    check: Callable[[str], str | None] | None = None  # a string's grammar: None or the reason
 
 
 def _ports():
     return Var(int, min=1, max=65535)
 
 
+def _safe_path_error(path: str) -> str | None:
+    if not SAFE_PATH.fullmatch(path) or "/../" in path + "/" or path.startswith("//"):
+        return f"is {path!r}, not an absolute path of plain names (letters, digits, . _ + - /, no ..)"
+    return None
+
+
+def _http_gguf(url: str) -> str | None:
+    return urls.http_url_error(url, gguf=True)
+
+
 SCHEMA: dict[str, Var] = {
     # preflight
     "voltafleet_backend": Var(str, choices=("cuda", "cpu")),
-    "voltafleet_root": Var(str, pattern=SAFE_PATH, hint="an absolute path without spaces"),
+    "voltafleet_root": Var(str, check=_safe_path_error, hint="an absolute path without spaces"),
     "preflight_build_disk_gb": Var((int, float), min=0),
-    "preflight_supported_os": Var(list, item=str),
+    "preflight_supported_os": Var(list, item=str, pattern=re.compile(r"^[a-z0-9][a-z0-9._-]*$"),
+                                  hint='an OS id-version like "debian-12"'),
     # toolchain
     "cuda_toolkit_version": Var(str, pattern=re.compile(r"^\d+\.\d+$"), hint='like "12.9"'),
     "manage_driver": Var(bool),
@@ -50,28 +79,30 @@ SCHEMA: dict[str, Var] = {
     "nvidia_driver_flavour": Var(str, choices=("proprietary", "open")),
     "nvidia_driver_source": Var(str, choices=("nvidia_repo", "distro")),
     # llama.cpp build
-    "llama_cpp_repo": Var(str),
-    "llama_cpp_ref": Var(str, pattern=re.compile(r"^[A-Za-z0-9._/-]+$"),
-                         hint="a tag, a branch or a 40-hex commit"),
+    "llama_cpp_repo": Var(str, check=urls.git_url_error,
+                          hint="a git URL: https://, git://, ssh://, user@host:path or an absolute path"),
+    "llama_cpp_ref": Var(str, check=urls.git_ref_error, hint="a tag, a branch or a 40-hex commit"),
     "llama_cpp_cuda_archs": Var(list, item=int, nullable=True),
-    "llama_cpp_cmake_extra": Var(list, item=str),
-    "llama_cpp_targets": Var(list, item=str),
+    "llama_cpp_cmake_extra": Var(list, item=str, pattern=re.compile(
+        r"^-D[A-Za-z_][A-Za-z0-9_]*(:[A-Za-z]+)?=[A-Za-z0-9._,/+:=@%-]*$"),
+        hint='a CMake -D flag like "-DGGML_CUDA_F16=ON" (no spaces, quotes or shell characters)'),
+    "llama_cpp_targets": Var(list, item=str, pattern=re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$"),
+                             hint="a CMake target name like llama-server"),
     "llama_cpp_build_strategy": Var(str, choices=("shared", "per_host")),
     "llama_cpp_build_jobs": Var(int, nullable=True, min=1, max=256),
     "llama_cpp_keep_releases": Var(int, min=1, max=20),
     # model
-    "model_url": Var(str, pattern=re.compile(r"^(https?|file)://\S+$"), hint="an http(s) URL"),
+    "model_url": Var(str, check=_http_gguf, hint="an http(s) URL of a .gguf file"),
     "model_sha256": Var((str, list), nullable=True, pattern=HEX64,
                         hint="64 lowercase hex digits (a list of them for a split GGUF)"),
     "model_allow_unverified": Var(bool),
-    "model_dir": Var(str, pattern=SAFE_PATH, hint="an absolute path without spaces"),
-    "model_draft_url": Var(str, nullable=True, pattern=re.compile(r"^(https?|file)://\S+\.gguf$"),
-                           hint="an http(s) URL of a .gguf"),
+    "model_dir": Var(str, check=_safe_path_error, hint="an absolute path without spaces"),
+    "model_draft_url": Var(str, nullable=True, check=_http_gguf, hint="an http(s) URL of a .gguf file"),
     "model_draft_sha256": Var(str, nullable=True, pattern=HEX64, hint="64 lowercase hex digits"),
     # server
     "server_instances": Var(int, nullable=True, min=1, max=16),
     "server_port_base": _ports(),
-    "server_host": Var(str),
+    "server_host": Var(str, check=urls.server_host_error, hint="an IP address or a host name"),
     "server_ctx": Var(int, nullable=True, min=256, max=1 << 20),
     "server_parallel": Var(int, nullable=True, min=1, max=64),
     "vram_headroom_mib": Var(int, min=0, max=65536),
@@ -82,10 +113,11 @@ SCHEMA: dict[str, Var] = {
     "server_gpu_layers": Var((str, int), hint='"all" or a layer count'),
     "server_allow_partial_offload": Var(bool),
     "server_threads": Var(int, min=1, max=256),
-    "server_api_key_file": Var(str, nullable=True, pattern=SAFE_PATH,
+    "server_api_key_file": Var(str, nullable=True, check=_safe_path_error,
                                hint="a path on the controller to a file holding the key"),
     "server_extra_flags": Var(list, item=str),
-    "server_user": Var(str, pattern=re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")),
+    "server_user": Var(str, pattern=re.compile(r"^[a-z_][a-z0-9_-]{0,31}$"),
+                       hint="a user name like llama"),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),
@@ -95,7 +127,8 @@ SCHEMA: dict[str, Var] = {
     "smoke_min_single_tps": Var((int, float), min=0),
     "smoke_min_aggregate_tps": Var((int, float), min=0),
     "smoke_rollback": Var(bool),
-    "smoke_report_dir": Var(str),
+    "smoke_report_dir": Var(str, pattern=re.compile(r"^[A-Za-z0-9._/+][A-Za-z0-9._/+-]*$"),
+                            hint="a directory on the controller, relative to the repository or absolute"),
 }
 
 
@@ -125,11 +158,31 @@ def _is(value, kind) -> bool:
     return isinstance(value, kinds)
 
 
-def check_value(key: str, value: Any, origin: str) -> None:
+def coerce(key: str, value: Any) -> Any:
+    """A string where the schema wants no string (`--data port=70000` from another tool, an
+    environment): read it the way pyinfra's CLI reads --data values (true/false, an
+    integer, JSON). Anything else is returned as it is, for check_value to judge."""
+    var = SCHEMA[key]
+    kinds = var.kind if isinstance(var.kind, tuple) else (var.kind,)
+    if not isinstance(value, str) or str in kinds:
+        return value
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def check_value(key: str, value: Any, origin: str | None, host: str | None = None) -> None:
     var = SCHEMA[key]
 
     def fail(why: str, fix: str) -> None:
-        raise ConfigError(f"{origin}: {key}: {why}. Fix: {fix}.")
+        raise ConfigError(why, fix, origin, key, host)
 
     if value is None:
         if not var.nullable:
@@ -138,6 +191,10 @@ def check_value(key: str, value: Any, origin: str) -> None:
     if isinstance(value, bool) and "on" in var.choices:
         fail(f"is {value!r}: YAML reads a bare on/off as true/false", 'quote it: "on" or "off"')
     if not _is(value, var.kind):
+        kinds = var.kind if isinstance(var.kind, tuple) else (var.kind,)
+        if origin == CLI_SOURCE and str in kinds and isinstance(value, (int, float, bool)):
+            fail(f"is {value!r}: pyinfra --data reads it as {type(value).__name__}, not text",
+                 f"""pass it as a JSON string: --data '{key}="..."'""")
         fail(f"is {value!r} ({type(value).__name__})", f"give {_type_name(var.kind)}"
              + (f", {var.hint}" if var.hint else ""))
     if var.choices and value not in var.choices:
@@ -147,34 +204,60 @@ def check_value(key: str, value: Any, origin: str) -> None:
             fail(f"is {value}, below the minimum {var.min}", f"set {var.min} or more")
         if var.max is not None and value > var.max:
             fail(f"is {value}, above the maximum {var.max}", f"set {var.max} or less")
-    if var.pattern is not None and isinstance(value, str) and not var.pattern.match(value):
+    if var.pattern is not None and isinstance(value, str) and not var.pattern.fullmatch(value):
         fail(f"is {value!r}", f"give {var.hint or 'a value matching ' + var.pattern.pattern}")
-    if isinstance(value, list) and var.pattern is not None:
-        for v in value:
-            if not isinstance(v, str) or not var.pattern.match(v):
-                fail(f"has the item {v!r}", f"every item must be {var.hint}")
+    if var.check is not None and isinstance(value, str):
+        why = var.check(value)
+        if why:
+            fail(why, f"give {var.hint}")
     if var.item is not None:
         for v in value:
             if not _is(v, var.item):
                 fail(f"has the item {v!r}", f"every item must be {_type_name(var.item)}")
+    if isinstance(value, list) and var.pattern is not None:
+        for v in value:
+            if not isinstance(v, str) or not var.pattern.fullmatch(v):
+                fail(f"has the item {v!r}", f"every item must be {var.hint}")
+
+
+def unknown_key_error(key: str, origin: str | None) -> ConfigError:
+    close = difflib.get_close_matches(key, SCHEMA, n=1)
+    fix = f"did you mean {close[0]!r}?" if close else "remove it (see group_vars/all.yml)"
+    return ConfigError("unknown key", fix, origin, key)
 
 
 def validate(host: str, data: Sourced) -> dict:
     """Check one host's merged data; return the plain values or raise ConfigError."""
     for key, origin in data.source.items():
         if key not in SCHEMA:
-            close = difflib.get_close_matches(key, SCHEMA, n=1)
-            fix = f"did you mean {close[0]!r}?" if close else "remove it (see group_vars/all.yml)"
-            raise ConfigError(f"{origin}: {key}: unknown key. Fix: {fix}")
+            raise unknown_key_error(key, origin)
     for key in SCHEMA:
         if key not in data.values:
-            raise ConfigError(f"group_vars/all.yml: {key}: missing (host {host}). "
-                              f"Fix: restore it from the repository's group_vars/all.yml.")
-        check_value(key, data.values[key], data.source[key])
-    v, src = data.values, data.source
+            raise ConfigError(f"missing (host {host})", "restore it from the repository's group_vars/all.yml",
+                              "group_vars/all.yml", key, host)
+    return validate_values(host, data.values, data.source)
+
+
+def cli_sources(sources: dict | None, cli_keys) -> dict:
+    """The source map with the keys pyinfra's `--data` overrides marked as CLI_SOURCE
+    (roles: cli_sources(host.data.get(SOURCES_KEY), inventory.get_override_data()))."""
+    return {**(sources or {}), **{k: CLI_SOURCE for k in cli_keys or () if k in SCHEMA}}
+
+
+def validate_values(host_name: str, values: dict, sources: dict | None = None) -> dict:
+    """Check a plain dict of voltafleet variables, whatever its source (group_vars, the
+    inventory, pyinfra --data): every SCHEMA key, with the same checks and messages as
+    the inventory loader. Strings where a number or a bool is wanted are read as pyinfra
+    reads --data. Keys outside SCHEMA are ignored (pyinfra's own connection data).
+    Returns the checked values (SCHEMA keys only); raises ConfigError naming the host,
+    the file (sources: {key: file}) and the key."""
+    src = dict(sources or {})
+    v = {key: coerce(key, values.get(key)) for key in SCHEMA}
+    for key in SCHEMA:
+        check_value(key, v[key], src.get(key), host_name)
 
     def fail(key: str, why: str, fix: str) -> None:
-        raise ConfigError(f"{src[key]}: {key}: {why} (host {host}). Fix: {fix}.")
+        raise ConfigError(why, fix, src.get(key), key, host_name)
 
     if v["model_sha256"] is None and not v["model_allow_unverified"]:
         fail("model_sha256", "no checksum for the model, so a corrupt download would be served",
@@ -191,6 +274,8 @@ def validate(host: str, data: Sourced) -> dict:
     layers = v["server_gpu_layers"]
     if isinstance(layers, str) and layers != "all":
         fail("server_gpu_layers", f"is {layers!r}", 'use "all" or a layer count')
+    if isinstance(layers, int) and layers < 0:
+        fail("server_gpu_layers", f"is {layers}", 'use "all" or a layer count of 0 or more')
     if v["voltafleet_backend"] == "cuda" and layers != "all" and not v["server_allow_partial_offload"]:
         fail("server_gpu_layers", f"is {layers}: layers left on the CPU make decode several times "
              "slower (the seed's 4 tok/s)",
@@ -203,14 +288,21 @@ def validate(host: str, data: Sourced) -> dict:
     if v["voltafleet_backend"] == "cpu" and v["server_instances"] is None:
         fail("server_instances", "is empty on the cpu backend (there are no GPUs to count)",
              "set server_instances to the number of servers per host")
-    for flag in v["server_extra_flags"]:
-        if flag.split("=")[0] in ("--api-key", "-ak"):
-            fail("server_extra_flags", "passes an API key on the command line, where `ps` shows it",
-                 "put the key in a file and set server_api_key_file")
+    problems = [Problem(what, fix, src.get("server_extra_flags"), "server_extra_flags")
+                for what, fix in flags.extra_flag_errors(v["server_extra_flags"], v["llama_cpp_ref"])]
+    problems += checks.slot_ctx_problems(v, src)
+    if v["server_instances"] is not None:
+        problems += checks.port_problems(v, v["server_instances"], sources=src)
+    else:
+        problems += checks.port_problems(v, 1, sources=src)
+    problems += checks.api_key_file_problems(v["server_api_key_file"], src)
+    if problems:
+        raise ConfigError(problems, host=host_name)
     from voltafleet.hostplan import model_files  # the same rule the model role follows
 
     try:
         model_files(v)
     except ValueError as e:
         fail("model_sha256", str(e), "give one sha256 per file of the model")
-    return dict(v)
+    return v
+

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
+
+from voltafleet.errors import Problem
 
 # Flags the seed (and older guides) use that the pinned llama.cpp no longer has at all.
 REPLACED = {
@@ -52,10 +55,8 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
     return args
 
 
-def parse_help(help_text: str) -> tuple[set[str], dict[str, str]]:
-    """(every flag name the binary accepts, {removed flag: the binary's own advice})."""
-    known: set[str] = set()
-    removed: dict[str, str] = {}
+def _help_entries(help_text: str):
+    """(names on one --help line, its description) for each flag line of llama-server --help."""
     lines = help_text.splitlines()
     for i, line in enumerate(lines):
         if not line.startswith("-"):
@@ -65,14 +66,22 @@ def parse_help(help_text: str) -> tuple[set[str], dict[str, str]]:
         fits = len(line) > _DESC_COL and line[_DESC_COL - 2:_DESC_COL] == "  "
         head, desc = (line[:_DESC_COL], line[_DESC_COL:]) if fits else (line, "")
         names = [n for n in re.findall(r"(?:^|[\s,])(-{1,2}[A-Za-z0-9][\w-]*)", head)]
-        known.update(names)
         for cont in lines[i + 1:]:
             if cont.startswith("-") or not cont.startswith(" "):
                 break
             desc += " " + cont.strip()
+        yield names, desc
+
+
+def parse_help(help_text: str) -> tuple[set[str], dict[str, str]]:
+    """(every flag name the binary accepts, {removed flag: the binary's own advice})."""
+    known: set[str] = set()
+    removed: dict[str, str] = {}
+    for names, desc in _help_entries(help_text):
+        known.update(names)
         if "has been removed" in desc:
             for n in names:
-                removed[n] = " ".join(desc.split())
+                removed[n] = re.sub(r"\s*\(env: [^)]*\)", "", " ".join(desc.split()))
     return known, removed
 
 
@@ -108,3 +117,137 @@ def env_file(instance: int, args: list[str], cuda: bool) -> str:
     lines.append(f"CUDA_VISIBLE_DEVICES={instance}" if cuda else "CUDA_VISIBLE_DEVICES=")
     lines.append("LLAMA_SERVER_ARGS=" + " ".join(args))
     return "\n".join(lines) + "\n"
+
+
+# Flags voltafleet sets itself (server_args), and flags that would replace what it set,
+# with the variable that controls each (None: fixed by voltafleet, with the reason).
+# Every alias the binary's --help prints on the same line is protected too.
+MANAGED: dict[str, tuple[str | None, str]] = {
+    "-m": ("model_url", "the model is fetched from model_url into model_dir"),
+    "-mu": ("model_url", "the model is fetched from model_url, verified and served from disk"),
+    "-hf": ("model_url", "the model is fetched from model_url, verified and served from disk"),
+    "-dr": ("model_url", "the model is fetched from model_url, verified and served from disk"),
+    "-ngl": ("server_gpu_layers", "the partial-offload guard and the VRAM plan use it"),
+    "-fit": (None, "it is off: the VRAM plan sets -c and -np (server_ctx, server_parallel)"),
+    "-c": ("server_ctx", "the VRAM plan checks it"),
+    "-np": ("server_parallel", "the VRAM plan checks it"),
+    "-ctk": ("server_cache_type_k", "the VRAM plan and the build use it"),
+    "-ctv": ("server_cache_type_v", "the VRAM plan and the build use it"),
+    "-fa": ("server_flash_attn", "a quantized V cache needs it"),
+    "-t": ("server_threads", ""),
+    "--host": ("server_host", "the health check and the smoke test use it"),
+    "--port": ("server_port_base", "each instance has its own port"),
+    "--metrics": (None, "the smoke test reads /metrics"),
+    "-lv": (None, "the offload check reads llama.cpp's log at verbosity 4"),
+    "-dev": (None, "each instance gets one GPU through CUDA_VISIBLE_DEVICES"),
+    "-md": ("model_draft_url", "the draft model is fetched and verified like the model"),
+    "-ngld": ("server_gpu_layers", "the draft model follows the model's offload"),
+    "--api-key-file": ("server_api_key_file", "the key file is installed 0600 for the service user"),
+    "--api-key": ("server_api_key_file", "a key on the command line shows in `ps`"),
+}
+# Characters that have no business in a llama-server argument: a shell, systemd's
+# EnvironmentFile or the word splitting of $LLAMA_SERVER_ARGS would read them.
+_BAD_ARG_CHARS = set("`$;&|<>'\"\\!#")
+_DATA = Path(__file__).resolve().parent / "data"
+
+
+def managed_names(help_text: str) -> dict[str, str]:
+    """{every name of a managed flag, aliases from --help included: its MANAGED key}."""
+    out = {name: name for name in MANAGED}
+    for names, _ in _help_entries(help_text):
+        hit = next((n for n in names if n in MANAGED), None)
+        if hit:
+            out.update({n: hit for n in names})
+    return out
+
+
+def pinned_help(ref: str) -> str | None:
+    """The --help text of llama-server at commit `ref`, when voltafleet ships it
+    (voltafleet/data/llama-server-help-<first 12 hex>.txt); None for a tag, a branch or
+    another commit (then only the build-time check knows the flags)."""
+    if not isinstance(ref, str) or not re.fullmatch(r"[0-9a-f]{12,40}", ref):
+        return None
+    path = _DATA / f"llama-server-help-{ref[:12]}.txt"
+    return path.read_text() if path.exists() else None
+
+
+def default_help() -> str:
+    """The newest shipped --help, for alias names when the pinned commit's is not shipped."""
+    return sorted(_DATA.glob("llama-server-help-*.txt"), key=lambda p: p.stat().st_mtime)[-1].read_text()
+
+
+def protected_flag_errors(extra_args: list[str], help_text: str | None = None) -> list[tuple[str, str]]:
+    """(what, fix) for each extra argument that is, or is an alias of, a flag voltafleet sets.
+    Call it with the built binary's --help too (roles/server), for its aliases."""
+    names = managed_names(help_text or default_help())
+    out = []
+    for flag in dict.fromkeys(flag_names(extra_args)):
+        key = names.get(flag)
+        if key is None:
+            continue
+        var, why = MANAGED[key]
+        alias = "" if flag == key else f" (an alias of {key})"
+        if key == "--api-key":
+            out.append((f"{flag} passes an API key on the command line, where `ps` shows it",
+                        "put the key in a file and set server_api_key_file"))
+        elif var:
+            out.append((f"{flag}{alias} is set by voltafleet from {var}" + (f" ({why})" if why else ""),
+                        f"set {var} instead, and remove {flag} from server_extra_flags"))
+        else:
+            out.append((f"{flag}{alias} is set by voltafleet: {why}", f"remove {flag} from server_extra_flags"))
+    return out
+
+
+def split_extra(extra_flags: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """server_extra_flags split into llama-server arguments, and (what, fix) for each item
+    that would not stay one plain argument per word."""
+    args, errors = [], []
+    for item in extra_flags:
+        try:
+            words = shlex.split(item)
+        except ValueError as e:
+            errors.append((f"has the item {item!r}: {e}", "write flags and values as plain words"))
+            continue
+        for w in words:
+            bad = sorted({c for c in w if c in _BAD_ARG_CHARS or c.isspace() or not c.isprintable()})
+            if bad:
+                errors.append((f"has the item {item!r}: its word {w!r} holds {' '.join(repr(c) for c in bad)}",
+                               "use plain words: no quotes, spaces, $, `, ;, &, |, <, >, ! or #"))
+            else:
+                args.append(w)
+    return args, errors
+
+
+def extra_flag_errors(extra_flags: list[str], ref: str) -> list[tuple[str, str]]:
+    """Everything checkable about server_extra_flags on the controller: plain words, no
+    flag voltafleet sets, and (when voltafleet ships the --help of commit `ref`) only
+    current flags of that llama-server."""
+    args, errors = split_extra(extra_flags)
+    pinned = pinned_help(ref)
+    errors += protected_flag_errors(args, pinned)
+    if pinned is not None:
+        known, removed = parse_help(pinned)
+        for name in dict.fromkeys(flag_names(args)):
+            hint = REPLACED.get(name)
+            if name in removed:
+                errors.append((f"{name}: llama-server {ref[:12]} says: {removed[name]}",
+                               f"use {hint} instead" if hint else f"remove {name} from server_extra_flags"))
+            elif name not in known:
+                errors.append((f"{name} is not a flag of llama-server {ref[:12]} (llama_cpp_ref)",
+                               f"use {hint} instead" if hint else "remove it; see llama-server --help"))
+    return errors
+
+
+def binary_flag_problems(args: list[str], extra_flags: list[str], help_text: str,
+                         source: str | None = None) -> list[Problem]:
+    """The build-time check (roles/server, against the new binary's own --help): every
+    rendered argument known and current, and no extra flag that is, or is an alias of, a
+    flag voltafleet sets. Each Problem names server_extra_flags and its file."""
+    extra, _ = split_extra(extra_flags)
+    out = [Problem(what, fix, source, "server_extra_flags") for what, fix in protected_flag_errors(extra, help_text)]
+    for e in check_against_help(args, help_text):
+        name = e.split(":", 1)[0]
+        fix = (f"use {REPLACED[name]} instead" if name in REPLACED
+               else f"remove {name} from server_extra_flags, or see llama-server --help")
+        out.append(Problem(e, fix, source, "server_extra_flags"))
+    return out

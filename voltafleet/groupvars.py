@@ -14,6 +14,11 @@ import yaml
 
 from voltafleet.config import ConfigError, Sourced, validate
 
+# Host data keys voltafleet adds beside the variables: the groups of the host, and
+# {variable: the file that set it} so refusals in the roles can name the file.
+GROUPS_KEY = "voltafleet_groups"
+SOURCES_KEY = "voltafleet_sources"
+
 REPO = Path(__file__).resolve().parent.parent
 GROUP_VARS = REPO / "group_vars"
 # Host data keys that belong to pyinfra (connection), not to voltafleet.
@@ -22,16 +27,43 @@ CONNECTOR_PREFIXES = ("ssh_", "_", "fake_")
 EXTRA_VARS_ENV = "VOLTAFLEET_VARS"
 
 
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, first: int, again: int):
+        super().__init__(f"{key!r} on line {first} and again on line {again}")
+        self.key, self.first, self.again = key, first, again
+
+
+class StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML's last-wins
+    would silently drop the first value)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                line = seen.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if line is not None:
+                raise DuplicateKey(key, line, key_node.start_mark.line + 1)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict:
-    rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    rel = str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
     if not path.exists():
-        raise ConfigError(f"{rel}: no such file. Fix: create it or correct the path.")
+        raise ConfigError("no such file", "create it or correct the path", rel)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=StrictLoader) or {}
+    except DuplicateKey as e:
+        raise ConfigError(f"set twice, on line {e.first} and on line {e.again} (YAML would keep only the last)",
+                          f"keep one {e.key}: line", rel, str(e.key))
     except yaml.YAMLError as e:
-        raise ConfigError(f"{rel}: not valid YAML: {e}. Fix: correct the syntax at the line shown.")
+        raise ConfigError(f"not valid YAML: {e}", "correct the syntax at the line shown", rel)
     if not isinstance(data, dict):
-        raise ConfigError(f"{rel}: must be a mapping of key: value. Fix: write one `key: value` a line.")
+        raise ConfigError("must be a mapping of key: value", "write one `key: value` a line", rel)
     return data
 
 
@@ -72,7 +104,8 @@ def build_inventory(groups: dict[str, list], origin: str, overrides: dict | None
             extra = Path(os.environ[EXTRA_VARS_ENV])
             merged.update(read_yaml(extra), f"{extra} ({EXTRA_VARS_ENV})")
         values = validate(name, merged)
-        values["voltafleet_groups"] = member_of
+        values[GROUPS_KEY] = member_of
+        values[SOURCES_KEY] = {k: merged.source[k] for k in values if k in merged.source}
         for g in member_of:
             out[g].append((name, {**connect, **values}))
     return out
@@ -85,5 +118,5 @@ def load_or_exit(*args: Any, **kw: Any) -> dict[str, list[tuple[str, dict]]]:
     try:
         return build_inventory(*args, **kw)
     except ConfigError as e:
-        print(f"voltafleet: configuration error: {e}", file=sys.stderr)
+        print(str(e), file=sys.stderr)
         raise SystemExit(2)

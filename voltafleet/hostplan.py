@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from voltafleet import checks
 from voltafleet import flags as flagmod
 from voltafleet import fingerprint as fpmod
 from voltafleet import nvidia, vram
@@ -253,9 +254,12 @@ def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None):
 
 
 def make_plan(host: str, cfg: dict, facts: HostFacts, header: Header | str | None = None,
-              commit: str | None = None) -> HostPlan:
+              commit: str | None = None, sources: dict | None = None,
+              other_ports: dict[str, int] | None = None) -> HostPlan:
     """The whole plan of one host. `header`: the model's GGUF header (or why it could not
-    be read; only CUDA hosts need it); `commit`: llama_cpp_ref resolved on the controller."""
+    be read; only CUDA hosts need it); `commit`: llama_cpp_ref resolved on the controller;
+    `sources`: {key: file that set it}, for the refusals; `other_ports`: ports other
+    services of the project use on this host ({what: port})."""
     refusals = host_refusals(host, cfg, facts)
     cuda = cfg["voltafleet_backend"] == "cuda"
     plan_vram = note = None
@@ -270,6 +274,8 @@ def make_plan(host: str, cfg: dict, facts: HostFacts, header: Header | str | Non
     if commit and (archs or not cuda):
         build = build_spec(cfg, archs, commit)
     insts = instances(cfg, facts.gpus)
+    for problem in checks.port_problems(cfg, len(insts), other_ports, sources) + checks.slot_ctx_problems(cfg, sources):
+        refusals.append(f"{host}: {problem.line()} Fix: {problem.fix}")
     key = API_KEY_PATH if cfg["server_api_key_file"] else None
     argv = {i.index: flagmod.server_args(cfg, files[0].dest, i.port, key, draft) for i in insts}
     return HostPlan(host=host, cfg=cfg, facts=facts, instances=tuple(insts), model_files=tuple(files),

@@ -8,7 +8,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.common import config
+from roles.common import config, sources
 from roles.facts import FileState, FreeDisk, Gpus, HostBasics, NvccVersion
 from roles.llama_cpp import resolve_ref
 from voltafleet import gguf_header
@@ -64,7 +64,7 @@ def preflight() -> HostPlan:
     commit = resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])  # a bad ref stops everything here
     facts = host_facts(cfg)
     header = model_header(cfg["model_url"]) if cfg["voltafleet_backend"] == "cuda" else None
-    plan = make_plan(host.name, cfg, facts, header, commit)
+    plan = make_plan(host.name, cfg, facts, header, commit, sources())
     if plan.refusals:
         raise PreflightError("preflight refused the rollout, nothing was changed:\n  "
                              + "\n  ".join(plan.refusals))

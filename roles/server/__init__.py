@@ -16,11 +16,12 @@ from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, server as server_ops, systemd
 
-from roles.common import changes
+from roles.common import changes, sources
 from roles.facts import HelpText, Releases, ServerInstances
 from roles.helpers import bin_path
 from roles.llama_cpp import host_fingerprint
 from voltafleet import flags as flagmod
+from voltafleet.errors import format_errors
 from voltafleet.fingerprint import releases_to_prune
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
 from voltafleet.restarts import restart_set
@@ -67,9 +68,11 @@ def flags_accepted(plan: HostPlan):
                                  "host failed or was lost. Nothing was switched or restarted. Fix: re-run "
                                  "the rollout; the release is then built again.")
         return
-    errors = sorted({e for args in plan.argv.values() for e in flagmod.check_against_help(args, help_text)})
-    if errors:
-        raise OperationError("llama-server flags refused, nothing restarted:\n  " + "\n  ".join(errors))
+    src = sources().get("server_extra_flags")
+    problems = list(dict.fromkeys(p for args in plan.argv.values() for p in flagmod.binary_flag_problems(
+        args, plan.cfg["server_extra_flags"], help_text, source=src)))
+    if problems:
+        raise OperationError(format_errors(host.name, problems, "llama-server flags refused, nothing restarted"))
     return
     yield  # an operation is a generator; this one only checks
 

@@ -74,9 +74,12 @@ def test_retiring_one_instance_leaves_the_other_running(hosts, tmp_path):
 
 
 def test_unknown_flag_is_refused_and_the_old_server_keeps_serving(hosts, tmp_path):
+    """The build-time check against the new binary's --help: on a ref whose --help
+    voltafleet does not ship (lab-next), a stale flag passes the load-time check and is
+    refused here. (For the pinned commit it is refused at load: tests/lab/test_inputs.py.)"""
     h = hosts[0]
     pid, env = main_pid(h, 0), ssh(h, "cat /etc/voltafleet/llama-server/0.env")
-    run = deploy({"server_extra_flags": ["--draft-max 4"]}, tmp_path)
+    run = deploy({"server_extra_flags": ["--draft-max 4"], "llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp_path)
     assert run.rc != 0
     assert "llama-server flags refused, nothing restarted" in run.out
     assert "--draft-max: the pinned llama-server says: the argument has been removed. use --spec-draft-n-max" in run.out
@@ -87,6 +90,7 @@ def test_unknown_flag_is_refused_and_the_old_server_keeps_serving(hosts, tmp_pat
 def test_api_key_is_a_file_never_argv_unit_or_env(hosts, tmp_path):
     keyfile = tmp_path / "api-key"
     keyfile.write_text(KEY + "\n")
+    keyfile.chmod(0o600)  # a key file others can read is refused at load
     run = deploy({"server_api_key_file": str(keyfile)}, tmp_path)
     assert run.rc == 0, run
     assert "smoke PASSED" in run.out  # the smoke client authenticates with the key file

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pyinfra.context import ctx_host, ctx_state
+from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
 
 class FakeHost:
     """A host whose facts come from a dict: {FactClass: value} or {FactClass: {kwargs-tuple: value}}."""
 
     def __init__(self, facts: dict, name: str = "gpu-01", executing: bool = True, data: dict | None = None):
-        self.facts, self.name, self.data = facts, name, SimpleNamespace(**(data or {}))
+        self.facts, self.name, self.data = facts, name, FakeData(data or {})
         self.state = SimpleNamespace(is_executing=executing)
 
     def get_fact(self, cls, *args, **kwargs):
@@ -19,6 +19,18 @@ class FakeHost:
         if isinstance(value, dict) and kwargs and tuple(sorted(kwargs.items())) in value:
             return value[tuple(sorted(kwargs.items()))]
         return value
+
+
+class FakeData(dict):
+    """host.data: attribute and .get access."""
+
+    def __getattr__(self, key):
+        return self.get(key)
+
+
+class FakeInventory:
+    def get_override_data(self):
+        return {}
 
 
 class FakeOp:
@@ -40,6 +52,6 @@ class FakeOp:
 
 def commands(op, fake: FakeHost, *args, **kwargs) -> list[str]:
     """The commands an operation yields on this fake host, as strings."""
-    with ctx_host.use(fake), ctx_state.use(fake.state):
+    with ctx_host.use(fake), ctx_state.use(fake.state), ctx_inventory.use(FakeInventory()):
         return [str(c) if not hasattr(c, "function") else f"<function {c.function.__name__}>"
                 for c in op._inner(*args, **kwargs)]

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from voltafleet.config import SCHEMA, ConfigError
+from tests.fixture_vars import all_yml_vars
 from voltafleet.groupvars import GROUP_VARS, build_inventory
 
 SHA = "a" * 64
@@ -14,7 +15,7 @@ SHA = "a" * 64
 def write_vars(tmp_path: Path, **groups) -> Path:
     gv = tmp_path / f"group_vars{len(list(tmp_path.glob('group_vars*')))}"
     gv.mkdir()
-    (gv / "all.yml").write_text((GROUP_VARS / "all.yml").read_text())
+    (gv / "all.yml").write_text(yaml.safe_dump(all_yml_vars()))
     for name, data in groups.items():
         (gv / f"{name}.yml").write_text(yaml.safe_dump(data))
     return gv
@@ -48,32 +49,32 @@ def test_group_and_host_values_override_all_yml(tmp_path):
 
 def test_unknown_key_names_the_file_and_suggests_the_fix(tmp_path):
     gv = write_vars(tmp_path, g={"server_ctxx": 4096, "model_sha256": SHA})
-    with pytest.raises(ConfigError, match=r"group_vars/g\.yml: server_ctxx: unknown key\. Fix: did you mean 'server_ctx'"):
+    with pytest.raises(ConfigError, match=r"group_vars/g\.yml: server_ctxx: unknown key\.\n  Fix: did you mean 'server_ctx'"):
         load(gv)
 
 
 def test_wrong_type_names_file_key_and_fix(tmp_path):
     gv = write_vars(tmp_path, g={"server_ctx": "big", "model_sha256": SHA})
-    with pytest.raises(ConfigError, match=r"group_vars/g\.yml: server_ctx: is 'big' \(str\)\. Fix: give an integer"):
+    with pytest.raises(ConfigError, match=r"group_vars/g\.yml: server_ctx: is 'big' \(str\)\.\n  Fix: give an integer"):
         load(gv)
 
 
 def test_out_of_range(tmp_path):
     gv = write_vars(tmp_path, g={"server_parallel": 0, "model_sha256": SHA})
-    with pytest.raises(ConfigError, match=r"server_parallel: is 0, below the minimum 1\. Fix: set 1 or more"):
+    with pytest.raises(ConfigError, match=r"server_parallel: is 0, below the minimum 1\.\n  Fix: set 1 or more"):
         load(gv)
 
 
 def test_bare_yaml_on_is_explained(tmp_path):
     gv = write_vars(tmp_path, g={"model_sha256": SHA})
     (gv / "g.yml").write_text((gv / "g.yml").read_text() + "server_flash_attn: on\n")
-    with pytest.raises(ConfigError, match=r'server_flash_attn: is True: YAML reads a bare on/off.*quote it'):
+    with pytest.raises(ConfigError, match=r'(?s)server_flash_attn: is True: YAML reads a bare on/off.*Fix: quote it'):
         load(gv)
 
 
 def test_missing_checksum_is_an_error_unless_explicitly_allowed(tmp_path):
     gv = write_vars(tmp_path)
-    with pytest.raises(ConfigError, match=r"group_vars/all\.yml: model_sha256: no checksum.*Fix: set model_sha256"):
+    with pytest.raises(ConfigError, match=r"(?s)group_vars/all\.yml: model_sha256: no checksum.*Fix: set model_sha256"):
         load(gv)
     gv2 = write_vars(tmp_path, g={"model_allow_unverified": True})
     assert load(gv2)["g"][0][1]["model_sha256"] is None
@@ -87,7 +88,7 @@ def test_quantized_v_cache_needs_flash_attention(tmp_path):
 
 def test_partial_offload_on_cuda_needs_explicit_allow(tmp_path):
     gv = write_vars(tmp_path, g={"model_sha256": SHA, "server_gpu_layers": 20})
-    with pytest.raises(ConfigError, match=r"server_gpu_layers: is 20.*server_allow_partial_offload"):
+    with pytest.raises(ConfigError, match=r"(?s)server_gpu_layers: is 20.*server_allow_partial_offload"):
         load(gv)
     gv2 = write_vars(tmp_path, g={"model_sha256": SHA, "server_gpu_layers": 20,
                                   "server_allow_partial_offload": True})
@@ -96,7 +97,7 @@ def test_partial_offload_on_cuda_needs_explicit_allow(tmp_path):
 
 def test_api_key_on_the_command_line_is_refused(tmp_path):
     gv = write_vars(tmp_path, g={"model_sha256": SHA, "server_extra_flags": ["--api-key=secret"]})
-    with pytest.raises(ConfigError, match=r"server_extra_flags: passes an API key on the command line"):
+    with pytest.raises(ConfigError, match=r"server_extra_flags: --api-key passes an API key on the command line"):
         load(gv)
 
 
@@ -118,9 +119,12 @@ def test_extra_vars_file_applies_last_and_is_named_in_errors(tmp_path, monkeypat
         load(gv)
 
 
-def test_prod_inventory_refuses_until_the_model_checksum_is_set():
-    import subprocess, sys
+def test_prod_inventory_refuses_without_a_model_checksum(tmp_path):
+    import os, subprocess, sys
+    extra = tmp_path / "no-sha.yml"  # whatever group_vars/all.yml says today
+    extra.write_text("model_sha256: null\nmodel_allow_unverified: false\n")
     r = subprocess.run([sys.executable, "-c", "import inventory.prod"], capture_output=True, text=True,
-                       cwd=GROUP_VARS.parent)
+                       cwd=GROUP_VARS.parent, env={**os.environ, "VOLTAFLEET_VARS": str(extra)})
     assert r.returncode == 2
-    assert "group_vars/all.yml: model_sha256: no checksum" in r.stderr
+    assert f"{extra} (VOLTAFLEET_VARS): model_sha256: no checksum" in r.stderr
+    assert "\n  Fix: set model_sha256" in r.stderr and "Traceback" not in r.stderr
