@@ -1,11 +1,19 @@
 """voltafleet: serve a Qwen 27B Q4_K_S GGUF with llama-server on every GPU of the fleet.
 
-    pyinfra -y inventory/prod.py deploy.py     # the fleet
+    pyinfra -y inventory/prod.py deploy.py     # every host at once (a first install)
+    python -m rollout inventory/prod.py        # canary, then batches: the fleet keeps serving
     pyinfra -y inventory/lab.py deploy.py      # the lab fleet on this machine (CPU backend)
 
-Top to bottom: preflight (facts and the host's plan; refuse bad hosts before any change),
-helper scripts, toolchain, llama.cpp release, model, servers, smoke test (with rollback).
+Server hosts, top to bottom: preflight (facts and the host's plan; refuse bad hosts before
+any change), helper scripts, toolchain, llama.cpp release, model, servers, smoke test
+(with rollback). Hosts of the `gateway` group run HAProxy in front of every server.
+The rolling driver runs this file per phase (VOLTAFLEET_PHASE: preflight, gateway, batch).
 """
+import os
+
+from pyinfra import host
+
+from roles.gateway import gateway, is_gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
 from roles.model import model
@@ -14,10 +22,17 @@ from roles.server import server
 from roles.smoke import smoke
 from roles.toolchain import toolchain
 
-plan = preflight()
-helpers(plan)
-toolchain(plan)
-llama_cpp(plan)
-model_ops = model(plan)
-restart_op = server(plan, model_ops)
-smoke(plan, restart_op)
+phase = os.environ.get("VOLTAFLEET_PHASE", "all")
+
+if is_gateway(host):
+    if phase in ("all", "gateway"):
+        gateway()
+else:
+    plan = preflight()
+    if phase in ("all", "batch"):
+        helpers(plan)
+        toolchain(plan)
+        llama_cpp(plan)
+        model_ops = model(plan)
+        restart_op = server(plan, model_ops)
+        smoke(plan, restart_op)

@@ -22,17 +22,24 @@ _overrides = {
     "model_url": _lab["model_url"],
     "model_sha256": _lab["model_sha256"],
 }
+
+
+def _connect(h: dict) -> dict:
+    return {"ssh_hostname": "127.0.0.1", "ssh_port": h["ssh_port"], "ssh_user": "root",
+            "ssh_key": _lab["ssh_key"], "ssh_known_hosts_file": _lab["known_hosts"],
+            "ssh_strict_host_key_checking": "yes"}
+
+
 _hosts = [
-    (h["name"], {
-        "ssh_hostname": "127.0.0.1",
-        "ssh_port": h["ssh_port"],
-        "ssh_user": "root",
-        "ssh_key": _lab["ssh_key"],
-        "ssh_known_hosts_file": _lab["known_hosts"],
-        "ssh_strict_host_key_checking": "yes",
-        "server_port_base": h["server_port_base"],
-        **_per_host.get(h["name"], {}),
-    })
+    (h["name"], {**_connect(h), "server_port_base": h["server_port_base"], **_per_host.get(h["name"], {})})
     for h in _lab["hosts"]
 ]
-lab = load_or_exit({"lab": _hosts}, origin="inventory/lab.py", overrides=_overrides)["lab"]
+_groups = {"lab": _hosts}
+if _lab.get("gateway"):  # `python -m lab up --gateway`: HAProxy in front of the lab's servers
+    _gw = _lab["gateway"]
+    _groups["gateway"] = [(_gw["name"], {**_connect(_gw), **_per_host.get(_gw["name"], {})})]
+    _groups["lab"] = _hosts + [(_gw["name"], {})]  # group_vars/lab.yml applies to it too
+_loaded = load_or_exit(_groups, origin="inventory/lab.py", overrides=_overrides)
+lab = [h for h in _loaded["lab"] if h[0] != (_lab.get("gateway") or {}).get("name")]
+if "gateway" in _loaded:
+    gateway = _loaded["gateway"]

@@ -11,13 +11,14 @@ def main() -> int:
     u = sub.add_parser("up", help="make and boot the lab hosts and mirrors (idempotent)")
     u.add_argument("--hosts", type=int, default=int(os.environ.get("LAB_HOSTS", "2")))
     u.add_argument("--fresh", action="store_true", help="remove existing lab hosts first (a clean fleet)")
+    u.add_argument("--gateway", action="store_true", help="also a gateway host (vf-lab-gw, HAProxy)")
     sub.add_parser("down", help="stop and remove the hosts and mirrors (caches stay)")
     sub.add_parser("status", help="list hosts, ports and mirrors")
     a = p.parse_args()
     if a.cmd == "up":
         if a.fresh:
             fleet.down()
-        fleet.up(a.hosts)
+        fleet.up(a.hosts, a.gateway)
         return fleet.status()
     if a.cmd == "down":
         fleet.down()

@@ -261,8 +261,11 @@ def ensure_key() -> Path:
     return key
 
 
+GATEWAY_INDEX = 9  # the gateway host: vf-lab-gw, sshd on 127.0.0.1:2209
+
+
 def make_host(i: int, rootfs: Path, key: Path) -> dict:
-    name, port = host_name(i), SSH_PORT_BASE + i
+    name, port = (host_name(i) if i != GATEWAY_INDEX else "vf-lab-gw"), SSH_PORT_BASE + i
     hdir = STATE / "hosts" / name
     root = hdir / "rootfs"
     if not (hdir / "ready").exists():
@@ -315,7 +318,7 @@ def ssh_ok(host: dict, key: Path, known_hosts: Path) -> bool:
     return r.stdout.strip() in ("running", "degraded")
 
 
-def up(n_hosts: int) -> dict:
+def up(n_hosts: int, gateway: bool = False) -> dict:
     t0 = time.time()
     STATE.mkdir(parents=True, exist_ok=True)
     rootfs = ensure_rootfs()
@@ -327,21 +330,25 @@ def up(n_hosts: int) -> dict:
     known_hosts = STATE / "known_hosts"
     previous = load_state(required=False)
     n_hosts = max(n_hosts, len(previous.get("hosts", [])) if previous else 0)
+    gateway = gateway or bool(previous.get("gateway")) if previous else gateway
     hosts = [make_host(i, rootfs, key) for i in range(1, n_hosts + 1)]
-    known_hosts.write_text("".join(h["known_host"] + "\n" for h in hosts))
+    gw = make_host(GATEWAY_INDEX, rootfs, key) if gateway else None
+    every = hosts + ([gw] if gw else [])
+    known_hosts.write_text("".join(h["known_host"] + "\n" for h in every))
     ssh_config = STATE / "ssh_config"  # for ssh, testinfra and operators: strict host keys
     ssh_config.write_text("".join(
         f"Host {h['name']}\n  HostName 127.0.0.1\n  Port {h['ssh_port']}\n  User root\n  IdentityFile {key}\n"
         f"  IdentitiesOnly yes\n  BatchMode yes\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {known_hosts}\n"
         f"  HostKeyAlias [127.0.0.1]:{h['ssh_port']}\n"
-        f"  ControlMaster auto\n  ControlPath {STATE}/cm-%r@%h:%p\n  ControlPersist 60s\n" for h in hosts))
-    for h in hosts:
+        f"  ControlMaster auto\n  ControlPath {STATE}/cm-%r@%h:%p\n  ControlPersist 60s\n" for h in every))
+    for h in every:
         boot_host(h)
-    for h in hosts:
+    for h in every:
         wait_for(lambda h=h: port_open(h["ssh_port"]), 90, f"sshd of {h['name']}")
         wait_for(lambda h=h: ssh_ok(h, key, known_hosts), 120, f"systemd of {h['name']}")
     state = {
         "hosts": hosts,
+        "gateway": gw,
         "ssh_key": str(key),
         "known_hosts": str(known_hosts),
         "ssh_config": str(ssh_config),
@@ -388,6 +395,10 @@ def status() -> int:
         alive = pid_alive(Path(h["dir"]) / "nspawn.pid")
         up_ = "up" if alive and port_open(h["ssh_port"]) else "down"
         print(f"{h['name']:<10} {h['ssh_port']:>6} {h['server_port_base']:>8}  {up_}")
+    if state.get("gateway"):
+        g = state["gateway"]
+        alive = pid_alive(Path(g["dir"]) / "nspawn.pid") and port_open(g["ssh_port"])
+        print(f"{g['name']:<10} {g['ssh_port']:>6} {'gateway':>8}  {'up' if alive else 'down'}")
     print(f"git mirror:   {state['llama_cpp_repo']} ({'up' if port_open(GIT_PORT) else 'down'})")
     print(f"model mirror: {state['model_url']} ({'up' if port_open(HTTP_PORT) else 'down'})")
     return 0

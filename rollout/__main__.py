@@ -38,16 +38,26 @@ def say(msg: str) -> None:
     print(f"[rollout {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def load_inventory(path: str):
-    """The inventory as pyinfra loads it (our loader validates every host's variables)."""
-    from pyinfra_cli.inventory import make_inventory
+def load_inventory(path: str) -> dict[str, list[str]]:
+    """{host: [groups]} in inventory order, from the inventory file as pyinfra reads it:
+    every public list of hosts is a group (our loader validates every host's variables)."""
+    import runpy
 
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
-        return make_inventory(path)
+        attrs = runpy.run_path(str(REPO / path) if not os.path.isabs(path) else path)
     finally:
         os.chdir(cwd)
+    hosts: dict[str, list[str]] = {}
+    for group, value in attrs.items():
+        if group.startswith("_") or not isinstance(value, (list, tuple)):
+            continue
+        for entry in value:
+            name = entry[0] if isinstance(entry, tuple) else entry
+            if isinstance(name, str):
+                hosts.setdefault(name, []).append(group)
+    return hosts
 
 
 def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path) -> tuple[int, str]:
@@ -97,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     inventory = load_inventory(a.inventory)
-    gateways = [h.name for h in inventory if GATEWAY_GROUP in h.groups]
-    servers = [h.name for h in inventory if GATEWAY_GROUP not in h.groups]
+    gateways = [h for h, groups in inventory.items() if GATEWAY_GROUP in groups]
+    servers = [h for h, groups in inventory.items() if GATEWAY_GROUP not in groups]
     if a.canary.isdigit():
         canary = servers[:int(a.canary)]
-    elif any(a.canary in h.groups for h in inventory):
-        canary = [h.name for h in inventory if a.canary in h.groups and h.name in servers]
+    elif any(a.canary in groups for groups in inventory.values()):
+        canary = [h for h, groups in inventory.items() if a.canary in groups and h in servers]
     else:
         canary = [c.strip() for c in a.canary.split(",") if c.strip()]
     try:

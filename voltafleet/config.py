@@ -65,6 +65,8 @@ def _http_gguf(url: str) -> str | None:
     return urls.http_url_error(url, gguf=True)
 
 
+BIND = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
+
 SCHEMA: dict[str, Var] = {
     # preflight
     "voltafleet_backend": Var(str, choices=("cuda", "cpu")),
@@ -90,7 +92,7 @@ SCHEMA: dict[str, Var] = {
                              hint="a CMake target name like llama-server"),
     "llama_cpp_build_strategy": Var(str, choices=("shared", "per_host")),
     "llama_cpp_build_jobs": Var(int, nullable=True, min=1, max=256),
-    "llama_cpp_keep_releases": Var(int, min=1, max=20),
+    "llama_cpp_keep_releases": Var(int, min=0, max=20),
     # model
     "model_url": Var(str, check=_http_gguf, hint="an http(s) URL of a .gguf file"),
     "model_sha256": Var((str, list), nullable=True, pattern=HEX64,
@@ -118,6 +120,15 @@ SCHEMA: dict[str, Var] = {
     "server_extra_flags": Var(list, item=str),
     "server_user": Var(str, pattern=re.compile(r"^[a-z_][a-z0-9_-]{0,31}$"),
                        hint="a user name like llama"),
+    "server_address": Var(str, nullable=True, check=urls.server_host_error,
+                          hint="an IP address or a host name the gateway reaches this host at"),
+    # gateway (HAProxy, hosts of the `gateway` group)
+    "gateway_bind": Var(str, pattern=BIND, hint='an address:port like "0.0.0.0:8000"'),
+    "gateway_metrics_bind": Var(str, pattern=BIND, hint='an address:port like "0.0.0.0:8404"'),
+    "gateway_stream_timeout_s": Var(int, min=10, max=86400),
+    "gateway_check_interval_ms": Var(int, min=100, max=60000),
+    "gateway_maxconn": Var(int, min=16, max=1000000),
+    "gateway_drain_timeout_s": Var(int, min=0, max=3600),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),
@@ -127,6 +138,11 @@ SCHEMA: dict[str, Var] = {
     "smoke_min_single_tps": Var((int, float), min=0),
     "smoke_min_aggregate_tps": Var((int, float), min=0),
     "smoke_rollback": Var(bool),
+    "smoke_probe": Var(bool),
+    "smoke_probe_prompt": Var(str, pattern=re.compile(r"^[^\x00]{1,4000}$", re.S), hint="a prompt of 1-4000 characters"),
+    "smoke_probe_tokens": Var(int, min=1, max=256),
+    "smoke_probe_tolerance": Var((int, float), min=0, max=100),
+    "smoke_textfile_dir": Var(str, nullable=True, check=_safe_path_error, hint="an absolute path without spaces"),
     "smoke_report_dir": Var(str, pattern=re.compile(r"^[A-Za-z0-9._/+][A-Za-z0-9._/+-]*$"),
                             hint="a directory on the controller, relative to the repository or absolute"),
 }

@@ -9,6 +9,15 @@ server port has to be open to the controller:
 It prints one JSON document. The controller judges it with `verdict()` and prints
 `table()`. Three numbers are never mixed: time to first token, single-stream decode
 tok/s, and aggregate tok/s over N concurrent streams.
+
+Single-stream decode is measured three ways and judged on the lowest: the client's wall
+clock between the first and last streamed token (a burst after a slow first token
+inflates it), the server's own timing of the request (`timings.predicted_per_second`),
+and its /metrics counters over the request (tokens_predicted_total over
+tokens_predicted_seconds_total). A disagreement above 15 % is reported.
+
+With --probe, a fixed greedy completion's tokens and top log-probabilities are recorded
+(the quality probe): `probe_compare()` judges a host against the canary's.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import sys
 import threading
 import time
 
+DISAGREEMENT = 0.15  # report single-stream figures that differ by more than this
 PROMPT = ("You are a helpful assistant running on a fleet of GPU servers. "
           "Describe in a few sentences how a load balancer spreads requests over many servers.")
 OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
@@ -90,7 +100,43 @@ def stream_once(port: int, tokens: int, key: str | None) -> dict:
         "start": t0, "end": last,
         "decode_tps": (n - 1) / decode_s if decode_s else None,
         "server_tps": final.get("timings", {}).get("predicted_per_second"),
+        "server_prompt_ms": final.get("timings", {}).get("prompt_ms"),
     }
+
+
+def metrics(port: int, key: str | None) -> dict[str, float]:
+    """llama-server's Prometheus counters (--metrics), {} when unavailable."""
+    try:
+        r = _request(port, "GET", "/metrics", None, key, timeout=10)
+        text = r.read().decode()
+    except OSError:
+        return {}
+    if r.status != 200:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("llamacpp:") and " " in line:
+            name, value = line.split(" ", 1)
+            try:
+                out[name.split(":", 1)[1]] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def probe(port: int, key: str | None, prompt: str, tokens: int, top: int = 5) -> dict:
+    """A fixed greedy completion: token ids and the top log-probabilities at each step."""
+    body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1, "seed": 0,
+            "n_probs": top, "cache_prompt": False, "stream": False}
+    r = _request(port, "POST", "/completion", body, key)
+    data = json.loads(r.read())
+    if r.status != 200:
+        raise RuntimeError(f"probe on port {port}: HTTP {r.status}")
+    steps = data.get("completion_probabilities") or []
+    return {"prompt": prompt, "text": data.get("content", ""),
+            "tokens": [s.get("id") for s in steps],
+            "logprobs": [s.get("logprob") for s in steps],
+            "top": [[(t.get("id"), t.get("logprob")) for t in s.get("top_logprobs", [])] for s in steps]}
 
 
 def offload_from_journal(unit: str) -> dict | None:
@@ -112,15 +158,22 @@ def offload_from_journal(unit: str) -> dict | None:
 
 
 def measure(port: int, tokens: int, parallel: int, key: str | None, health_timeout: float,
-            unit: str | None) -> dict:
+            unit: str | None, probe_prompt: str | None = None, probe_tokens: int = 16) -> dict:
     out: dict = {"port": port}
     out["health_s"] = wait_health(port, health_timeout)
     out["offload"] = offload_from_journal(unit) if unit else None
     stream_once(port, 8, key)  # warm-up: first-request allocations are not the steady state
+    before = metrics(port, key)
     single = stream_once(port, tokens, key)
+    after = metrics(port, key)
     out["ttft_ms"] = single["ttft_ms"]
     out["single_tps"] = single["decode_tps"]
     out["single_server_tps"] = single["server_tps"]
+    dt = after.get("tokens_predicted_seconds_total", 0) - before.get("tokens_predicted_seconds_total", 0)
+    dn = after.get("tokens_predicted_total", 0) - before.get("tokens_predicted_total", 0)
+    out["single_metrics_tps"] = dn / dt if dt > 0 and dn > 0 else None
+    if probe_prompt:
+        out["probe"] = probe(port, key, probe_prompt, probe_tokens)
     results: list[dict] = []
     errors: list[str] = []
 
@@ -154,13 +207,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--health-timeout", type=float, default=600)
     p.add_argument("--api-key-file")
     p.add_argument("--unit-prefix", help="systemd unit prefix, e.g. llama-server@ (instance = index)")
+    p.add_argument("--probe-prompt-file", help="record the quality probe for this prompt (greedy)")
+    p.add_argument("--probe-tokens", type=int, default=16)
     a = p.parse_args(argv)
+    prompt = open(a.probe_prompt_file).read() if a.probe_prompt_file else None
     key = open(a.api_key_file).read().strip() if a.api_key_file else None
     report = {"instances": []}
     for i, port in enumerate(a.port):
         unit = f"{a.unit_prefix}{i}.service" if a.unit_prefix else None
         try:
-            m = measure(port, a.tokens, a.parallel, key, a.health_timeout, unit)
+            m = measure(port, a.tokens, a.parallel, key, a.health_timeout, unit, prompt, a.probe_tokens)
         except Exception as e:
             m = {"port": port, "error": f"{type(e).__name__}: {e}"}
         m["instance"] = i
@@ -173,8 +229,44 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------- verdict (controller)
 
 
-def verdict(report: dict, cfg: dict) -> list[str]:
-    """Every threshold an instance missed, as a sentence with the numbers. [] = pass."""
+def single_stream(m: dict) -> tuple[float, dict, str | None]:
+    """(the figure judged: the lowest of the three measurements, all three, a disagreement
+    note when they differ by more than 15 %)."""
+    figures = {"client": m.get("single_tps"), "server": m.get("single_server_tps"),
+               "metrics": m.get("single_metrics_tps")}
+    known = {k: v for k, v in figures.items() if v}
+    if not known:
+        return 0.0, figures, None
+    low, high = min(known.values()), max(known.values())
+    note = None
+    if high > low * (1 + DISAGREEMENT):
+        note = ("single-stream figures disagree by " f"{100 * (high / low - 1):.0f} %: "
+                + ", ".join(f"{k} {v:.1f}" for k, v in known.items()) + f" tok/s; judged on {low:.1f}")
+    return low, figures, note
+
+
+def probe_compare(reference: dict, probe: dict, tolerance: float) -> str | None:
+    """None when the probe matches the reference: the same greedy tokens, and each chosen
+    token's log-probability within `tolerance` (nats). Else why it diverged."""
+    ref_tokens, tokens = reference.get("tokens") or [], probe.get("tokens") or []
+    if not ref_tokens:
+        return None
+    for i, (a, b) in enumerate(zip(ref_tokens, tokens)):
+        if a != b:
+            return f"token {i} is {b}, the canary's is {a}"
+    if len(tokens) < len(ref_tokens):
+        return f"{len(tokens)} probe tokens, the canary's {len(ref_tokens)}"
+    diffs = [abs(a - b) for a, b in zip(reference.get("logprobs") or [], probe.get("logprobs") or [])
+             if a is not None and b is not None]
+    worst = max(diffs, default=0.0)
+    if worst > tolerance:
+        return f"log-probability differs by {worst:.3f} (> {tolerance}) from the canary's"
+    return None
+
+
+def verdict(report: dict, cfg: dict, reference: dict | None = None) -> list[str]:
+    """Every threshold an instance missed, as a sentence with the numbers. [] = pass.
+    Single-stream tok/s is judged on the conservative figure (see single_stream)."""
     fails = []
     cuda = cfg["voltafleet_backend"] == "cuda"
     for m in report["instances"]:
@@ -190,8 +282,13 @@ def verdict(report: dict, cfg: dict) -> list[str]:
                 fails.append(f"{who}: only {off['offloaded']}/{off['total']} layers on the GPU")
         if m["ttft_ms"] > cfg["smoke_max_ttft_ms"]:
             fails.append(f"{who}: time to first token {m['ttft_ms']:.0f} ms > {cfg['smoke_max_ttft_ms']} ms")
-        if (m["single_tps"] or 0) < cfg["smoke_min_single_tps"]:
-            fails.append(f"{who}: single-stream {m['single_tps'] or 0:.1f} tok/s < {cfg['smoke_min_single_tps']}")
+        single, _, _ = single_stream(m)
+        if single < cfg["smoke_min_single_tps"]:
+            fails.append(f"{who}: single-stream {single:.1f} tok/s < {cfg['smoke_min_single_tps']}")
+        if reference is not None and m.get("probe") is not None:
+            why = probe_compare(reference, m["probe"], cfg["smoke_probe_tolerance"])
+            if why:
+                fails.append(f"{who}: quality probe diverged: {why}")
         if m["errors"]:
             fails.append(f"{who}: {len(m['errors'])} of {m['parallel']} parallel streams failed: {m['errors'][0]}")
         if (m["aggregate_tps"] or 0) < cfg["smoke_min_aggregate_tps"]:
@@ -209,10 +306,34 @@ def table(host: str, report: dict) -> str:
             continue
         off = m.get("offload")
         offs = f"{off['offloaded']}/{off['total']}" if off else "n/a"
+        single, figures, note = single_stream(m)
         rows.append(f"{host:<14} {m['instance']:>4} {m['port']:>6} {m['health_s']:>8.1f} {offs:>8} "
-                    f"{m['ttft_ms']:>8.0f} {m['single_tps'] or 0:>14.1f} {m['parallel']:>3} "
+                    f"{m['ttft_ms']:>8.0f} {single:>14.1f} {m['parallel']:>3} "
                     f"{m['aggregate_tps'] or 0:>11.1f}")
+        if note:
+            rows.append(f"{'':<14} {'':>4} {'':>6} note: {note}")
     return "\n".join(rows)
+
+
+def textfile(host: str, report: dict, release: str | None) -> str:
+    """The smoke figures in node_exporter's textfile-collector format."""
+    lines = ["# HELP voltafleet_smoke_passed 1 if the last smoke test passed",
+             "# TYPE voltafleet_smoke_passed gauge",
+             f'voltafleet_smoke_passed{{host="{host}",release="{release or ""}"}} {int(bool(report.get("passed")))}',
+             "# HELP voltafleet_smoke_time_seconds when the last smoke test ran",
+             "# TYPE voltafleet_smoke_time_seconds gauge",
+             f'voltafleet_smoke_time_seconds{{host="{host}"}} {report.get("epoch", 0):.0f}']
+    metrics_ = (("ttft_ms", "voltafleet_smoke_ttft_ms", "time to first token, ms"),
+                ("single", "voltafleet_smoke_single_stream_tps", "single-stream decode tok/s (conservative)"),
+                ("aggregate_tps", "voltafleet_smoke_aggregate_tps", "N-way aggregate tok/s"))
+    for key, name, text in metrics_:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+        for m in report.get("instances", []):
+            if "error" in m:
+                continue
+            value = single_stream(m)[0] if key == "single" else m.get(key) or 0
+            lines.append(f'{name}{{host="{host}",instance="{m["instance"]}",port="{m["port"]}"}} {value:.3f}')
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

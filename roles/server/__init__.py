@@ -13,9 +13,10 @@ from pathlib import Path
 
 import jinja2
 from pyinfra import host
-from pyinfra.api import OperationError, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, server as server_ops, systemd
 
+from roles import gateway
 from roles.common import changes, sources
 from roles.facts import HelpText, Releases, ServerInstances
 from roles.helpers import bin_path
@@ -118,7 +119,26 @@ def restarted(plan: HostPlan, env_ops: dict, everything_ops: list):
     for i in retire:
         yield f"systemctl disable --now llama-server@{i}.service; rm -f {shlex.quote(f'{ENV_DIR}/{i}.env')}"
     for i in todo:
-        yield f"systemctl enable llama-server@{i}.service && systemctl restart llama-server@{i}.service"
+        if gateway.gateway_hosts(host.state):  # out of the gateway's rotation first, streams finished
+            yield FunctionCommand(_drained_restart, (plan, i), {})
+        else:
+            yield restart_command(i)
+
+
+def restart_command(index: int) -> str:
+    """Enable and restart one instance; `active` only once /health answers (ExecStartPost)."""
+    return f"systemctl enable llama-server@{index}.service && systemctl restart llama-server@{index}.service"
+
+
+def _drained_restart(state, host, plan: HostPlan, index: int) -> None:
+    """Drain the instance on every gateway (waiting for its streams), restart it, and, when
+    no smoke test will judge it, put it straight back."""
+    gateway.drain(state, host.name, index, plan.cfg["gateway_drain_timeout_s"])
+    ok, out = host.run_shell_command(restart_command(index))
+    if not ok:
+        raise OperationError(f"{host.name}: llama-server@{index} did not come back: {out.stderr.strip()}")
+    if not plan.cfg["smoke_enabled"]:
+        gateway.ready(state, host.name, [index])
 
 
 @deploy("Server")

@@ -12,7 +12,8 @@ class FakeHost:
 
     def __init__(self, facts: dict, name: str = "gpu-01", executing: bool = True, data: dict | None = None):
         self.facts, self.name, self.data = facts, name, FakeData(data or {})
-        self.state = SimpleNamespace(is_executing=executing)
+        self.state = SimpleNamespace(is_executing=executing, inventory=[], active_hosts=set())
+        self.groups = []
 
     def get_fact(self, cls, *args, **kwargs):
         value = self.facts[cls]

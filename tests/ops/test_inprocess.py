@@ -55,7 +55,7 @@ def test_help_text_missing_binary():
 
 @pytest.fixture
 def plan(cfg):
-    cfg.update(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"])
+    cfg.update(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"], llama_cpp_keep_releases=3)
     return make_plan("gpu-01", cfg, HostFacts(os="debian-12", systemd=252), None, COMMIT)
 
 
@@ -139,3 +139,22 @@ def test_retired_instance_is_disabled_and_its_env_removed(plan):
     envs = {0: FakeOp(False), 1: FakeOp(False)}
     assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == [
         "systemctl disable --now llama-server@2.service; rm -f /etc/voltafleet/llama-server/2.env"]
+
+
+def test_default_keeps_only_current_and_last_good(cfg):
+    """group_vars' default: nothing beyond what rollback needs."""
+    cfg.update(voltafleet_backend="cpu", server_instances=1, llama_cpp_targets=["llama-server"], llama_cpp_keep_releases=0)
+    plan = make_plan("gpu-01", cfg, HostFacts(os="debian-12"), None, COMMIT)
+    fp = plan.build.fingerprint(None, CXX)
+    old = {f"old{i}": {"mtime": i, "info": {}} for i in range(4)}
+    fake = host_with({F.Releases: {"current": "old3", "good": "old1", "releases": old}})
+    assert commands(release_switched, fake, plan)[1] == "/opt/voltafleet/bin/vf-release prune /opt/voltafleet old2 old0"
+
+
+def test_with_a_gateway_each_restart_is_drained_first(plan):
+    fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
+    gw = FakeHost({}, name="gw-01")
+    gw.groups = ["gateway"]
+    fake.state.inventory, fake.state.active_hosts = [gw, fake], {gw, fake}
+    envs = {0: FakeOp(True), 1: FakeOp(False)}
+    assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == ["<function _drained_restart>"]

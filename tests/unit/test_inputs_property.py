@@ -36,7 +36,9 @@ STEMS = {
     "llama_cpp_cmake_extra": ["-DGGML_CUDA_F16=", "ON"], "llama_cpp_targets": ["llama-server"],
     "preflight_supported_os": ["debian-12"], "cuda_toolkit_version": ["12.9"], "server_user": ["llama"],
     "smoke_report_dir": ["reports"], "server_gpu_layers": ["all"], "model_sha256": ["a" * 64],
-    "model_draft_sha256": ["b" * 64],
+    "model_draft_sha256": ["b" * 64], "server_address": ["10.0.0.2", "gpu01.internal"],
+    "gateway_bind": ["0.0.0.0:8000", "127.0.0.1:"], "gateway_metrics_bind": ["127.0.0.1:8404"],
+    "smoke_probe_prompt": ["The capital of France is"], "smoke_textfile_dir": ["/var/lib/prometheus/node-exporter"],
 }
 NASTY = ["$(touch /tmp/vf-canary)", "`touch /tmp/vf-canary`", "; touch /tmp/vf-canary", "&& id", "| id",
          "--upload-pack=touch /tmp/vf-canary", "-oProxyCommand=id", "-", "--", " ", "\t", "\n", "'", '"', "\\",
@@ -58,6 +60,9 @@ def case(draw):
     key = draw(st.sampled_from(STRING_KEYS + LIST_OF_STRING_KEYS))
     text = draw(nasty_value(key))
     return key, ([text] if key in LIST_OF_STRING_KEYS else text)
+
+
+FREE_TEXT = {"smoke_probe_prompt"}
 
 
 def base():
@@ -87,6 +92,8 @@ def test_every_string_is_refused_clearly_or_harmless(kv):
         assert shlex.split(shlex.quote(v)) == [v]
         if key == "server_extra_flags":
             continue  # checked word by word below
+        if key in FREE_TEXT:
+            continue  # free text that never reaches a shell or an argv (uploaded as a file)
         assert not (set(v) & SHELL_ACTIVE), (key, v)
         assert not v.startswith("-") or key == "llama_cpp_cmake_extra", (key, v)
         assert v.isprintable()
@@ -114,7 +121,7 @@ def render_one_argument_per_value(cfg):
         assert not (set(w) & SHELL_ACTIVE) and w.isprintable(), w
 
 
-@pytest.mark.parametrize("key", STRING_KEYS + LIST_OF_STRING_KEYS)
+@pytest.mark.parametrize("key", [k for k in STRING_KEYS + LIST_OF_STRING_KEYS if k not in FREE_TEXT])
 def test_every_string_variable_refuses_a_command_substitution(key):
     stem = STEMS.get(key, ["x"])[0]
     value = stem + "$(touch /tmp/vf-canary)"
@@ -123,12 +130,23 @@ def test_every_string_variable_refuses_a_command_substitution(key):
     assert f"group_vars/prop.yml: {key}:" in str(e.value) and "\n  Fix: " in str(e.value)
 
 
+def test_free_text_never_reaches_a_shell(cfg):
+    """The probe prompt is uploaded as a file and sent as JSON: the smoke command line
+    names only the file."""
+    from roles.smoke import PROMPT_PATH, client_command
+    from voltafleet.hostplan import HostFacts, make_plan
+
+    cfg.update(voltafleet_backend="cpu", server_instances=1, smoke_probe_prompt="$(touch /tmp/vf-canary)")
+    cmd = client_command(make_plan("h", cfg, HostFacts(os="debian-12"), None, "0" * 40))
+    assert "vf-canary" not in cmd and PROMPT_PATH in cmd
+
+
 def test_the_property_covers_every_string_variable():
     assert len(STRING_KEYS) >= 15 and {"model_url", "llama_cpp_repo", "server_extra_flags", "server_host"} <= set(
         STRING_KEYS + LIST_OF_STRING_KEYS)
 
 
-@pytest.mark.parametrize("key", sorted(set(STRING_KEYS + LIST_OF_STRING_KEYS) - {"server_extra_flags"}))
+@pytest.mark.parametrize("key", sorted(set(STRING_KEYS + LIST_OF_STRING_KEYS) - {"server_extra_flags"} - FREE_TEXT))
 def test_a_trailing_newline_is_refused(key):
     """`$` in a Python regex also matches before a final newline: grammars must use fullmatch."""
     good = base()[key]
@@ -136,7 +154,8 @@ def test_a_trailing_newline_is_refused(key):
         good = good[0] if good else STEMS[key][0]
     if good is None or key == "server_api_key_file":
         good = {"model_draft_url": "https://h.example/d.gguf", "model_draft_sha256": "b" * 64,
-                "server_api_key_file": "/etc/voltafleet/key", "model_sha256": "a" * 64}[key]
+                "server_api_key_file": "/etc/voltafleet/key", "model_sha256": "a" * 64,
+                "server_address": "gpu01.internal", "smoke_textfile_dir": "/var/lib/x"}[key]
     value = good + "\n"
     with pytest.raises(ConfigError) as e:
         validate_values("h1", {**base(), key: [value] if key in LIST_OF_STRING_KEYS else value}, SRC)

@@ -1,10 +1,11 @@
 #!/bin/bash
-# The `good` snapshot: the release and env files of the last rollout that passed its smoke test.
-#   vf-good record ROOT ENV_DIR GOOD_DIR     current release + env files become `good`
-#   vf-good restore ROOT ENV_DIR GOOD_DIR    `good` becomes current again (the caller restarts)
-#   vf-good has ROOT GOOD_DIR                exit 0 when there is a snapshot to go back to
+# The `good` snapshot: the release, env files and unit of the last rollout that passed its
+# smoke test, to go back to when a later one fails.
+#   vf-good record ROOT ENV_DIR GOOD_DIR UNIT    current release + env files + unit become `good`
+#   vf-good restore ROOT ENV_DIR GOOD_DIR UNIT   `good` becomes current again (the caller restarts)
+#   vf-good has ROOT GOOD_DIR                    exit 0 when there is a snapshot to go back to
 set -euo pipefail
-usage() { echo "usage: vf-good record|restore ROOT ENV_DIR GOOD_DIR | has ROOT GOOD_DIR" >&2; exit 2; }
+usage() { echo "usage: vf-good record|restore ROOT ENV_DIR GOOD_DIR UNIT | has ROOT GOOD_DIR" >&2; exit 2; }
 [ $# -ge 3 ] || usage
 here=$(dirname -- "$(readlink -f -- "$0")")
 cmd=$1 root=$2
@@ -13,15 +14,22 @@ case "$cmd" in
     [ -L "$root/good" ] && [ -d "$3" ]
     ;;
   record)
-    [ $# -eq 4 ] || usage
+    [ $# -eq 5 ] || usage
+    env_dir=$3 good_dir=$4 unit=$5
+    stage=$good_dir.stage
+    rm -rf -- "$stage"
+    cp -a -- "$env_dir" "$stage"
+    cp -a -- "$unit" "$stage/unit"
+    "$here/vf-atomic" dir "$stage" "$good_dir"
+    rm -rf -- "$stage"
     "$here/vf-atomic" link "$root/good" "$(readlink -- "$root/current")"
-    "$here/vf-atomic" dir "$3" "$4"
     ;;
   restore)
-    [ $# -eq 4 ] || usage
-    env_dir=$3 good_dir=$4
+    [ $# -eq 5 ] || usage
+    env_dir=$3 good_dir=$4 unit=$5
     rm -f -- "$env_dir"/*.env
     cp -a -- "$good_dir"/*.env "$env_dir"/
+    if [ -f "$good_dir/unit" ]; then "$here/vf-atomic" file "$unit" < "$good_dir/unit"; systemctl daemon-reload; fi
     "$here/vf-atomic" link "$root/current" "$(readlink -- "$root/good")"
     ;;
   *) usage ;;
