@@ -208,6 +208,9 @@ def split_extra(extra_flags: list[str]) -> tuple[list[str], list[tuple[str, str]
         except ValueError as e:
             errors.append((f"has the item {item!r}: {e}", "write flags and values as plain words"))
             continue
+        if not words or any(w == "" for w in words):
+            errors.append((f"has the item {item!r}: an empty argument", "remove it, or give the flag a value"))
+            continue
         for w in words:
             bad = sorted({c for c in w if c in _BAD_ARG_CHARS or c.isspace() or not c.isprintable()})
             if bad:

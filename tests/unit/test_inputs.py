@@ -383,3 +383,12 @@ def test_build_time_check_uses_the_binarys_own_aliases(cfg, help_text):
     assert "Fix: use --spec-draft-n-max instead." in text
     cfg["server_extra_flags"] = ["--no-webui"]
     assert flags.binary_flag_problems(flags.server_args(cfg, "/m", 1, None), ["--no-webui"], help_text) == []
+
+
+def test_an_empty_extra_flag_is_refused():
+    """Found by the property test: '' would be an argument the env file cannot carry."""
+    from voltafleet.flags import split_extra
+
+    for item in ("''", "", '""'):
+        args, errors = split_extra([item])
+        assert args == [] and "empty argument" in errors[0][0]
