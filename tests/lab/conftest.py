@@ -36,3 +36,11 @@ def converged(first_rollout):
     run = deploy()
     assert run.rc == 0, run
     return lab()["hosts"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's outcome on its node (the fault cases record it)."""
+    outcome = yield
+    if call.when == "call":
+        item.rep_call = outcome.get_result()

@@ -91,3 +91,25 @@ def main_pid(host: dict, instance: int) -> int:
 
 def report(host: dict) -> dict:
     return json.loads((REPO / "reports" / f"smoke-{host['name']}.json").read_text())
+
+
+def rollout(args: list[str] = (), vars: dict | None = None, host_vars: dict | None = None,
+            tmp: Path | None = None, timeout: int = 1800) -> tuple[Run, dict]:
+    """Run the rolling driver on the lab inventory; (its output, the fleet report)."""
+    e = {**os.environ}
+    e.pop("VOLTAFLEET_VARS", None)
+    e.pop("VOLTAFLEET_LAB_HOST_VARS", None)
+    for data, var, name in ((vars, "VOLTAFLEET_VARS", "vars"), (host_vars, "VOLTAFLEET_LAB_HOST_VARS", "hosts")):
+        if data:
+            path = (tmp or Path("/tmp")) / f"voltafleet-rollout-{name}.yml"
+            path.write_text(yaml.safe_dump(data))
+            e[var] = str(path)
+    latest = REPO / "reports" / "rollout-latest.json"
+    latest.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "rollout", "inventory/lab.py", *args], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=timeout)
+    return Run(proc), (json.loads(latest.read_text()) if latest.exists() else {})
+
+
+def env_file(host: dict, i: int = 0) -> str:
+    return ssh(host, f"cat /etc/voltafleet/llama-server/{i}.env")

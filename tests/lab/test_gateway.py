@@ -1,0 +1,118 @@
+"""The HAProxy gateway on the lab fleet: every instance a health-checked backend, the
+client's API key passed through, a fleet that keeps serving while it rolls, a killed
+server taken out and back, an invalid configuration refused with the old one serving."""
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab.helpers import REPO, deploy, lab, main_pid, rollout, ssh, th
+
+sys.path.insert(0, str(REPO / "bench"))
+from load import Load  # noqa: E402
+
+URL = "http://127.0.0.1:18800"
+
+
+@pytest.fixture
+def gw(converged):
+    g = lab().get("gateway")
+    assert g, "the lab has no gateway host: run `python -m lab up --gateway`"
+    return g
+
+
+def stat(gw) -> dict:
+    out = ssh(gw, "echo 'show stat' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock")
+    cols = out.splitlines()[0][2:].split(",")
+    return {r.split(",")[1]: dict(zip(cols, r.split(","))) for r in out.splitlines()[1:]
+            if r.startswith("llama,") and r.split(",")[1] not in ("FRONTEND", "BACKEND")}
+
+
+def test_every_instance_is_a_health_checked_backend(gw):
+    servers = stat(gw)
+    want = {f"{h['name']}-{i}" for h in lab()["hosts"] for i in (0, 1)}
+    assert set(servers) == want
+    assert {s["status"] for s in servers.values()} == {"UP"}
+    assert {s["check_status"] for s in servers.values()} <= {"L7OK"}
+    assert th(gw).service("haproxy").is_running and th(gw).service("haproxy").is_enabled
+    cfg = ssh(gw, "cat /etc/haproxy/haproxy.cfg")
+    assert "balance leastconn" in cfg and "option httpchk GET /health" in cfg and "timeout server 600s" in cfg
+
+
+def test_requests_and_prometheus_metrics_through_the_gateway(gw):
+    load = Load(URL, clients=2, tokens=8, seconds=10, max_requests=6).start()
+    s = load.stop()
+    assert s["served"] == 6 and s["failed"] == 0
+    metrics = ssh(gw, "curl -s http://127.0.0.1:18404/metrics")
+    assert "haproxy_backend_http_responses_total" in metrics
+
+
+def test_api_key_is_passed_through_to_the_servers(gw, tmp_path):
+    key = tmp_path / "api-key"
+    key.write_text("vf-gateway-key-1\n")
+    key.chmod(0o600)
+    try:
+        assert deploy({"server_api_key_file": str(key)}, tmp_path).rc == 0
+        body = "-d '{\"prompt\":\"hi\",\"n_predict\":2}'"
+        assert ssh(gw, f"curl -s -o /dev/null -w '%{{http_code}}' {URL}/completion {body}") == "401"
+        assert ssh(gw, f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer vf-gateway-key-1' "
+                       f"{URL}/completion {body}") == "200"
+    finally:
+        assert deploy().rc == 0
+
+
+def test_fleet_keeps_serving_through_a_rolling_rollout_of_every_instance(gw, tmp_path):
+    hosts = lab()["hosts"]
+    before = {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
+    load = Load(URL, clients=4, tokens=32, seconds=600, max_requests=3000).start()
+    try:
+        run, report = rollout(["--batch", "1"], vars={"server_threads": 2}, tmp=tmp_path)
+    finally:
+        s = load.stop()
+    print(f"\nload through the gateway during a rolling rollout: {json.dumps(s)}")
+    assert run.rc == 0, run
+    assert all(main_pid(h, i) != before[(h["name"], i)] for h in hosts for i in (0, 1))  # every instance restarted
+    assert s["served"] > 20 and s["failed"] == 0, s
+    assert {v["status"] for v in stat(gw).values()} == {"UP"}  # every instance back in rotation
+    assert deploy().rc == 0
+
+
+def test_a_killed_server_leaves_rotation_and_returns(gw):
+    h = lab()["hosts"][0]
+    name = f"{h['name']}-0"
+    load = Load(URL, clients=3, tokens=16, seconds=120, max_requests=2000).start()
+    time.sleep(2)
+    pid = main_pid(h, 0)
+    killed_at = time.time()
+    ssh(h, f"kill -9 {pid}")
+    seen_down = False
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        st = stat(gw)[name]["status"]
+        seen_down |= st.startswith("DOWN")
+        if seen_down and st == "UP" and main_pid(h, 0) not in (0, pid):
+            break
+        time.sleep(0.3)
+    time.sleep(2)
+    results = list(load.results)
+    s = load.stop()
+    assert seen_down, "HAProxy never took the killed instance out of rotation"
+    assert stat(gw)[name]["status"] == "UP" and main_pid(h, 0) not in (0, pid)
+    # requests that started after the kill were sent elsewhere (or retried): none failed
+    late = [r for r in results if r["start"] > killed_at + 0.5]
+    assert late and all(r["ok"] for r in late), [r["error"] for r in late if not r["ok"]][:3]
+    print(f"\nkill -9 under load: {json.dumps(s)}; failed after the kill: {sum(not r['ok'] for r in late)}")
+
+
+def test_an_invalid_configuration_leaves_the_running_gateway_untouched(gw, tmp_path):
+    before_cfg = ssh(gw, "cat /etc/haproxy/haproxy.cfg")
+    pid = ssh(gw, "systemctl show -P MainPID haproxy")
+    run = deploy(host_vars={gw["name"]: {"gateway_bind": "127.0.0.1:99999"}}, tmp=tmp_path)
+    assert run.rc != 0
+    assert "the new HAProxy configuration is invalid; the running gateway is untouched" in run.out
+    assert ssh(gw, "cat /etc/haproxy/haproxy.cfg") == before_cfg
+    assert ssh(gw, "systemctl show -P MainPID haproxy") == pid
+    assert ssh(gw, f"curl -s -o /dev/null -w '%{{http_code}}' {URL}/health") == "200"
+    assert deploy().rc == 0

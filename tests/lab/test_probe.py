@@ -1,0 +1,28 @@
+"""The quality probe on a real small model (Gemma 3 270M Q4_K_M from PyPI): the canary
+records a greedy completion's tokens and log-probabilities, every later host must match;
+a host given a coarser KV cache (q4_0) diverges, fails and rolls back."""
+from tests.lab.helpers import deploy, env_file, lab, rollout
+
+
+def test_a_host_with_a_q4_0_kv_cache_diverges_from_the_canary_and_rolls_back(converged, tmp_path):
+    hosts = lab()["hosts"][:3]
+    gemma = lab()["gemma"]
+    bad = hosts[2]
+    before = env_file(bad)
+    real_text = {"model_url": gemma["url"], "model_sha256": gemma["sha256"], "smoke_probe_prompt": gemma["prompt"],
+                 "smoke_tokens": 16, "smoke_parallel": 2}
+    try:
+        run, report = rollout(["--batch", "1", "--fail-percent", "50"], vars=real_text,
+                              host_vars={bad["name"]: {"server_cache_type_k": "q4_0", "server_cache_type_v": "q4_0"}},
+                              tmp=tmp_path)
+        assert run.rc == 1, run
+        status = {h["host"]: h for h in report["hosts"]}
+        assert status[hosts[0]["name"]]["probe"] == "reference"
+        assert status[hosts[1]["name"]]["probe"] == "match" and status[hosts[1]["name"]]["status"] == "passed"
+        assert status[bad["name"]]["status"] == "rolled_back"
+        assert status[bad["name"]]["probe"].startswith("diverged")
+        assert "quality probe diverged" in status[bad["name"]]["detail"]
+        assert env_file(bad) == before  # its previous model and flags serve again
+        assert "gemma" in env_file(hosts[1])
+    finally:
+        assert deploy().rc == 0

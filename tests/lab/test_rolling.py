@@ -1,0 +1,83 @@
+"""Rolling rollouts on the lab fleet (3 server hosts and the HAProxy gateway): canary,
+batches, fail percent, rollback of one host, the fleet report. Each test starts from the
+converged fleet and leaves it converged."""
+import re
+
+import pytest
+
+from lab import fleet
+from tests.lab.helpers import deploy, env_file, lab, main_pid, rollout, ssh
+
+
+@pytest.fixture
+def three(converged):
+    if len(lab()["hosts"]) < 3:
+        fleet.up(3)
+        assert deploy().rc == 0
+    return lab()["hosts"][:3]
+
+
+def pids(hosts):
+    return {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
+
+
+def test_converged_fleet_rolls_without_a_change_or_restart(three):
+    before = pids(three)
+    run, report = rollout(["--batch", "2"])
+    assert run.rc == 0, run
+    assert report["ok"] and [h["status"] for h in report["hosts"]] == ["passed"] * 3
+    assert pids(three) == before
+    # every pyinfra run of the rollout (preflight, gateway, each batch) changed nothing
+    totals = re.findall(r"Grand total\s+\S+\s+(\S+)", run.out)
+    assert len(totals) == 4 and set(totals) == {"-"}, run
+    assert report["batches"] == [[three[0]["name"]], [h["name"] for h in three[1:]]]
+
+
+def test_one_host_failing_its_smoke_test_rolls_back_and_the_rest_succeed(three, tmp_path):
+    bad = three[1]
+    before = env_file(bad)
+    run, report = rollout(["--batch", "1", "--fail-percent", "50"], vars={"server_threads": 2},
+                          host_vars={bad["name"]: {"smoke_min_single_tps": 1000000}}, tmp=tmp_path)
+    assert run.rc == 1, run
+    status = {h["host"]: h for h in report["hosts"]}
+    assert status[bad["name"]]["status"] == "rolled_back"
+    assert "single-stream" in status[bad["name"]]["detail"]
+    assert [status[h["name"]]["status"] for h in (three[0], three[2])] == ["passed", "passed"]
+    assert env_file(bad) == before                                   # its old flags serve again
+    assert ssh(bad, "systemctl is-active llama-server@0.service") == "active"
+    assert "-t 2 " in env_file(three[2])                              # the batch after it still rolled
+    assert bad["name"] in run.out and "rolled_back" in run.out
+    assert not report["ok"] and report["counts"]["rolled_back"] == 1
+    assert deploy().rc == 0  # back to the repository's configuration
+
+
+def test_a_failing_canary_stops_the_rollout_before_any_other_host_changes(three, tmp_path):
+    canary, others = three[0], three[1:]
+    before = {h["name"]: env_file(h) for h in others}
+    before_pids = pids(others)
+    run, report = rollout(["--batch", "1"], vars={"server_threads": 2},
+                          host_vars={canary["name"]: {"smoke_min_single_tps": 1000000}}, tmp=tmp_path)
+    assert run.rc == 1, run
+    assert "canary vf-lab-1 did not pass" in run.out
+    assert [h["status"] for h in report["hosts"]] == ["rolled_back", "not_run", "not_run"]
+    assert {h["name"]: env_file(h) for h in others} == before and pids(others) == before_pids
+    assert deploy().rc == 0
+
+
+def test_the_json_report_matches_the_printed_table(three):
+    run, report = rollout(["--batch", "2"])
+    assert run.rc == 0, run
+    table = run.out[run.out.index("host             batch"):].splitlines()[1:4]
+    for row, h in zip(table, report["hosts"]):
+        cols = row.split()
+        assert cols[:4] == [h["host"], str(h["batch"]), h["status"], h["fingerprint"] or "-"]
+
+
+def test_preflight_refusal_on_one_host_stops_everything_before_any_change(three, tmp_path):
+    before = pids(three)
+    run, report = rollout(["--batch", "1"], host_vars={three[2]["name"]: {"preflight_build_disk_gb": 100000}},
+                          tmp=tmp_path)
+    assert run.rc == 2, run
+    assert "preflight refused the rollout: no host was changed" in run.out
+    assert "GiB free" in run.out and report == {}
+    assert pids(three) == before
