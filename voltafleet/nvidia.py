@@ -103,7 +103,7 @@ def refusals(host: str, cfg: dict, gpus: list[dict], installed_nvcc: str | None,
         out.append(f"{host}: manage_driver is false and the installed driver is {installed_driver}, not branch "
                    f"R{cfg['nvidia_driver_branch']}. Fix: align nvidia_driver_branch with the driver managed "
                    "elsewhere, or set manage_driver: true")
-    return out
+    return out + version_refusals(host, cfg)
 
 
 def gpus_from_lspci(lines: list[str]) -> list[dict]:
@@ -369,6 +369,7 @@ def gpu_health(host: str, pci_lines: list[str], smi_bus_ids: list[str], allow_de
 
 def no_gpu_error(host: str, diagnostics: dict) -> str:
     """The error for a host whose driver sees no GPU after the install/reboot, with what to check."""
+    diagnostics = diagnostics or {}
     lines = [f"{host}: nvidia-smi lists no GPU after the driver install and reboot; the rest of the "
              "fleet goes on, this host stops here. Check:"]
     lines.append(f"  dkms status: {diagnostics.get('dkms') or '(nothing: the kernel module was not built)'}"
