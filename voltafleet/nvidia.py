@@ -238,7 +238,8 @@ def driver_plan(os_id: str, source: str, branch: int, flavour: str, target: str 
 
     Returns purge (packages of another branch or another source, purged first), unhold (held
     packages that will be purged or upgraded), pin (NVIDIA's branch-locking package or None),
-    install (packages for `apt-get install`, kept ones included when they upgrade), hold,
+    install (packages for `apt-get install`, kept ones included when they upgrade), hold (to
+    `apt-mark hold` after: all of the driver's top packages after a change, else those not held),
     change (packages change: stop the servers, reboot), reboot (change, or a module older than
     the installed packages still loaded), downgrade (allow apt to go back to the pinned
     version) and why (a sentence for the log).
@@ -280,12 +281,14 @@ def driver_plan(os_id: str, source: str, branch: int, flavour: str, target: str 
     if reboot and not change:
         why.append(f"the loaded module is {loaded}, the installed driver {installed_after}: reboot")
     touched = {p["name"] for p in purge} | (set(install) if change else set())
+    hold = required + ([pin] if pin else [])
+    held = {p["name"] for p in keep if p["held"]}
     return {
         "purge": [p["name"] for p in purge],
         "unhold": sorted(p["name"] for p in found if p["held"] and p["name"] in touched),
         "pin": pin if pin in missing else None,
         "install": install if change else [],
-        "hold": required + ([pin] if pin else []),
+        "hold": hold if change else [n for n in hold if n not in held],
         "change": change,
         "reboot": reboot,
         "downgrade": change and target not in (None, "latest"),

@@ -21,9 +21,8 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import apt, files, server, systemd
-from pyinfra.operations.util import any_changed
 
-from roles.facts import AptHolds, Gpus
+from roles.facts import Gpus
 from roles.toolchain.facts import AptCandidate, DriverDiagnostics, LoadedDriver, NvidiaPackages, NvidiaPci, SmiBusIds
 from voltafleet import nvidia
 
@@ -37,26 +36,14 @@ DRIVER_PLANS: dict[str, dict] = {}
 
 
 @operation()
-def held(packages: list[str]):
-    """Keep packages at their version: `apt-mark hold` those not held yet.
-
-    .. code:: python
-
-        held(packages=["cuda-drivers-580", "nvidia-dkms-580"])
-    """
-    missing = [p for p in packages if p not in host.get_fact(AptHolds)]
-    if missing:
-        yield "apt-mark hold " + " ".join(missing)
-
-
-@operation()
 def driver_converged(os_id: str, source: str, branch: int, flavour: str, target: str | None,
                      nvswitch: bool = False):
     """Bring the driver packages to the branch, source and release asked for, and nothing else.
 
     Yields nothing on a converged host. Otherwise: stop the servers, unhold, purge the packages
     of another branch or source, install the branch lock, install (or upgrade, or move back to
-    the pinned release) the driver set. Holding is `held`'s job, rebooting `server.reboot`'s.
+    the pinned release) the driver set, hold it again. On a converged host with a hold missing,
+    only the hold. Rebooting is `server.reboot`'s job (reboot_needed).
 
     .. code:: python
 
@@ -69,6 +56,8 @@ def driver_converged(os_id: str, source: str, branch: int, flavour: str, target:
                               loaded=host.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
     DRIVER_PLANS[host.name] = plan
     if not plan["reboot"]:
+        if plan["hold"]:
+            yield "apt-mark hold " + " ".join(plan["hold"])
         return
     if host.state.is_executing:
         logger.info(f"{host.name}: NVIDIA driver: {plan['why']}")
@@ -83,6 +72,14 @@ def driver_converged(os_id: str, source: str, branch: int, flavour: str, target:
         yield f"{APT} install {plan['pin']}"
     if plan["install"]:
         yield f"{APT} install {'--allow-downgrades ' if plan['downgrade'] else ''}" + " ".join(plan["install"])
+    if plan["hold"]:
+        yield "apt-mark hold " + " ".join(plan["hold"])
+
+
+def reboot_needed(blacklist) -> bool:
+    """Reboot when the driver plan says so (packages changed, or an older module is loaded) or
+    the nouveau blacklist changed; not for a hold alone."""
+    return bool(DRIVER_PLANS.get(host.name, {}).get("reboot")) or blacklist.did_change()
 
 
 @operation()
@@ -145,8 +142,6 @@ def cuda_stack(ctx: dict) -> None:
         return
     source, flavour = cfg["nvidia_driver_source"], cfg["nvidia_driver_flavour"]
     nvswitch = bool(nvidia.nvswitches(host.get_fact(NvidiaPci)))
-    pkgs = nvidia.driver_packages(os_id, source, branch, flavour)
-    fabric = nvidia.fabricmanager_packages(os_id, source, branch) if nvswitch else []
     if target == "latest":
         apt.update(name="Refresh apt to find the newest release of the branch", cache_time=3600)
     preferences = nvidia.driver_preferences(branch, target)
@@ -159,13 +154,12 @@ def cuda_stack(ctx: dict) -> None:
                           src=StringIO("blacklist nouveau\noptions nouveau modeset=0\n"))
     server.shell(name="Rebuild the initramfs without nouveau", commands=["update-initramfs -u"],
                  _if=blacklist.did_change)
-    driver = driver_converged(
+    driver_converged(
         name=f"NVIDIA driver R{branch} {target or 'as installed'} ({flavour} kernel modules"
              f"{', fabric manager' if nvswitch else ''})",
         os_id=os_id, source=source, branch=branch, flavour=flavour, target=target, nvswitch=nvswitch)
-    held(name="Hold the driver branch", packages=pkgs["install"] + fabric + ([pkgs["pin"]] if pkgs["pin"] else []))
     server.reboot(name="Reboot into the new driver (only when it changed)", reboot_timeout=900,
-                  _if=any_changed(driver, blacklist))
+                  _if=lambda: reboot_needed(blacklist))
     systemd.service(name="NVIDIA persistence daemon", service="nvidia-persistenced", running=True,
                     enabled=True)
     if nvswitch:

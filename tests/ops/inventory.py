@@ -49,6 +49,8 @@ def _host(s):
     phase = _Phase()
     responses = {REBOOT: _Flip(phase)}
     for pattern, answer in s.get("responses", []):
+        if re.compile(pattern) in responses:  # the first answer for a pattern wins (re.compile caches)
+            continue
         if isinstance(answer, dict) and "before" in answer:
             answer = _Phased(phase, answer["before"], answer.get("after", answer["before"]))
         responses[re.compile(pattern)] = answer
