@@ -25,14 +25,18 @@ from pyinfra.operations import apt, files, server, systemd
 from roles.facts import Gpus
 from roles.toolchain.facts import AptCandidate, DriverDiagnostics, LoadedDriver, NvidiaPackages, NvidiaPci, SmiBusIds
 from voltafleet import nvidia
+from voltafleet.hostplan import HostPlan
 
 BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "python3", "curl", "ca-certificates"]
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf"
 APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'
 
-# What driver_converged decided for each host when it executed (for the report and the lead's
-# rolling driver): voltafleet.nvidia.driver_plan's dict.
+# What driver_converged decided for each host when it executed (for the report and the rolling
+# driver): voltafleet.nvidia.driver_plan's dict.
 DRIVER_PLANS: dict[str, dict] = {}
+# GPUs on the PCI bus missing from nvidia-smi, read before the rollout, per host (for the
+# report): voltafleet.nvidia.gpu_health's dict.
+GPU_HEALTH: dict[str, dict] = {}
 
 
 @operation()
@@ -119,25 +123,26 @@ def driver_verified(branch: int, gpu_count: int, version: str | None = None, all
     yield  # an operation is a generator; this one only checks
 
 
-def gpu_health(ctx: dict) -> dict:
+def gpu_health(plan: HostPlan) -> dict:
     """GPUs on the PCI bus missing from nvidia-smi, read before the rollout (for the report)."""
-    cfg = ctx["cfg"]
-    return nvidia.gpu_health(host.name, host.get_fact(NvidiaPci), host.get_fact(SmiBusIds),
-                             cfg["allow_degraded_gpus"])
+    health = nvidia.gpu_health(host.name, host.get_fact(NvidiaPci), host.get_fact(SmiBusIds),
+                               plan.cfg["allow_degraded_gpus"])
+    GPU_HEALTH[host.name] = health
+    if health["warning"]:
+        logger.warning(health["warning"])
+    return health
 
 
-def cuda_stack(ctx: dict) -> None:
-    cfg, os_id = ctx["cfg"], ctx["basics"]["os"]
+def cuda_stack(plan: HostPlan) -> None:
+    cfg, os_id = plan.cfg, plan.facts.os
     branch, target = cfg["nvidia_driver_branch"], cfg["nvidia_driver_version"]
     keyring = apt.deb(name="NVIDIA CUDA repository keyring", src=nvidia.keyring_url(os_id))
     apt.update(name="Refresh apt after adding NVIDIA's repository", _if=keyring.did_change)
     apt.packages(name=f"CUDA toolkit {cfg['cuda_toolkit_version']} (pinned series)",
                  packages=[nvidia.toolkit_package(cfg["cuda_toolkit_version"])], no_recommends=True)
-    ctx["gpu_health"] = gpu_health(ctx)
-    if ctx["gpu_health"]["missing"] and ctx["gpu_health"]["warning"]:
-        logger.warning(ctx["gpu_health"]["warning"])
+    gpu_health(plan)
     if not cfg["manage_driver"]:
-        driver_verified(name="Check the driver managed elsewhere", branch=branch, gpu_count=len(ctx["gpus"]),
+        driver_verified(name="Check the driver managed elsewhere", branch=branch, gpu_count=len(plan.facts.gpus),
                         version=target, allow_degraded=cfg["allow_degraded_gpus"])
         return
     source, flavour = cfg["nvidia_driver_source"], cfg["nvidia_driver_flavour"]
@@ -166,18 +171,18 @@ def cuda_stack(ctx: dict) -> None:
         systemd.service(name="NVIDIA fabric manager (NVSwitch host)", service="nvidia-fabricmanager",
                         running=True, enabled=True)
     driver_verified(name="nvidia-smi answers with the driver branch and every GPU", branch=branch,
-                    gpu_count=len(ctx["gpus"]), version=target, allow_degraded=cfg["allow_degraded_gpus"])
+                    gpu_count=len(plan.facts.gpus), version=target, allow_degraded=cfg["allow_degraded_gpus"])
 
 
 @deploy("Toolchain")
-def toolchain(ctx: dict) -> None:
+def toolchain(plan: HostPlan) -> None:
     """Build dependencies from the distro, then the NVIDIA stack on CUDA hosts.
 
     .. code:: python
 
-        toolchain(ctx)
+        toolchain(plan)
     """
     apt.packages(name="Install build dependencies", packages=BUILD_PACKAGES, update=True,
                  cache_time=24 * 3600, no_recommends=True)
-    if ctx["cfg"]["voltafleet_backend"] == "cuda":
-        cuda_stack(ctx)
+    if plan.cuda:
+        cuda_stack(plan)
