@@ -234,7 +234,8 @@ def driver_plan(os_id: str, source: str, branch: int, flavour: str, target: str 
 
     target: None (keep the installed release), "latest" (newest of the branch: `candidate`, the
     version apt would install), or an exact version "580.95.05".
-    loaded: the running kernel module's version (/proc/driver/nvidia/version), None if none.
+    loaded: the running kernel module's version (/proc/driver/nvidia/version), None if none;
+    a host whose installed driver is not the loaded one is rebooted (nothing else changes).
 
     Returns purge (packages of another branch or another source, purged first), unhold (held
     packages that will be purged or upgraded), pin (NVIDIA's branch-locking package or None),
@@ -277,9 +278,11 @@ def driver_plan(os_id: str, source: str, branch: int, flavour: str, target: str 
         install = [n for n in required if n not in keep_names]
     installed_after = target if target not in (None, "latest") else \
         (upstream(candidate) if upgrade else current)
-    reboot = change or bool(loaded and installed_after and loaded != installed_after)
+    # An older module still loaded, or none at all (a DKMS build fixed since the last run):
+    # only a reboot loads the installed one.
+    reboot = change or bool(installed_after and loaded != installed_after)
     if reboot and not change:
-        why.append(f"the loaded module is {loaded}, the installed driver {installed_after}: reboot")
+        why.append(f"the loaded module is {loaded or 'none'}, the installed driver {installed_after}: reboot")
     touched = {p["name"] for p in purge} | (set(install) if change else set())
     hold = required + ([pin] if pin else [])
     held = {p["name"] for p in keep if p["held"]}

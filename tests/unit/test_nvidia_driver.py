@@ -84,6 +84,12 @@ def test_a_module_older_than_the_packages_still_loaded_means_reboot_only():
     assert p["reboot"] and not p["change"] and p["install"] == [] and p["purge"] == []
 
 
+def test_installed_driver_with_no_module_loaded_is_rebooted_again():
+    # the DKMS build failed on the last run and was fixed since: the packages are right, no module runs
+    p = plan(R580, loaded=None)
+    assert p["reboot"] and not p["change"] and "the loaded module is none" in p["why"]
+
+
 def test_branch_move_purges_the_other_branch_and_the_other_source():
     installed = [pkg("nvidia-headless-535-server", "535.230.02-0ubuntu0.24.04.1", True),
                  pkg("nvidia-utils-535-server", "535.230.02-0ubuntu0.24.04.1", True),
