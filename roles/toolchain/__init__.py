@@ -142,8 +142,9 @@ def cuda_stack(plan: HostPlan) -> None:
                  packages=[nvidia.toolkit_package(cfg["cuda_toolkit_version"])], no_recommends=True)
     gpu_health(plan)
     if not cfg["manage_driver"]:
+        # the release of a driver managed elsewhere is not ours to pin: branch and GPUs only
         driver_verified(name="Check the driver managed elsewhere", branch=branch, gpu_count=len(plan.facts.gpus),
-                        version=target, allow_degraded=cfg["allow_degraded_gpus"])
+                        allow_degraded=cfg["allow_degraded_gpus"])
         return
     source, flavour = cfg["nvidia_driver_source"], cfg["nvidia_driver_flavour"]
     nvswitch = bool(nvidia.nvswitches(host.get_fact(NvidiaPci)))
