@@ -10,6 +10,8 @@ Facts this rests on (see ../shared/DOMAIN.md):
 """
 from __future__ import annotations
 
+import re
+
 NVIDIA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
 REPO_DISTRO = {"debian-12": "debian12", "ubuntu-22.04": "ubuntu2204", "ubuntu-24.04": "ubuntu2404"}
@@ -143,7 +145,6 @@ def gpus_from_lspci(lines: list[str]) -> list[dict]:
 #   (NVIDIA Fabric Manager user guide; Talos' nvidia-fabricmanager guide: "has to match with the
 #   NVIDIA driver version in use").
 
-import re as _re
 
 NVSWITCH_CLASS = "0680"
 # NVSwitch device ids known from pci.ids (GA100 [A100 NVSwitch]); the class decides, the id names it.
@@ -153,13 +154,13 @@ DRIVER_PREFERENCES = "/etc/apt/preferences.d/voltafleet-nvidia-driver"
 # Driver-set packages: the names NVIDIA and the distros ship the kernel module, its libraries and
 # tools under. Not driver: the container toolkit, Ubuntu's own CUDA toolkit (nvidia-cuda-*),
 # nvidia-settings and nvidia-prime (versioned apart from the driver), NVIDIA's CUDA toolkit.
-_DRIVER_NAME = _re.compile(r"^(nvidia-|libnvidia-|cuda-drivers|libcuda1|libnvcuvid|libnvoptix|libnvidia|"
+_DRIVER_NAME = re.compile(r"^(nvidia-|libnvidia-|cuda-drivers|libcuda1|libnvcuvid|libnvoptix|libnvidia|"
                            r"xserver-xorg-video-nvidia|libxnvctrl|firmware-nvidia|linux-(modules|objects|"
                            r"signatures)-nvidia-|lib(egl|glx|gles|gl1)-nvidia)")
-_NOT_DRIVER = _re.compile(r"^(nvidia-container|libnvidia-container|nvidia-cuda-|nvidia-settings|nvidia-prime|"
+_NOT_DRIVER = re.compile(r"^(nvidia-container|libnvidia-container|nvidia-cuda-|nvidia-settings|nvidia-prime|"
                           r"nvidia-docker|nvidia-driver-assistant|nvidia-gds|nvidia-fs|nvidia-profiler|"
                           r"nvidia-visual-profiler|nvidia-opencl-dev|nvidia-openjdk|nvidia-nsight|nvidia-l4t)")
-VERSION = _re.compile(r"^\d{3}\.\d+(\.\d+)?$")
+VERSION = re.compile(r"^\d{3}\.\d+(\.\d+)?$")
 
 
 def upstream(version: str | None) -> str | None:
@@ -171,7 +172,7 @@ def upstream(version: str | None) -> str | None:
 
 def package_branch(name: str, version: str) -> int | None:
     """The driver branch of a package: from its name where it carries one, else its version."""
-    m = _re.search(r"-(\d{3})(?=[-.]|$)", name)
+    m = re.search(r"-(\d{3})(?=[-.]|$)", name)
     if m and int(m.group(1)) >= 300:
         return int(m.group(1))
     v = upstream(version) or ""
@@ -181,10 +182,10 @@ def package_branch(name: str, version: str) -> int | None:
 
 def package_source(name: str, version: str) -> str:
     """nvidia_repo or distro (Ubuntu's or Debian's own archive), from the name and the version."""
-    if "-server" in name or _re.match(r"^linux-(modules|objects|signatures)-nvidia-", name):
+    if "-server" in name or re.match(r"^linux-(modules|objects|signatures)-nvidia-", name):
         return "distro"
     revision = version.split("-", 1)[1] if "-" in version else ""
-    if _re.fullmatch(r"\d+|0ubuntu1", revision):
+    if re.fullmatch(r"\d+|0ubuntu1", revision):
         return "nvidia_repo"
     return "distro"  # 0ubuntu0.22.04.1, 1~deb12u1, ...
 
