@@ -19,7 +19,7 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import OperationError, deploy, operation
+from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations import apt, files, server, systemd
 
 from roles.facts import Gpus
@@ -41,13 +41,16 @@ GPU_HEALTH: dict[str, dict] = {}
 
 @operation()
 def driver_converged(os_id: str, source: str, branch: int, flavour: str, target: str | None,
-                     nvswitch: bool = False):
+                     nvswitch: bool = False, before_stop=None):
     """Bring the driver packages to the branch, source and release asked for, and nothing else.
 
     Yields nothing on a converged host. Otherwise: stop the servers, unhold, purge the packages
     of another branch or source, install the branch lock, install (or upgrade, or move back to
     the pinned release) the driver set, hold it again. On a converged host with a hold missing,
     only the hold. Rebooting is `server.reboot`'s job (reboot_needed).
+
+    + before_stop: called as before_stop(state, host) right before the servers stop, only when
+      the driver changes: the rolling rollout's hook to drain the host's instances in HAProxy
 
     .. code:: python
 
@@ -65,8 +68,10 @@ def driver_converged(os_id: str, source: str, branch: int, flavour: str, target:
         return
     if host.state.is_executing:
         logger.info(f"{host.name}: NVIDIA driver: {plan['why']}")
-    # The hook point of the rollout: the host's servers stop before the driver changes under them
-    # (the rolling driver has drained the host in HAProxy before this run).
+    # The hook point of the rollout: drain, then the host's servers stop before the driver
+    # changes under them (the reboot would kill them anyway; this stops them cleanly first).
+    if before_stop is not None:
+        yield FunctionCommand(before_stop, (), {})
     yield nvidia.STOP_SERVERS
     if plan["unhold"]:
         yield "apt-mark unhold " + " ".join(plan["unhold"])
@@ -133,7 +138,7 @@ def gpu_health(plan: HostPlan) -> dict:
     return health
 
 
-def cuda_stack(plan: HostPlan) -> None:
+def cuda_stack(plan: HostPlan, before_driver_change=None) -> None:
     cfg, os_id = plan.cfg, plan.facts.os
     branch, target = cfg["nvidia_driver_branch"], cfg["nvidia_driver_version"]
     keyring = apt.deb(name="NVIDIA CUDA repository keyring", src=nvidia.keyring_url(os_id))
@@ -163,7 +168,8 @@ def cuda_stack(plan: HostPlan) -> None:
     driver_converged(
         name=f"NVIDIA driver R{branch} {target or 'as installed'} ({flavour} kernel modules"
              f"{', fabric manager' if nvswitch else ''})",
-        os_id=os_id, source=source, branch=branch, flavour=flavour, target=target, nvswitch=nvswitch)
+        os_id=os_id, source=source, branch=branch, flavour=flavour, target=target, nvswitch=nvswitch,
+        before_stop=before_driver_change)
     server.reboot(name="Reboot into the new driver (only when it changed)", reboot_timeout=900,
                   _if=lambda: reboot_needed(blacklist))
     systemd.service(name="NVIDIA persistence daemon", service="nvidia-persistenced", running=True,
@@ -176,14 +182,17 @@ def cuda_stack(plan: HostPlan) -> None:
 
 
 @deploy("Toolchain")
-def toolchain(plan: HostPlan) -> None:
+def toolchain(plan: HostPlan, before_driver_change=None) -> None:
     """Build dependencies from the distro, then the NVIDIA stack on CUDA hosts.
+
+    + before_driver_change: a callable (state, host) run just before the host's servers stop
+      for a driver change (never on a converged host): where the rolling rollout drains them
 
     .. code:: python
 
-        toolchain(plan)
+        toolchain(plan, before_driver_change=lambda state, host: drain_all(state, host))
     """
     apt.packages(name="Install build dependencies", packages=BUILD_PACKAGES, update=True,
                  cache_time=24 * 3600, no_recommends=True)
     if plan.cuda:
-        cuda_stack(plan)
+        cuda_stack(plan, before_driver_change)

@@ -228,6 +228,17 @@ def test_converged_host_gets_no_unhold_upgrade_or_reboot(r580_fleet, name):
     assert not [c for c in cmds if c.startswith(("update-initramfs", "apt-mark"))]
 
 
+DRAIN = "echo voltafleet-test-drain-hook"
+
+
+def test_drain_hook_runs_right_before_the_stop_and_only_when_the_driver_changes(r580_fleet):
+    for name in ("latest-newer", "pinned-other", "stale-module", "nvswitch"):
+        cmds = cmds_of(r580_fleet, name)
+        assert cmds[cmds.index(DRAIN) + 1] == STOP, name
+    for name in ("kept", "latest-current", "pinned-same", "unheld", "gpu-missing"):
+        assert DRAIN not in cmds_of(r580_fleet, name), name
+
+
 def test_latest_upgrades_within_the_branch_and_holds_again(r580_fleet):
     assert driver_steps(cmds_of(r580_fleet, "latest-newer")) == [
         STOP, "apt-mark unhold cuda-drivers-580 nvidia-dkms-580",
