@@ -188,7 +188,7 @@ def test_nvidia_driver_version_schema(value, ok):
     if ok:
         check_value("nvidia_driver_version", value, "group_vars/all.yml")
     else:
-        with pytest.raises(ConfigError, match=r"nvidia_driver_version: .*Fix: give"):
+        with pytest.raises(ConfigError, match=r"(?s)nvidia_driver_version: is .*Fix: give"):
             check_value("nvidia_driver_version", value, "group_vars/all.yml")
 
 
