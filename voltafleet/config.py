@@ -80,6 +80,9 @@ SCHEMA: dict[str, Var] = {
     "nvidia_driver_branch": Var(int, min=470, max=999),
     "nvidia_driver_flavour": Var(str, choices=("proprietary", "open")),
     "nvidia_driver_source": Var(str, choices=("nvidia_repo", "distro")),
+    "nvidia_driver_version": Var(str, nullable=True, pattern=re.compile(r"latest|\d{3}\.\d+(\.\d+)?"),
+                                 hint='"latest" or an exact release like "580.95.05"'),
+    "allow_degraded_gpus": Var(bool),
     # llama.cpp build
     "llama_cpp_repo": Var(str, check=urls.git_url_error,
                           hint="a git URL: https://, git://, ssh://, user@host:path or an absolute path"),

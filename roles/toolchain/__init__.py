@@ -1,98 +1,198 @@
 """Toolchain: what every building host needs (compiler, CMake, git, ccache, python3 for the
 smoke client) and, on CUDA hosts, NVIDIA's CUDA 12.x toolkit and the R580 driver with
-proprietary kernel modules, held at its branch."""
+proprietary kernel modules, held at its branch.
+
+The driver steps, in order (docs/UPGRADE.md tells the user's side):
+  1. decide from the installed packages (roles/toolchain/facts.py, voltafleet.nvidia.driver_plan)
+     whether the driver changes: another branch or source to purge, packages missing, a newer
+     release ("latest") or another exact release (nvidia_driver_version) to move to;
+  2. only then: stop the host's llama-server instances (the rolling driver drains the host in
+     HAProxy before), unhold, purge the other branch/source, install the branch lock and the
+     driver (and fabric manager on NVSwitch hosts), hold again;
+  3. reboot (only when the driver or the nouveau blacklist changed, or an older module is loaded);
+  4. nvidia-smi must answer with the branch, the pinned release and every GPU on the PCI bus,
+     or the host stops with what to check (DKMS, Secure Boot, nouveau, the missing GPU).
+The build fingerprint (nvcc version, not the driver) then decides whether llama.cpp is rebuilt.
+"""
 from __future__ import annotations
 
 from io import StringIO
 
-from pyinfra import host
-from pyinfra.api import OperationError, deploy, operation
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations import apt, files, server, systemd
-from pyinfra.operations.util import any_changed
 
-from roles.facts import AptHolds, Gpus
+from roles.facts import Gpus
+from roles.toolchain.facts import AptCandidate, DriverDiagnostics, LoadedDriver, NvidiaPackages, NvidiaPci, SmiBusIds
 from voltafleet import nvidia
 from voltafleet.hostplan import HostPlan
 
 BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "python3", "curl", "ca-certificates"]
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf"
+APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'
+
+# What driver_converged decided for each host when it executed (for the report and the rolling
+# driver): voltafleet.nvidia.driver_plan's dict.
+DRIVER_PLANS: dict[str, dict] = {}
+# GPUs on the PCI bus missing from nvidia-smi, read before the rollout, per host (for the
+# report): voltafleet.nvidia.gpu_health's dict.
+GPU_HEALTH: dict[str, dict] = {}
 
 
 @operation()
-def held(packages: list[str]):
-    """Keep packages at their version: `apt-mark hold` those not held yet.
+def driver_converged(os_id: str, source: str, branch: int, flavour: str, target: str | None,
+                     nvswitch: bool = False, before_stop=None):
+    """Bring the driver packages to the branch, source and release asked for, and nothing else.
+
+    Yields nothing on a converged host. Otherwise: stop the servers, unhold, purge the packages
+    of another branch or source, install the branch lock, install (or upgrade, or move back to
+    the pinned release) the driver set, hold it again. On a converged host with a hold missing,
+    only the hold. Rebooting is `server.reboot`'s job (reboot_needed).
+
+    + before_stop: called as before_stop(state, host) right before the servers stop, only when
+      the driver changes: the rolling rollout's hook to drain the host's instances in HAProxy
 
     .. code:: python
 
-        held(packages=["cuda-drivers-580", "nvidia-dkms-580"])
+        driver_converged(os_id="ubuntu-24.04", source="nvidia_repo", branch=580,
+                         flavour="proprietary", target="latest", nvswitch=False)
     """
-    missing = [p for p in packages if p not in host.get_fact(AptHolds)]
-    if missing:
-        yield "apt-mark hold " + " ".join(missing)
+    key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
+    candidate = host.get_fact(AptCandidate, package=key) if target == "latest" else None
+    plan = nvidia.driver_plan(os_id, source, branch, flavour, target, host.get_fact(NvidiaPackages),
+                              loaded=host.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
+    DRIVER_PLANS[host.name] = plan
+    if not plan["reboot"]:
+        if plan["hold"]:
+            yield "apt-mark hold " + " ".join(plan["hold"])
+        return
+    if host.state.is_executing:
+        logger.info(f"{host.name}: NVIDIA driver: {plan['why']}")
+    # The hook point of the rollout: drain, then the host's servers stop before the driver
+    # changes under them (the reboot would kill them anyway; this stops them cleanly first).
+    if before_stop is not None:
+        yield FunctionCommand(before_stop, (), {})
+    yield nvidia.STOP_SERVERS
+    if plan["unhold"]:
+        yield "apt-mark unhold " + " ".join(plan["unhold"])
+    if plan["purge"]:
+        yield f"{APT} purge " + " ".join(plan["purge"])
+    if plan["pin"]:
+        yield f"{APT} install {plan['pin']}"
+    if plan["install"]:
+        yield f"{APT} install {'--allow-downgrades ' if plan['downgrade'] else ''}" + " ".join(plan["install"])
+    if plan["hold"]:
+        yield "apt-mark hold " + " ".join(plan["hold"])
+
+
+def reboot_needed(blacklist) -> bool:
+    """Reboot when the driver plan says so (packages changed, or an older module is loaded) or
+    the nouveau blacklist changed; not for a hold alone."""
+    return bool(DRIVER_PLANS.get(host.name, {}).get("reboot")) or blacklist.did_change()
 
 
 @operation()
-def driver_verified(branch: int, gpu_count: int):
-    """Fail the host unless nvidia-smi answers with the expected branch and every GPU.
+def driver_verified(branch: int, gpu_count: int, version: str | None = None, allow_degraded: bool = False):
+    """Fail the host unless nvidia-smi answers with the expected branch (and release, when one
+    is pinned) and every GPU the PCI bus has; on failure, say what to check.
 
     .. code:: python
 
-        driver_verified(branch=580, gpu_count=8)
+        driver_verified(branch=580, gpu_count=8, version="580.95.05", allow_degraded=False)
     """
     if not host.state.is_executing:  # prepare phase: the driver may be installed by an earlier op
         return
     gpus = [g for g in host.get_fact(Gpus) if not g.get("pci_only")]
     if not gpus:
-        raise OperationError(f"{host.name}: nvidia-smi lists no GPU after the driver install; "
-                             "check `dmesg | grep -i nvidia` (nouveau still loaded? Secure Boot?)")
+        raise OperationError(nvidia.no_gpu_error(host.name, host.get_fact(DriverDiagnostics)))
     versions = {g["driver_version"] for g in gpus}
     if {nvidia.major(v) for v in versions} != {branch}:
         raise OperationError(f"{host.name}: nvidia-smi reports driver {', '.join(sorted(versions))}, "
-                             f"not branch R{branch}")
-    if len(gpus) < gpu_count:
-        raise OperationError(f"{host.name}: nvidia-smi lists {len(gpus)} GPU(s), the host has {gpu_count}")
+                             f"not branch R{branch}. Fix: check `apt-mark showhold` and "
+                             "`dpkg -l | grep nvidia` for packages of another branch, then rerun")
+    if version not in (None, "latest") and versions != {version}:
+        raise OperationError(f"{host.name}: nvidia-smi reports driver {', '.join(sorted(versions))}, "
+                             f"nvidia_driver_version pins {version}. Fix: check `apt-cache policy cuda-drivers` "
+                             f"for {version} and `cat {nvidia.DRIVER_PREFERENCES}`, then rerun")
+    pci = host.get_fact(NvidiaPci)
+    if nvidia.gpu_addresses(pci):
+        health = nvidia.gpu_health(host.name, pci, host.get_fact(SmiBusIds), allow_degraded)
+        if health["error"]:
+            raise OperationError(health["error"])
+        if health["warning"]:
+            logger.warning(health["warning"])
+    elif len(gpus) < gpu_count:
+        raise OperationError(f"{host.name}: nvidia-smi lists {len(gpus)} GPU(s), the host had {gpu_count} "
+                             "before this run. Fix: check `nvidia-smi -q` and `dmesg | grep -i xid`")
     return
     yield  # an operation is a generator; this one only checks
 
 
-def cuda_stack(plan: HostPlan) -> None:
+def gpu_health(plan: HostPlan) -> dict:
+    """GPUs on the PCI bus missing from nvidia-smi, read before the rollout (for the report)."""
+    health = nvidia.gpu_health(host.name, host.get_fact(NvidiaPci), host.get_fact(SmiBusIds),
+                               plan.cfg["allow_degraded_gpus"])
+    GPU_HEALTH[host.name] = health
+    if health["warning"]:
+        logger.warning(health["warning"])
+    return health
+
+
+def cuda_stack(plan: HostPlan, before_driver_change=None) -> None:
     cfg, os_id = plan.cfg, plan.facts.os
+    branch, target = cfg["nvidia_driver_branch"], cfg["nvidia_driver_version"]
     keyring = apt.deb(name="NVIDIA CUDA repository keyring", src=nvidia.keyring_url(os_id))
     apt.update(name="Refresh apt after adding NVIDIA's repository", _if=keyring.did_change)
     apt.packages(name=f"CUDA toolkit {cfg['cuda_toolkit_version']} (pinned series)",
                  packages=[nvidia.toolkit_package(cfg["cuda_toolkit_version"])], no_recommends=True)
+    gpu_health(plan)
     if not cfg["manage_driver"]:
-        driver_verified(name="Check the driver managed elsewhere", branch=cfg["nvidia_driver_branch"],
-                        gpu_count=len(plan.facts.gpus))
+        # the release of a driver managed elsewhere is not ours to pin: branch and GPUs only
+        driver_verified(name="Check the driver managed elsewhere", branch=branch, gpu_count=len(plan.facts.gpus),
+                        allow_degraded=cfg["allow_degraded_gpus"])
         return
-    pkgs = nvidia.driver_packages(os_id, cfg["nvidia_driver_source"], cfg["nvidia_driver_branch"],
-                                  cfg["nvidia_driver_flavour"])
-    if pkgs["pin"]:
-        apt.packages(name=f"Lock apt to driver branch R{cfg['nvidia_driver_branch']}", packages=[pkgs["pin"]])
+    source, flavour = cfg["nvidia_driver_source"], cfg["nvidia_driver_flavour"]
+    nvswitch = bool(nvidia.nvswitches(host.get_fact(NvidiaPci)))
+    if target == "latest":
+        apt.update(name="Refresh apt to find the newest release of the branch", cache_time=3600)
+    preferences = nvidia.driver_preferences(branch, target)
+    if preferences:
+        files.put(name=f"Pin apt to driver release {target}", src=StringIO(preferences),
+                  dest=nvidia.DRIVER_PREFERENCES, mode="644")
+    else:
+        files.file(name="No pinned driver release", path=nvidia.DRIVER_PREFERENCES, present=False)
     blacklist = files.put(name="Blacklist nouveau", dest=NOUVEAU_BLACKLIST, mode="644",
                           src=StringIO("blacklist nouveau\noptions nouveau modeset=0\n"))
     server.shell(name="Rebuild the initramfs without nouveau", commands=["update-initramfs -u"],
                  _if=blacklist.did_change)
-    driver = apt.packages(name=f"NVIDIA driver R{cfg['nvidia_driver_branch']} ({cfg['nvidia_driver_flavour']} "
-                          "kernel modules)", packages=pkgs["install"])
-    held(name="Hold the driver branch", packages=pkgs["hold"])
+    driver_converged(
+        name=f"NVIDIA driver R{branch} {target or 'as installed'} ({flavour} kernel modules"
+             f"{', fabric manager' if nvswitch else ''})",
+        os_id=os_id, source=source, branch=branch, flavour=flavour, target=target, nvswitch=nvswitch,
+        before_stop=before_driver_change)
     server.reboot(name="Reboot into the new driver (only when it changed)", reboot_timeout=900,
-                  _if=any_changed(driver, blacklist))
+                  _if=lambda: reboot_needed(blacklist))
     systemd.service(name="NVIDIA persistence daemon", service="nvidia-persistenced", running=True,
                     enabled=True)
-    driver_verified(name="nvidia-smi answers with the driver branch", branch=cfg["nvidia_driver_branch"],
-                    gpu_count=len(plan.facts.gpus))
+    if nvswitch:
+        systemd.service(name="NVIDIA fabric manager (NVSwitch host)", service="nvidia-fabricmanager",
+                        running=True, enabled=True)
+    driver_verified(name="nvidia-smi answers with the driver branch and every GPU", branch=branch,
+                    gpu_count=len(plan.facts.gpus), version=target, allow_degraded=cfg["allow_degraded_gpus"])
 
 
 @deploy("Toolchain")
-def toolchain(plan: HostPlan) -> None:
+def toolchain(plan: HostPlan, before_driver_change=None) -> None:
     """Build dependencies from the distro, then the NVIDIA stack on CUDA hosts.
+
+    + before_driver_change: a callable (state, host) run just before the host's servers stop
+      for a driver change (never on a converged host): where the rolling rollout drains them
 
     .. code:: python
 
-        toolchain(plan)
+        toolchain(plan, before_driver_change=lambda state, host: drain_all(state, host))
     """
     apt.packages(name="Install build dependencies", packages=BUILD_PACKAGES, update=True,
                  cache_time=24 * 3600, no_recommends=True)
     if plan.cuda:
-        cuda_stack(plan)
+        cuda_stack(plan, before_driver_change)

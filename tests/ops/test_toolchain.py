@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
-CMD = re.compile(r"\[fake\] simulating command on [^:]+: (.*)")
+CMD = re.compile(r"\[fake\] simulating command on ([^:]+): (.*)")
 
 V100_SMI = "0, Tesla V100-SXM2-16GB, 7.0, 16384, 580.95.05\n1, Tesla V100-SXM2-16GB, 7.0, 16384, 580.95.05"
 H100_SMI = "0, NVIDIA H100 80GB HBM3, 9.0, 81559, 580.95.05"
@@ -29,22 +29,44 @@ APT_INSTALL = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--f
               '-o Dpkg::Options::="--force-confold" install '
 
 
+# What dpkg-query (roles/toolchain/facts.py NvidiaPackages) answers on a converged R580 host, and
+# the loaded kernel module's line in /proc/driver/nvidia/version.
+R580_NOBLE_DPKG = "\n".join(f"pkg|{st}|{p}|{v}" for st, p, v in (
+    ("hi ", "cuda-drivers-580", "580.95.05-0ubuntu1"), ("hi ", "nvidia-dkms-580", "580.95.05-0ubuntu1"),
+    ("hi ", "nvidia-driver-pinning-580", "580.95.05-1"), ("ii ", "nvidia-driver-580", "580.95.05-0ubuntu1"),
+    ("ii ", "libnvidia-compute-580", "580.95.05-0ubuntu1"), ("ii ", "nvidia-container-toolkit", "1.17.8-1")))
+LOADED = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {}  Tue Sep 23 09:52:45 UTC 2025"
+
+
 def run(name, os_id="ubuntu-24.04", smi=V100_SMI, nvcc=None, vars=None, extra=()):
+    rc, cmds, out = run_many([host(name, os_id, smi, nvcc, vars, extra)])
+    return rc, cmds[f"@fake/{name}"], out
+
+
+def host(name, os_id="ubuntu-24.04", smi=V100_SMI, nvcc=None, vars=None, extra=()):
+    """One fake host: the scenario's own answers first (the first match wins), then defaults."""
     responses = [
+        *extra,
         ["/etc/os-release", f"os={os_id}\ncpus=64\nmem_kib=527000000\nsystemd=255\ncxx=13.2.0 x86_64-linux-gnu"],
         ["nvidia-smi --query-gpu", smi],
         ["df -PB1", "2049 900000000000"],
         [r"cut -d\. -f1 /proc/uptime", "5"],
-        *extra,
     ]
     if nvcc:
         responses.append([r"^for n in nvcc /usr/local/cuda/bin/nvcc", nvcc])
-    scenario = {"name": name, "responses": responses, "vars": vars or {}}
+    return {"name": name, "responses": responses, "vars": vars or {}}
+
+
+def run_many(hosts):
+    """Run preflight + toolchain on several fake hosts at once: (rc, {host: commands}, output)."""
     proc = subprocess.run([PYINFRA, "--debug", "-y", "tests/ops/inventory.py", "tests/ops/toolchain_deploy.py"],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "VOLTAFLEET_FAKE": json.dumps(scenario)})
+                          env={**os.environ, "VOLTAFLEET_FAKE": json.dumps({"hosts": hosts})})
     out = proc.stdout + proc.stderr
-    return proc.returncode, [m.group(1) for m in CMD.finditer(out)], out
+    cmds = {f"@fake/{h['name']}": [] for h in hosts}
+    for m in CMD.finditer(out):
+        cmds.setdefault(m.group(1), []).append(m.group(2))
+    return proc.returncode, cmds, out
 
 
 def changes(commands):
@@ -181,6 +203,8 @@ def test_converged_host_is_not_rebooted():
         "cuda-toolkit-12-9", "nvidia-driver-pinning-580", "cuda-drivers-580", "nvidia-dkms-580"))
     blacklist_sha1 = hashlib.sha1(b"blacklist nouveau\noptions nouveau modeset=0\n").hexdigest()
     rc, cmds, out = run("v100-converged", extra=[
+        ["dpkg-query -W", R580_NOBLE_DPKG],
+        ["/proc/driver/nvidia/version", LOADED.format("580.95.05")],
         ["dpkg -l", dpkg],
         ["apt-mark showhold", "cuda-drivers-580\nnvidia-dkms-580\nnvidia-driver-pinning-580"],
         [r"stat .*voltafleet-blacklist-nouveau.conf", "user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "

@@ -1,5 +1,12 @@
-"""Preflight and toolchain only: what the fake-connector tests exercise."""
+"""Preflight and toolchain only: what the fake-connector tests exercise. The drain hook logs a
+command, so the tests see when (and whether) it runs."""
 from roles.preflight import preflight
 from roles.toolchain import toolchain
 
-toolchain(preflight())
+
+def drain(state, host):
+    host.run_shell_command("echo voltafleet-test-drain-hook")
+    return True
+
+
+toolchain(preflight(), before_driver_change=drain)

@@ -35,6 +35,7 @@ STEMS = {
     "server_extra_flags": ["--alias ", "--no-webui", "--seed ", "-ngl ", "--port "],
     "llama_cpp_cmake_extra": ["-DGGML_CUDA_F16=", "ON"], "llama_cpp_targets": ["llama-server"],
     "preflight_supported_os": ["debian-12"], "cuda_toolkit_version": ["12.9"], "server_user": ["llama"],
+    "nvidia_driver_version": ["580.95.05", "latest"],
     "smoke_report_dir": ["reports"], "server_gpu_layers": ["all"], "model_sha256": ["a" * 64],
     "model_draft_sha256": ["b" * 64], "server_address": ["10.0.0.2", "gpu01.internal"],
     "gateway_bind": ["0.0.0.0:8000", "127.0.0.1:"], "gateway_metrics_bind": ["127.0.0.1:8404"],
@@ -155,7 +156,8 @@ def test_a_trailing_newline_is_refused(key):
     if good is None or key == "server_api_key_file":
         good = {"model_draft_url": "https://h.example/d.gguf", "model_draft_sha256": "b" * 64,
                 "server_api_key_file": "/etc/voltafleet/key", "model_sha256": "a" * 64,
-                "server_address": "gpu01.internal", "smoke_textfile_dir": "/var/lib/x"}[key]
+                "server_address": "gpu01.internal", "smoke_textfile_dir": "/var/lib/x",
+                "nvidia_driver_version": "580.95.05"}[key]
     value = good + "\n"
     with pytest.raises(ConfigError) as e:
         validate_values("h1", {**base(), key: [value] if key in LIST_OF_STRING_KEYS else value}, SRC)
