@@ -13,7 +13,7 @@ import os
 
 from pyinfra import host
 
-from roles.gateway import gateway, is_gateway
+from roles.gateway import drain_host, gateway, is_gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
 from roles.model import model
@@ -31,8 +31,8 @@ else:
     plan = preflight()
     if phase in ("all", "batch"):
         helpers(plan)
-        toolchain(plan)
+        driver_op = toolchain(plan, before_driver_change=drain_host(plan))  # drained before a driver change
         llama_cpp(plan)
         model_ops = model(plan)
-        restart_op = server(plan, model_ops)
+        restart_op = server(plan, [*model_ops, driver_op])  # a new model or driver restarts every instance
         smoke(plan, restart_op)

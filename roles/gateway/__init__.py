@@ -153,3 +153,12 @@ def ready(state, server_name: str, indexes) -> None:
     for g in gateway_hosts(state):
         for i in indexes:
             _run(g, gw.set_state(server_name, i, "ready"))
+
+
+def drain_host(plan):
+    """A hook (state, host) that drains every instance of the host on the gateways (the
+    toolchain role calls it before the servers stop for a driver change)."""
+    def hook(state, host):
+        for inst in plan.instances:
+            drain(state, host.name, inst.index, plan.cfg["gateway_drain_timeout_s"])
+    return hook

@@ -170,4 +170,4 @@ def server(plan: HostPlan, model_ops=()):
     systemd.daemon_reload(name="Reload systemd after a unit change", _if=unit.did_change)
     switch = release_switched(name="Switch `current` to this release", plan=plan)
     return restarted(name="Restart changed instances one at a time", plan=plan, env_ops=env_ops,
-                     everything_ops=[unit, switch, *model_ops])
+                     everything_ops=[unit, switch, *(op for op in model_ops if op is not None)])

@@ -20,6 +20,7 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, deploy, operation
+from pyinfra.operations.util import any_changed
 from pyinfra.operations import apt, files, server, systemd
 
 from roles.facts import Gpus
@@ -31,9 +32,6 @@ BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "python3", "curl"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf"
 APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'
 
-# What driver_converged decided for each host when it executed (for the report and the rolling
-# driver): voltafleet.nvidia.driver_plan's dict.
-DRIVER_PLANS: dict[str, dict] = {}
 # GPUs on the PCI bus missing from nvidia-smi, read before the rollout, per host (for the
 # report): voltafleet.nvidia.gpu_health's dict.
 GPU_HEALTH: dict[str, dict] = {}
@@ -44,10 +42,10 @@ def driver_converged(os_id: str, source: str, branch: int, flavour: str, target:
                      nvswitch: bool = False, before_stop=None):
     """Bring the driver packages to the branch, source and release asked for, and nothing else.
 
-    Yields nothing on a converged host. Otherwise: stop the servers, unhold, purge the packages
-    of another branch or source, install the branch lock, install (or upgrade, or move back to
-    the pinned release) the driver set, hold it again. On a converged host with a hold missing,
-    only the hold. Rebooting is `server.reboot`'s job (reboot_needed).
+    Yields nothing on a converged host (a missing hold alone is `driver_held`'s). Otherwise:
+    stop the servers, unhold, purge the packages of another branch or source, install the
+    branch lock, install (or upgrade, or move back to the pinned release) the driver set,
+    hold it again. A change of this operation means a reboot (`server.reboot`'s _if).
 
     + before_stop: called as before_stop(state, host) right before the servers stop, only when
       the driver changes: the rolling rollout's hook to drain the host's instances in HAProxy
@@ -61,10 +59,7 @@ def driver_converged(os_id: str, source: str, branch: int, flavour: str, target:
     candidate = host.get_fact(AptCandidate, package=key) if target == "latest" else None
     plan = nvidia.driver_plan(os_id, source, branch, flavour, target, host.get_fact(NvidiaPackages),
                               loaded=host.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
-    DRIVER_PLANS[host.name] = plan
     if not plan["reboot"]:
-        if plan["hold"]:
-            yield "apt-mark hold " + " ".join(plan["hold"])
         return
     if host.state.is_executing:
         logger.info(f"{host.name}: NVIDIA driver: {plan['why']}")
@@ -85,10 +80,20 @@ def driver_converged(os_id: str, source: str, branch: int, flavour: str, target:
         yield "apt-mark hold " + " ".join(plan["hold"])
 
 
-def reboot_needed(blacklist) -> bool:
-    """Reboot when the driver plan says so (packages changed, or an older module is loaded) or
-    the nouveau blacklist changed; not for a hold alone."""
-    return bool(DRIVER_PLANS.get(host.name, {}).get("reboot")) or blacklist.did_change()
+@operation()
+def driver_held(os_id: str, source: str, branch: int, flavour: str, target: str | None, nvswitch: bool = False):
+    """`apt-mark hold` the driver set where a hold is missing (no reboot for that alone).
+
+    .. code:: python
+
+        driver_held(os_id="ubuntu-24.04", source="nvidia_repo", branch=580, flavour="proprietary", target=None)
+    """
+    key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
+    candidate = host.get_fact(AptCandidate, package=key) if target == "latest" else None
+    plan = nvidia.driver_plan(os_id, source, branch, flavour, target, host.get_fact(NvidiaPackages),
+                              loaded=host.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
+    if not plan["reboot"] and plan["hold"]:
+        yield "apt-mark hold " + " ".join(plan["hold"])
 
 
 @operation()
@@ -138,7 +143,7 @@ def gpu_health(plan: HostPlan) -> dict:
     return health
 
 
-def cuda_stack(plan: HostPlan, before_driver_change=None) -> None:
+def cuda_stack(plan: HostPlan, before_driver_change=None):
     cfg, os_id = plan.cfg, plan.facts.os
     branch, target = cfg["nvidia_driver_branch"], cfg["nvidia_driver_version"]
     keyring = apt.deb(name="NVIDIA CUDA repository keyring", src=nvidia.keyring_url(os_id))
@@ -150,7 +155,7 @@ def cuda_stack(plan: HostPlan, before_driver_change=None) -> None:
         # the release of a driver managed elsewhere is not ours to pin: branch and GPUs only
         driver_verified(name="Check the driver managed elsewhere", branch=branch, gpu_count=len(plan.facts.gpus),
                         allow_degraded=cfg["allow_degraded_gpus"])
-        return
+        return None
     source, flavour = cfg["nvidia_driver_source"], cfg["nvidia_driver_flavour"]
     nvswitch = bool(nvidia.nvswitches(host.get_fact(NvidiaPci)))
     if target == "latest":
@@ -165,13 +170,15 @@ def cuda_stack(plan: HostPlan, before_driver_change=None) -> None:
                           src=StringIO("blacklist nouveau\noptions nouveau modeset=0\n"))
     server.shell(name="Rebuild the initramfs without nouveau", commands=["update-initramfs -u"],
                  _if=blacklist.did_change)
-    driver_converged(
+    driver = driver_converged(
         name=f"NVIDIA driver R{branch} {target or 'as installed'} ({flavour} kernel modules"
              f"{', fabric manager' if nvswitch else ''})",
         os_id=os_id, source=source, branch=branch, flavour=flavour, target=target, nvswitch=nvswitch,
         before_stop=before_driver_change)
+    driver_held(name="Hold the driver set", os_id=os_id, source=source, branch=branch, flavour=flavour,
+                target=target, nvswitch=nvswitch)
     server.reboot(name="Reboot into the new driver (only when it changed)", reboot_timeout=900,
-                  _if=lambda: reboot_needed(blacklist))
+                  _if=any_changed(driver, blacklist))
     systemd.service(name="NVIDIA persistence daemon", service="nvidia-persistenced", running=True,
                     enabled=True)
     if nvswitch:
@@ -179,20 +186,25 @@ def cuda_stack(plan: HostPlan, before_driver_change=None) -> None:
                         running=True, enabled=True)
     driver_verified(name="nvidia-smi answers with the driver branch and every GPU", branch=branch,
                     gpu_count=len(plan.facts.gpus), version=target, allow_degraded=cfg["allow_degraded_gpus"])
+    return driver
 
 
 @deploy("Toolchain")
-def toolchain(plan: HostPlan, before_driver_change=None) -> None:
+def toolchain(plan: HostPlan, before_driver_change=None):
     """Build dependencies from the distro, then the NVIDIA stack on CUDA hosts.
 
     + before_driver_change: a callable (state, host) run just before the host's servers stop
       for a driver change (never on a converged host): where the rolling rollout drains them
 
+    Returns the driver operation (None without one): when it changed the host, every
+    server restarts and is smoke-tested.
+
     .. code:: python
 
-        toolchain(plan, before_driver_change=lambda state, host: drain_all(state, host))
+        driver_op = toolchain(plan, before_driver_change=lambda state, host: drain_all(state, host))
     """
     apt.packages(name="Install build dependencies", packages=BUILD_PACKAGES, update=True,
                  cache_time=24 * 3600, no_recommends=True)
     if plan.cuda:
-        cuda_stack(plan, before_driver_change)
+        return cuda_stack(plan, before_driver_change)
+    return None
