@@ -3,6 +3,8 @@ earlier operation changes (or changed) the host."""
 from __future__ import annotations
 
 from pyinfra import host, inventory
+from pyinfra.api import FunctionCommand, OperationError
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import PyinfraError
 
 from voltafleet.config import SCHEMA, ConfigError, cli_sources, validate_values
@@ -33,3 +35,37 @@ def changes(op) -> bool:
     if op is None:
         return False
     return op.did_change() if op.is_complete() else op.will_change
+
+
+class LiveCommand(FunctionCommand):
+    """A shell command whose output is printed as it comes (`.shell` is the command)."""
+
+    def __init__(self, shell: str):
+        self.shell = shell
+        super().__init__(self._run, (), {})
+
+    def _run(self, state, host):
+        ok, out = sh(host, self.shell, print_output=True)
+        if not ok:
+            raise OperationError("\n".join(out.stderr_lines[-40:]) or f"`{self.shell[:120]}` failed")
+
+    def __repr__(self):
+        return f"LiveCommand({self.shell!r})"
+
+
+def live(command: str) -> LiveCommand:
+    """Run a long command (a compile, a 15 GB download) with its progress lines printed as
+    they come, not minutes of silence; fail the host with the output's tail if it fails."""
+    return LiveCommand(command)
+
+
+def connector_args(h) -> dict:
+    """Host h's own connector arguments (`_sudo`, `_sudo_user`, ...) from its inventory data:
+    what a FunctionCommand's shell commands need, as pyinfra's own commands get them."""
+    return {k: h.data.get(k) for k in CONNECTOR_ARGUMENT_KEYS if h.data.get(k) is not None}
+
+
+def sh(h, command: str, **kwargs):
+    """Run a shell command on host h (this one or another: a builder, a gateway) with its
+    connector arguments, e.g. sudo on a prod host that connects as an ordinary user."""
+    return h.run_shell_command(command, **connector_args(h), **kwargs)

@@ -20,7 +20,7 @@ from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config
+from roles.common import changes, config, sh
 from roles.facts import Gpus
 from voltafleet import gateway as gw
 from voltafleet import hostplan
@@ -100,7 +100,7 @@ def gateway() -> None:
 
 
 def _run(gateway_host, command: str) -> str:
-    ok, out = gateway_host.run_shell_command(command)
+    ok, out = sh(gateway_host, command)
     if not ok:
         raise OperationError(f"gateway {gateway_host.name}: `{command}` failed: {out.stderr.strip()}")
     return out.stdout

@@ -25,6 +25,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 
+from roles.common import connector_args, live, sh
 from roles.facts import Gpus, HostBasics, NvccVersion, Releases
 from roles.helpers import bin_path
 from voltafleet import hostplan
@@ -124,7 +125,7 @@ def compiled(plan: HostPlan, strategy: str):
     if strategy == "shared" and builder_of(fp) != host.name:
         return
     toolkit = host.get_fact(NvccVersion, path=f"{plan.build.cuda_bin}/nvcc") if plan.build.cuda_bin else None
-    yield build_command(plan, fp, toolkit, host.get_fact(HostBasics)["cxx"])
+    yield live(build_command(plan, fp, toolkit, host.get_fact(HostBasics)["cxx"]))
 
 
 _ARCHIVE_LOCKS: dict[str, Semaphore] = {}
@@ -139,14 +140,14 @@ def _archive_from(builder, root: str, fp: str) -> Path:
             return archive
         RELEASE_CACHE.mkdir(parents=True, exist_ok=True)
         remote = f"{root}/releases/{fp}.tar.gz"
-        ok, out = builder.run_shell_command(
+        ok, out = sh(builder, 
             " ".join(shlex.quote(a) for a in (f"{root}/bin/vf-release", "pack", root, fp)))
         if not ok:
             raise OperationError(f"{builder.name} could not pack release {fp} to ship ({out.stderr.strip()}): "
                                  "its compiler or toolkit differs from this host's? Fix: align the hosts, or "
                                  "set llama_cpp_build_strategy: per_host for this group.")
         tmp = archive.with_suffix(".part")
-        if not builder.get_file(remote, str(tmp)):
+        if not builder.get_file(remote, str(tmp), **connector_args(builder)):
             raise OperationError(f"could not fetch {remote} from {builder.name}")
         sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
         tmp.rename(archive)
@@ -160,10 +161,10 @@ def _ship(state, host, plan: HostPlan, fp: str) -> None:
     archive = _archive_from(builder, plan.root, fp)
     sha = archive.with_suffix(".sha256").read_text().strip()
     incoming = f"{plan.root}/releases/.incoming-{fp}.tar.gz"
-    host.run_shell_command(f"mkdir -p {shlex.quote(plan.root + '/releases')}")
-    if not host.put_file(str(archive), incoming):
+    sh(host, f"mkdir -p {shlex.quote(plan.root + '/releases')}")
+    if not host.put_file(str(archive), incoming, **connector_args(host)):
         raise OperationError(f"could not upload the release archive to {host.name}")
-    ok, out = host.run_shell_command(
+    ok, out = sh(host, 
         " ".join(shlex.quote(a) for a in (bin_path(plan, "vf-release"), "install", plan.root, fp, sha, incoming)))
     if not ok:
         raise OperationError(f"release {fp} from {builder_name} failed its checksum or self-check on "

@@ -13,6 +13,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
+from roles.common import live
 from roles.facts import FileState
 from roles.helpers import bin_path
 from voltafleet.hostplan import HostPlan, ModelFile
@@ -40,7 +41,7 @@ def fetched(fetcher: str, url: str, dest: str, sha256: str | None):
     """
     if is_verified(host.get_fact(FileState, path=dest, sidecar=dest + ".verified"), sha256):
         return
-    yield fetch_command(fetcher, url, dest, sha256)
+    yield live(fetch_command(fetcher, url, dest, sha256))
 
 
 @deploy("Model")

@@ -17,7 +17,7 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, 
 from pyinfra.operations import files, server as server_ops, systemd
 
 from roles import gateway
-from roles.common import changes, sources
+from roles.common import changes, sh, sources
 from roles.facts import HelpText, Releases, ServerInstances
 from roles.helpers import bin_path
 from roles.llama_cpp import host_fingerprint
@@ -134,7 +134,7 @@ def _drained_restart(state, host, plan: HostPlan, index: int) -> None:
     """Drain the instance on every gateway (waiting for its streams), restart it, and, when
     no smoke test will judge it, put it straight back."""
     gateway.drain(state, host.name, index, plan.cfg["gateway_drain_timeout_s"])
-    ok, out = host.run_shell_command(restart_command(index))
+    ok, out = sh(host, restart_command(index))
     if not ok:
         raise OperationError(f"{host.name}: llama-server@{index} did not come back: {out.stderr.strip()}")
     if not plan.cfg["smoke_enabled"]:

@@ -23,7 +23,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.operations import files
 
 from roles import gateway
-from roles.common import changes
+from roles.common import changes, sh
 from roles.facts import Releases
 from roles.helpers import SMOKE_CLIENT, bin_path
 from voltafleet import smoke as smokemod
@@ -68,7 +68,7 @@ def _reference() -> dict | None:
 
 def _smoke(host, plan: HostPlan, reference: dict | None) -> tuple[dict, list[str]]:
     """Run the client on the host; (report, failures)."""
-    ok, out = host.run_shell_command(client_command(plan))
+    ok, out = sh(host, client_command(plan))
     if not ok:
         raise OperationError(f"smoke client failed on {host.name}: {out.stderr}")
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -96,14 +96,14 @@ def _write(plan: HostPlan, host, report: dict) -> None:
 
 def _after_pass(state, host, plan: HostPlan, report: dict) -> None:
     cfg = plan.cfg
-    ok, out = host.run_shell_command(_good(plan, "record"))
+    ok, out = sh(host, _good(plan, "record"))
     if not ok:
         raise OperationError(f"could not record the good snapshot on {host.name}: {out.stderr}")
     keep = [f.dest for f in plan.model_files]
-    host.run_shell_command(_q(bin_path(plan, "vf-prune-models"), cfg["model_dir"], *keep))
+    sh(host, _q(bin_path(plan, "vf-prune-models"), cfg["model_dir"], *keep))
     if cfg["smoke_textfile_dir"]:
         prom = smokemod.textfile(host.name, report, report.get("fingerprint"))
-        host.run_shell_command(f"mkdir -p {shlex.quote(cfg['smoke_textfile_dir'])} && "
+        sh(host, f"mkdir -p {shlex.quote(cfg['smoke_textfile_dir'])} && "
                                + _q(bin_path(plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
                                + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
     gateway.ready(state, host.name, [i.index for i in plan.instances])
@@ -126,14 +126,14 @@ def _measure(state, host, plan: HostPlan) -> None:
         _after_pass(state, host, plan, report)
         return
     msg = "smoke test failed:\n  " + "\n  ".join(fails)
-    has_good, _ = host.run_shell_command(_q(bin_path(plan, "vf-good"), "has", plan.root, GOOD_DIR))
+    has_good, _ = sh(host, _q(bin_path(plan, "vf-good"), "has", plan.root, GOOD_DIR))
     if not cfg["smoke_rollback"]:
         msg += "\nsmoke_rollback is off: the new release stays"
     elif not has_good:
         msg += "\nno release has passed a smoke test on this host yet: nothing to roll back to"
     else:
         restarts = " && ".join(f"systemctl restart {i.unit}" for i in plan.instances)
-        ok, out = host.run_shell_command(f"set -e; {_good(plan, 'restore')}; {restarts}")
+        ok, out = sh(host, f"set -e; {_good(plan, 'restore')}; {restarts}")
         report["rolled_back"] = True
         if not ok:
             msg += f"\nrollback failed too: {out.stderr}"

@@ -55,9 +55,9 @@ class Run:
         return f"Run(rc={self.rc}):\n{self.out[-4000:]}"
 
 
-def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None = None,
-           host_vars: dict | None = None) -> Run:
-    """Run the lab rollout; `vars` apply to every host, `host_vars` {host: {...}} to one each."""
+def run_env(vars: dict | None, host_vars: dict | None, tmp: Path | None, env: dict | None = None) -> dict:
+    """The environment of a run: `vars` for every host (VOLTAFLEET_VARS), `host_vars`
+    {host: {...}} for single ones (VOLTAFLEET_LAB_HOST_VARS), each written to a YAML file."""
     e = {**os.environ, **(env or {})}
     e.pop("VOLTAFLEET_VARS", None)
     e.pop("VOLTAFLEET_LAB_HOST_VARS", None)
@@ -66,6 +66,13 @@ def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None =
             path = (tmp or Path("/tmp")) / f"voltafleet-test-{name}.yml"
             path.write_text(yaml.safe_dump(data))
             e[var] = str(path)
+    return e
+
+
+def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None = None,
+           host_vars: dict | None = None) -> Run:
+    """Run the lab rollout; `vars` apply to every host, `host_vars` {host: {...}} to one each."""
+    e = run_env(vars, host_vars, tmp, env)
     proc = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO, env=e,
                           capture_output=True, text=True, timeout=3000)
     return Run(proc)
@@ -96,14 +103,7 @@ def report(host: dict) -> dict:
 def rollout(args: list[str] = (), vars: dict | None = None, host_vars: dict | None = None,
             tmp: Path | None = None, timeout: int = 1800) -> tuple[Run, dict]:
     """Run the rolling driver on the lab inventory; (its output, the fleet report)."""
-    e = {**os.environ}
-    e.pop("VOLTAFLEET_VARS", None)
-    e.pop("VOLTAFLEET_LAB_HOST_VARS", None)
-    for data, var, name in ((vars, "VOLTAFLEET_VARS", "vars"), (host_vars, "VOLTAFLEET_LAB_HOST_VARS", "hosts")):
-        if data:
-            path = (tmp or Path("/tmp")) / f"voltafleet-rollout-{name}.yml"
-            path.write_text(yaml.safe_dump(data))
-            e[var] = str(path)
+    e = run_env(vars, host_vars, tmp)
     latest = REPO / "reports" / "rollout-latest.json"
     latest.unlink(missing_ok=True)
     proc = subprocess.run([sys.executable, "-m", "rollout", "inventory/lab.py", *args], cwd=REPO, env=e,

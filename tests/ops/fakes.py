@@ -54,5 +54,5 @@ class FakeOp:
 def commands(op, fake: FakeHost, *args, **kwargs) -> list[str]:
     """The commands an operation yields on this fake host, as strings."""
     with ctx_host.use(fake), ctx_state.use(fake.state), ctx_inventory.use(FakeInventory()):
-        return [str(c) if not hasattr(c, "function") else f"<function {c.function.__name__}>"
-                for c in op._inner(*args, **kwargs)]
+        return [c.shell if hasattr(c, "shell") else str(c) if not hasattr(c, "function")
+                else f"<function {c.function.__name__}>" for c in op._inner(*args, **kwargs)]
