@@ -185,48 +185,48 @@ def build_spec(cfg: dict, archs: list[int], commit: str) -> BuildSpec:
 # ---------------------------------------------------------------- refusals
 
 
-def disk_refusals(host: str, cfg: dict, facts: HostFacts) -> list[str]:
+def disk_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
     need_model = 0 if facts.model_present else int((facts.model_bytes or 0) * 1.02)  # 2 % margin
     need_build = int(cfg["preflight_build_disk_gb"] * GIB)
     free_model, free_root = facts.free_model, facts.free_root
     errors = []
     if free_model is not None and free_root is not None and facts.same_fs:
         if free_model < need_model + need_build:
-            errors.append(f"{host}: {free_model / GIB:.1f} GiB free for model ({need_model / GIB:.1f} GiB) "
+            errors.append(f"{host_name}: {free_model / GIB:.1f} GiB free for model ({need_model / GIB:.1f} GiB) "
                           f"plus build ({need_build / GIB:.1f} GiB)")
         return errors
     if free_model is not None and free_model < need_model:
-        errors.append(f"{host}: {free_model / GIB:.1f} GiB free in {cfg['model_dir']}, "
+        errors.append(f"{host_name}: {free_model / GIB:.1f} GiB free in {cfg['model_dir']}, "
                       f"the model needs {need_model / GIB:.1f} GiB")
     if free_root is not None and free_root < need_build:
-        errors.append(f"{host}: {free_root / GIB:.1f} GiB free in {cfg['voltafleet_root']}, "
+        errors.append(f"{host_name}: {free_root / GIB:.1f} GiB free in {cfg['voltafleet_root']}, "
                       f"a build needs {need_build / GIB:.1f} GiB (preflight_build_disk_gb)")
     return errors
 
 
-def host_refusals(host: str, cfg: dict, facts: HostFacts) -> list[str]:
+def host_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
     """Every reason not to touch this host that the facts alone show, each naming the host."""
     errors = []
     if facts.os not in cfg["preflight_supported_os"]:
-        errors.append(f"{host}: OS {facts.os} is not one of {', '.join(cfg['preflight_supported_os'])} "
+        errors.append(f"{host_name}: OS {facts.os} is not one of {', '.join(cfg['preflight_supported_os'])} "
                       "(preflight_supported_os)")
     gpus = facts.gpus
     if cfg["voltafleet_backend"] == "cuda":
         if not gpus:
-            errors.append(f"{host}: is in a CUDA group but nvidia-smi lists 0 GPUs "
+            errors.append(f"{host_name}: is in a CUDA group but nvidia-smi lists 0 GPUs "
                           "(no driver yet? set manage_driver: true; or move the host to a cpu group)")
         if cfg["server_instances"] and gpus and cfg["server_instances"] > len(gpus):
-            errors.append(f"{host}: server_instances is {cfg['server_instances']} but the host has "
+            errors.append(f"{host_name}: server_instances is {cfg['server_instances']} but the host has "
                           f"{len(gpus)} GPU(s)")
         driver = next((g["driver_version"] for g in gpus if g.get("driver_version")), None)
-        errors += nvidia.refusals(host, cfg, gpus, facts.nvcc, driver)
+        errors += nvidia.refusals(host_name, cfg, gpus, facts.nvcc, driver)
         if cfg["manage_driver"]:
             try:
                 nvidia.driver_packages(facts.os, cfg["nvidia_driver_source"], cfg["nvidia_driver_branch"],
                                        cfg["nvidia_driver_flavour"])
             except ValueError as e:
-                errors.append(f"{host}: {e}")
-    return errors + disk_refusals(host, cfg, facts)
+                errors.append(f"{host_name}: {e}")
+    return errors + disk_refusals(host_name, cfg, facts)
 
 
 def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None):
@@ -253,20 +253,20 @@ def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None):
 # ---------------------------------------------------------------- the plan
 
 
-def make_plan(host: str, cfg: dict, facts: HostFacts, header: Header | str | None = None,
+def make_plan(host_name: str, cfg: dict, facts: HostFacts, header: Header | str | None = None,
               commit: str | None = None, sources: dict | None = None,
               other_ports: dict[str, int] | None = None) -> HostPlan:
     """The whole plan of one host. `header`: the model's GGUF header (or why it could not
     be read; only CUDA hosts need it); `commit`: llama_cpp_ref resolved on the controller;
     `sources`: {key: file that set it}, for the refusals; `other_ports`: ports other
     services of the project use on this host ({what: port})."""
-    refusals = host_refusals(host, cfg, facts)
+    refusals = host_refusals(host_name, cfg, facts)
     cuda = cfg["voltafleet_backend"] == "cuda"
     plan_vram = note = None
     if cuda and facts.gpus:
         cfg, plan_vram, note, error = vram_decision(cfg, facts.gpus, header)
         if error:
-            refusals.append(f"{host}: {error}")
+            refusals.append(f"{host_name}: {error}")
     files = model_files(cfg)
     draft = draft_path(cfg)
     archs = cuda_archs(cfg, facts.gpus) if cuda else []
@@ -275,9 +275,9 @@ def make_plan(host: str, cfg: dict, facts: HostFacts, header: Header | str | Non
         build = build_spec(cfg, archs, commit)
     insts = instances(cfg, facts.gpus)
     for problem in checks.port_problems(cfg, len(insts), other_ports, sources) + checks.slot_ctx_problems(cfg, sources):
-        refusals.append(f"{host}: {problem.line()} Fix: {problem.fix}")
+        refusals.append(f"{host_name}: {problem.line()} Fix: {problem.fix}")
     key = API_KEY_PATH if cfg["server_api_key_file"] else None
     argv = {i.index: flagmod.server_args(cfg, files[0].dest, i.port, key, draft) for i in insts}
-    return HostPlan(host=host, cfg=cfg, facts=facts, instances=tuple(insts), model_files=tuple(files),
+    return HostPlan(host=host_name, cfg=cfg, facts=facts, instances=tuple(insts), model_files=tuple(files),
                     draft_path=draft, cuda_archs=tuple(archs), build=build, vram=plan_vram, vram_note=note,
                     argv=argv, refusals=tuple(refusals))

@@ -165,3 +165,31 @@ def test_failed_smoke_rolls_back_to_the_last_good_flags(converged, tmp_path):
     # the fleet converges again with the unchanged config
     run = deploy()
     assert run.rc == 0 and run.changed == 0, run
+
+
+WRAPPER = "/usr/local/bin/c++"
+
+
+def test_a_toolchain_upgrade_rebuilds_exactly_once_per_fingerprint(converged):
+    """Issue 12's toolkit upgrade, through the fingerprint input the lab has: every host's
+    C++ toolchain reports a new version (as nvcc 12.8 -> 12.9 would on a CUDA fleet); the
+    fleet gets one compile, shipped to the other hosts; back, it switches without one."""
+    every = lab()["hosts"]
+    before = current_release(every[0])
+    script = "#!/bin/sh\\n[ \\"$1\\" = -dumpfullversion ] && { echo 12.2.1; exit 0; }\\nexec /usr/bin/c++ \\"$@\\"\\n"
+    try:
+        for h in every:
+            ssh(h, f"printf '{script}' > {WRAPPER} && chmod 755 {WRAPPER}")
+        run = deploy()
+        assert run.rc == 0, run
+        after = {current_release(h) for h in every}
+        assert len(after) == 1 and before not in after
+        fp = after.pop()
+        assert sum(fp in compiled_here(h) for h in every) == 1
+        assert {build_info(h)["compiler"].split()[0] for h in every} == {"12.2.1"}
+    finally:
+        for h in every:
+            ssh(h, f"rm -f {WRAPPER}")
+    run = deploy()
+    assert run.rc == 0 and "compiling llama.cpp" not in run.out, run
+    assert {current_release(h) for h in every} == {before}
