@@ -176,7 +176,7 @@ def test_a_toolchain_upgrade_rebuilds_exactly_once_per_fingerprint(converged):
     fleet gets one compile, shipped to the other hosts; back, it switches without one."""
     every = lab()["hosts"]
     before = current_release(every[0])
-    script = "#!/bin/sh\\n[ \\"$1\\" = -dumpfullversion ] && { echo 12.2.1; exit 0; }\\nexec /usr/bin/c++ \\"$@\\"\\n"
+    script = '#!/bin/sh\n[ "$1" = -dumpfullversion ] && { echo 12.2.1; exit 0; }\nexec /usr/bin/c++ "$@"\n'
     try:
         for h in every:
             ssh(h, f"printf '{script}' > {WRAPPER} && chmod 755 {WRAPPER}")
