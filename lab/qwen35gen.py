@@ -1,0 +1,316 @@
+"""Write a Qwen3.6-27B-shaped GGUF (llama.cpp architecture `qwen35`), full size or scaled down.
+
+Tensor names, shapes and metadata follow what the pinned llama.cpp (0c1e570) loads for
+`qwen35` (src/models/qwen35.cpp load_arch_hparams/load_arch_tensors, src/llama-arch.cpp
+tensor names, conversion/qwen.py Qwen3_5TextModel metadata). Two kinds of file:
+
+* sparse (`write_sparse`): header + tensor table with llama.cpp's own type mix for the
+  file type (Q4_K_S, Q8_0, ...), then the file is truncated to its full size: a 15 GB
+  model in seconds, every weight zero. For memory and speed measurements: zero weights
+  read as many bytes and run the same kernels; greedy decoding emits token 0 ("!", plain
+  ASCII) every step, so streams never end on half a UTF-8 character.
+* dense (`write_dense`): real (random, small) F16/F32 values, for the lab's CPU servers.
+  Token 0 of every embedding row is a constant, the output norm keeps only that dimension,
+  no layer writes into it, and the favourite token's row is larger there: greedy decoding
+  emits FAVOURITE (a plain ASCII token) every step, deterministically, while every layer
+  (Gated DeltaNet recurrent state, full attention KV cache) still runs on random values.
+
+The tokenizer is llama.cpp's models/ggml-vocab-qwen35.gguf from the pinned tree (151936
+tokens, pre-tokenizer `qwen35`); the real Qwen3.6 embedding has 248320 rows, so the full
+shape pads the token list with [PADn] tokens of type UNUSED, as convert_hf_to_gguf does.
+
+    python -m lab.qwen35gen VOCAB OUT [--shape 27b|tiny|...] [--ftype q4_k_s|q8_0] [--mtp] [--dense]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, replace
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as T
+
+ARCH = "qwen35"
+FAVOURITE = " hello"  # the dense model's token for every step
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layer: int = 64            # trunk blocks; every `interval`-th is full attention
+    n_embd: int = 5120
+    n_ff: int = 17408
+    n_head: int = 24             # query heads (the q projection holds query + gate: 2x)
+    n_head_kv: int = 4
+    head_dim: int = 256
+    interval: int = 4            # full_attention_interval
+    ssm_d_state: int = 128       # Gated DeltaNet head dim (key and value)
+    ssm_n_group: int = 16        # key heads
+    ssm_dt_rank: int = 48        # value heads
+    ssm_d_conv: int = 4
+    n_vocab: int = 248320
+    n_ctx_train: int = 262144
+    rope_theta: float = 10_000_000.0
+    partial_rotary: float = 0.25
+    mtp: int = 0                 # nextn_predict_layers (0 or 1)
+
+    @property
+    def n_rot(self) -> int:
+        return int(self.head_dim * self.partial_rotary)
+
+    @property
+    def d_inner(self) -> int:
+        return self.ssm_d_state * self.ssm_dt_rank
+
+    def is_recurrent(self, il: int) -> bool:
+        return il < self.n_layer and (il + 1) % self.interval != 0
+
+
+SHAPES = {
+    "27b": Shape(),
+    # 16 blocks of the real widths: same kernels, a quarter of the weights
+    "27b-16l": Shape(n_layer=16),
+    # the lab's CPU model: 4 blocks (3 Gated DeltaNet + 1 attention), a few MB + the tokenizer
+    "tiny": Shape(n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, ssm_d_state=16,
+                  ssm_n_group=2, ssm_dt_rank=4, n_vocab=151936, n_ctx_train=8192, rope_theta=1_000_000.0),
+}
+
+
+def tensor_shapes(s: Shape) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, ggml shape ne0-first) of every tensor qwen35's loader creates, in file order."""
+    e, hd = s.n_embd, s.head_dim
+    key_dim, value_dim = s.ssm_d_state * s.ssm_n_group, s.ssm_d_state * s.ssm_dt_rank
+    conv_dim = 2 * key_dim + value_dim
+    out = [("token_embd.weight", (e, s.n_vocab))]
+    for il in range(s.n_layer + s.mtp):
+        p = f"blk.{il}."
+        out.append((p + "attn_norm.weight", (e,)))
+        if s.is_recurrent(il):
+            out += [(p + "attn_qkv.weight", (e, conv_dim)),
+                    (p + "attn_gate.weight", (e, value_dim)),
+                    (p + "ssm_conv1d.weight", (s.ssm_d_conv, conv_dim)),
+                    (p + "ssm_dt.bias", (s.ssm_dt_rank,)),
+                    (p + "ssm_a", (s.ssm_dt_rank,)),
+                    (p + "ssm_beta.weight", (e, s.ssm_dt_rank)),
+                    (p + "ssm_alpha.weight", (e, s.ssm_dt_rank)),
+                    (p + "ssm_norm.weight", (s.ssm_d_state,)),
+                    (p + "ssm_out.weight", (value_dim, e))]
+        else:
+            out += [(p + "attn_q.weight", (e, hd * s.n_head * 2)),
+                    (p + "attn_k.weight", (e, hd * s.n_head_kv)),
+                    (p + "attn_v.weight", (e, hd * s.n_head_kv)),
+                    (p + "attn_output.weight", (hd * s.n_head, e)),
+                    (p + "attn_q_norm.weight", (hd,)),
+                    (p + "attn_k_norm.weight", (hd,))]
+        out.append((p + "post_attention_norm.weight", (e,)))
+        out += [(p + "ffn_gate.weight", (e, s.n_ff)), (p + "ffn_up.weight", (e, s.n_ff)),
+                (p + "ffn_down.weight", (s.n_ff, e))]
+        if il >= s.n_layer:  # the MTP block (nextn): shares token_embd and output with the trunk
+            out += [(p + "nextn.eh_proj.weight", (2 * e, e)), (p + "nextn.enorm.weight", (e,)),
+                    (p + "nextn.hnorm.weight", (e,)), (p + "nextn.shared_head_norm.weight", (e,))]
+    out += [("output_norm.weight", (e,)), ("output.weight", (e, s.n_vocab))]
+    return out
+
+
+# --- llama.cpp's type mix (src/llama-quant.cpp, llama_tensor_get_type_impl, pinned tree) ---
+FTYPES = {"q4_k_s": (gguf.LlamaFileType.MOSTLY_Q4_K_S, T.Q4_K), "q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, T.Q8_0),
+          "q4_k_m": (gguf.LlamaFileType.MOSTLY_Q4_K_M, T.Q4_K)}
+_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+
+
+def _quantizable(name: str, shape: tuple) -> bool:
+    # tensor_allows_quantization: 2D+, ends with "weight", no norms, no ssm_conv1d
+    return len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name and "ssm_conv1d" not in name
+
+
+def type_mix(s: Shape, ftype: str) -> dict[str, T]:
+    """Every tensor's ggml type as `llama-quantize <f16 file> <ftype>` (no imatrix) picks it.
+
+    Mirrored from llama-quant.cpp: norms, 1-D tensors, ssm_a, ssm_dt.bias and ssm_conv1d stay
+    F32; output.weight -> Q6_K (untied, ne0 % 256 == 0); token_embd -> the default type;
+    "attention-v-like" tensors are attn_v AND attn_qkv (category_is_attn_v: the Gated DeltaNet
+    layers' fused qkv counts), and Q4_K_S gives the first 4 of them, in file order, Q5_K;
+    Q4_K_S gives ffn_down of the first n_layer_all/8 blocks Q5_K (n_layer_all counts the MTP
+    block); Q4_K_M gives attn_v-like and ffn_down Q6_K where use_more_bits; a shape whose
+    ne0 is not a multiple of the block falls back (Q4_K->Q5_0, Q5_K->Q5_1, Q6_K->Q8_0)."""
+    _, default = FTYPES[ftype]
+    n_layer_all = s.n_layer + s.mtp
+    names = tensor_shapes(s)
+    n_wv = sum(1 for n, _ in names if n.endswith(("attn_v.weight", "attn_qkv.weight")))
+    more = lambda i, n: i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # noqa: E731
+    out, i_wv, i_down = {}, 0, 0
+    for name, shape in names:
+        if not _quantizable(name, shape):
+            out[name] = T.F32
+            continue
+        t = default
+        if name == "output.weight":
+            t = T.Q8_0 if default == T.Q8_0 or shape[0] % 256 else T.Q6_K
+        elif name.endswith(("attn_v.weight", "attn_qkv.weight")):
+            if ftype == "q4_k_s" and i_wv < 4:
+                t = T.Q5_K
+            elif ftype == "q4_k_m" and more(i_wv, n_wv):
+                t = T.Q6_K
+            i_wv += 1
+        elif name.endswith("ffn_down.weight"):
+            if ftype == "q4_k_s" and i_down < n_layer_all // 8:
+                t = T.Q5_K
+            elif ftype == "q4_k_m" and more(i_down, n_layer_all):
+                t = T.Q6_K
+            i_down += 1
+        block = gguf.GGML_QUANT_SIZES[t][0]
+        if shape[0] % block:
+            t = _FALLBACK.get(t, t)
+            if shape[0] % gguf.GGML_QUANT_SIZES[t][0]:
+                t = T.F16
+        out[name] = t
+    return out
+
+
+def nbytes(shape: tuple, t: T) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    n = int(np.prod(shape))
+    return n // block * size
+
+
+# --- metadata -----------------------------------------------------------------------
+def _metadata(w: gguf.GGUFWriter, s: Shape, name: str, file_type) -> None:
+    w.add_name(name)
+    w.add_context_length(s.n_ctx_train)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer + s.mtp)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_rope_freq_base(s.rope_theta)
+    w.add_rope_dimension_count(s.n_rot)
+    half = s.n_rot // 2  # interleaved MRoPE sections, [11, 11, 10, 0] for the real 32 pairs
+    w.add_rope_dimension_sections([half * 11 // 32, half * 11 // 32, half - 2 * (half * 11 // 32), 0])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_ssm_conv_kernel(s.ssm_d_conv)
+    w.add_ssm_state_size(s.ssm_d_state)
+    w.add_ssm_group_count(s.ssm_n_group)
+    w.add_ssm_time_step_rank(s.ssm_dt_rank)
+    w.add_ssm_inner_size(s.d_inner)
+    w.add_full_attention_interval(s.interval)
+    if s.mtp:
+        w.add_nextn_predict_layers(s.mtp)
+    w.add_file_type(file_type)
+
+
+def _tokenizer(vocab_path: str, w: gguf.GGUFWriter, n_vocab: int) -> list[str]:
+    v = gguf.GGUFReader(vocab_path)
+    f = v.fields
+    tokens = [bytes(f["tokenizer.ggml.tokens"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.tokens"].data]
+    types = [int(f["tokenizer.ggml.token_type"].parts[i][0]) for i in f["tokenizer.ggml.token_type"].data]
+    merges = [bytes(f["tokenizer.ggml.merges"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.merges"].data]
+    if n_vocab < len(tokens):
+        raise ValueError(f"{vocab_path} has {len(tokens)} tokens, more than the shape's n_vocab {n_vocab}")
+    for i in range(len(tokens), n_vocab):
+        tokens.append(f"[PAD{i}]")
+        types.append(int(gguf.TokenType.UNUSED))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(bytes(f["tokenizer.ggml.pre"].parts[-1]).decode())
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    for key, adder in (("tokenizer.ggml.eos_token_id", w.add_eos_token_id),
+                       ("tokenizer.ggml.bos_token_id", w.add_bos_token_id),
+                       ("tokenizer.ggml.padding_token_id", w.add_pad_token_id)):
+        if key in f:
+            adder(int(f[key].parts[-1][0]))
+    if "tokenizer.chat_template" in f:
+        w.add_chat_template(bytes(f["tokenizer.chat_template"].parts[-1]).decode())
+    return tokens
+
+
+def write_sparse(vocab_path: str, out_path: str, shape: Shape = SHAPES["27b"], ftype: str = "q4_k_s") -> int:
+    """Header and tensor table with llama.cpp's type mix, then truncate to the full size.
+    Returns the file size in bytes."""
+    file_type, _ = FTYPES[ftype]
+    types = type_mix(shape, ftype)
+    w = gguf.GGUFWriter(out_path, ARCH)
+    _metadata(w, shape, f"voltafleet-qwen35-{ftype}-sparse", file_type)
+    _tokenizer(vocab_path, w, shape.n_vocab)
+    for name, ne in tensor_shapes(shape):
+        t = types[name]
+        # add_tensor_info takes the numpy (row-major) shape: reversed ggml ne
+        w.add_tensor_info(name, list(reversed(ne)), np.dtype(np.float32), nbytes(ne, t), raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    f = w.fout[0]
+    w.write_padding(f, f.tell())
+    data_start = f.tell()
+    total = 0
+    for name, ne in tensor_shapes(shape):
+        total += nbytes(ne, types[name])
+        total += -total % w.data_alignment
+    f.flush()
+    f.truncate(data_start + total)
+    w.close()
+    return os.path.getsize(out_path)
+
+
+def write_dense(vocab_path: str, out_path: str, shape: Shape = SHAPES["tiny"], seed: int = 0) -> None:
+    """Random small F16 weights (F32 for 1-D tensors) that greedily emit FAVOURITE every step.
+    The output layer is tied to token_embd (no output.weight), as qwen35's loader allows."""
+    s = shape
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(out_path, ARCH)
+    _metadata(w, s, "voltafleet-lab-tiny-qwen35", gguf.LlamaFileType.MOSTLY_F16)
+    tokens = _tokenizer(vocab_path, w, s.n_vocab)
+    fav = tokens.index("Ġ" + FAVOURITE.strip())  # byte-level BPE spells a leading space as Ġ
+    for name, ne in tensor_shapes(s):
+        if name == "output.weight":
+            continue  # tied to token_embd
+        np_shape = tuple(reversed(ne))
+        if name == "token_embd.weight":
+            a = rng.standard_normal(np_shape).astype(np.float32) * 0.5
+            a[:, 0] = 1.0          # every token carries +1 in dimension 0 ...
+            a[fav, 0] = 4.0        # ... the favourite 4: with h[0] > 0 its logit is the largest
+            w.add_tensor(name, a.astype(np.float16))
+        elif name == "output_norm.weight":
+            a = np.zeros(ne, dtype=np.float32)
+            a[0] = 1.0             # logits = row[0] * h[0] / rms(h)
+            w.add_tensor(name, a)
+        elif len(ne) == 1 or name.endswith("_norm.weight"):
+            if name.endswith("ssm_a"):
+                w.add_tensor(name, -np.ones(ne, dtype=np.float32))  # -exp(A_log), A_log = 0
+            elif name.endswith("ssm_dt.bias"):
+                w.add_tensor(name, np.zeros(ne, dtype=np.float32))
+            else:
+                w.add_tensor(name, np.ones(ne, dtype=np.float32))
+        else:
+            a = rng.standard_normal(np_shape).astype(np.float32) * 0.1
+            if name.endswith(("ffn_down.weight", "attn_output.weight", "ssm_out.weight", "nextn.eh_proj.weight")):
+                a[0, :] = 0.0      # no block writes dimension 0: h[0] stays the embedding's > 0
+            w.add_tensor(name, a.astype(np.float32 if "ssm_conv1d" in name else np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("vocab")
+    ap.add_argument("out")
+    ap.add_argument("--shape", default="27b", choices=sorted(SHAPES))
+    ap.add_argument("--ftype", default="q4_k_s", choices=sorted(FTYPES))
+    ap.add_argument("--mtp", action="store_true", help="add the MTP block (nextn_predict_layers 1)")
+    ap.add_argument("--dense", action="store_true", help="random F16 weights (small shapes only)")
+    a = ap.parse_args(argv)
+    shape = replace(SHAPES[a.shape], mtp=1 if a.mtp else 0)
+    if a.dense:
+        write_dense(a.vocab, a.out, shape)
+        print(f"{a.out}: {os.path.getsize(a.out)} bytes (dense)")
+    else:
+        print(f"{a.out}: {write_sparse(a.vocab, a.out, shape, a.ftype)} bytes (sparse, {a.ftype})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
