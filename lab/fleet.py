@@ -42,7 +42,7 @@ SSH_PORT_BASE = 2200
 SERVER_PORT_BASE = 18000  # host i serves on 18000 + 10*i + gpu index
 GIT_PORT = 9418
 HTTP_PORT = 8808
-MODEL_NAME = "tiny-qwen2-f16.gguf"
+MODEL_NAME = "tiny-qwen35.gguf"  # the production architecture (hybrid qwen35), a few MB
 
 
 def log(msg: str) -> None:
@@ -162,12 +162,13 @@ def ensure_model() -> dict:
     model = models / MODEL_NAME
     if not model.exists():
         models.mkdir(parents=True, exist_ok=True)
-        vocab = ensure_sdist() / "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf"
-        log(f"writing {model.name} (random weights, Qwen2 tokenizer)")
-        from lab.tinymodel import write
+        vocab = ensure_sdist() / "vendor/llama.cpp/models/ggml-vocab-qwen35.gguf"
+        log(f"writing {model.name} (qwen35: 3 Gated DeltaNet + 1 attention block, random weights, "
+            "the pinned tree's qwen35 tokenizer)")
+        from lab.qwen35gen import SHAPES, write_dense
 
         tmp = model.with_suffix(".tmp")
-        write(str(vocab), str(tmp))
+        write_dense(str(vocab), str(tmp), SHAPES["tiny"])
         tmp.rename(model)
     sha_file = model.with_name(model.name + ".sha256")
     if not sha_file.exists():
@@ -232,6 +233,8 @@ http {{
         location / {{ autoindex on; }}
         # the same files at 2 MB/s, for tests that break a transfer half way
         location /slow/ {{ alias {root}/; limit_rate 2m; }}
+        # what Hugging Face's resolve answer carries for an LFS file (python -m voltafleet.pin_model)
+        location = /models/{model} {{ add_header X-Linked-Etag "{model_sha256}"; }}
     }}
 }}
 """
@@ -239,11 +242,17 @@ http {{
 
 def ensure_http_mirror() -> None:
     pidfile = STATE / "nginx.pid"
-    if pid_alive(pidfile) and port_open(HTTP_PORT):
-        return
     conf = STATE / "nginx.conf"
+    text = NGINX_CONF.format(state=STATE, port=HTTP_PORT, root=CACHE / "mirror/http", model=MODEL_NAME,
+                             model_sha256=ensure_model()["sha256"])
+    if pid_alive(pidfile) and port_open(HTTP_PORT):
+        if conf.exists() and conf.read_text() == text:
+            return
+        conf.write_text(text)  # a new model or header: reload the running mirror
+        run(["nginx", "-c", str(conf), "-s", "reload"])
+        return
     (STATE / "nginx-tmp").mkdir(parents=True, exist_ok=True)
-    conf.write_text(NGINX_CONF.format(state=STATE, port=HTTP_PORT, root=CACHE / "mirror/http"))
+    conf.write_text(text)
     run(["nginx", "-c", str(conf), "-g", "daemon on;"])
     wait_for(lambda: port_open(HTTP_PORT), 10, f"nginx on 127.0.0.1:{HTTP_PORT}")
 

@@ -46,6 +46,14 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
         # sizes) at trace level: 4 keeps them in the journal for the offload check.
         "--log-verbosity", "4",
     ]
+    if cfg.get("server_ctx_checkpoints") is not None:
+        # hybrid/recurrent models reuse a cached prefix only through these checkpoints
+        args += ["--ctx-checkpoints", str(cfg["server_ctx_checkpoints"])]
+    if cfg.get("server_backend_sampling"):
+        args += ["--backend-sampling"]
+    if cfg.get("server_spec_mtp"):
+        # the model's own MTP head drafts; the preflight refuses a file without nextn layers
+        args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(cfg.get("server_spec_draft_max", 3))]
     if draft_path:
         args += ["-md", draft_path, "-ngld", str(cfg["server_gpu_layers"]) if cuda else "0"]
     if api_key_file:

@@ -5,12 +5,20 @@
     KV cache             attention layers x cells x (K + V) at their types; cells = the
                          ctx pool (-c, all slots together) padded to 256; sliding-window
                          layers keep at most window x slots + one ubatch
-    recurrent state      hybrid models (Qwen3.5/3.6): per slot, per recurrent layer
-    compute buffer       one ubatch of activations (FA on), plus dequantized K/V when quantized
-    CUDA overhead        context, cuBLAS workspace: measured ~590 MiB on an H200 (CUDA 13)
+    recurrent state      hybrid models (Qwen3.5/3.6): per slot, per recurrent layer (f32 conv
+                         + delta-net state: 149.6 MiB a slot for Qwen3.6-27B); with MTP
+                         speculation llama.cpp keeps n_draft_max more copies a slot (rollback)
+    compute buffer       one ubatch of activations (FA on), plus dequantized K/V when quantized;
+                         hybrid models: max(activations, attention + the whole pool's K/V
+                         dequantized to f16) + the KQ mask of one slot (measured, see below)
+    speculation (MTP)    the nextn block's weights (skipped at load unless served), its f16
+                         KV cache and compute buffer, the extra recurrent copies
+    CUDA overhead        context, cuBLAS workspace: 592 MiB after load + 18 MiB after the first
+                         request on an H200 (CUDA 13)
     headroom             kept free for load spikes (default 1 GiB: ../shared/DOMAIN.md)
 
-Calibrated against llama-server's own buffer sizes on an H200 (bench/VRAM_TRUTH.md).
+Calibrated against llama-server's own buffer sizes on an H200 (bench/VRAM_TRUTH.md): qwen2
+shapes (bench/gpu-loads-run*.json) and the Qwen3.6-27B shape (bench/qwen35-h200-run1.json).
 """
 from __future__ import annotations
 
@@ -48,6 +56,12 @@ class ModelShape:
     swa_layers: tuple = ()    # of those, the sliding-window ones
     swa_window: int = 0
     recurrent_bytes_per_seq: int = 0
+    nextn_layers: int = 0     # MTP blocks (nextn_predict_layers), counted in n_layer
+    mtp_bytes: int = 0        # their weights: on the GPU only when MTP speculation is served
+
+    @property
+    def hybrid(self) -> bool:
+        return self.recurrent_bytes_per_seq > 0
 
     @classmethod
     def from_header(cls, h: Header) -> "ModelShape":
@@ -60,20 +74,24 @@ class ModelShape:
         head_k = int(h.get("attention.key_length", n_embd // n_head))
         head_v = int(h.get("attention.value_length", n_embd // n_head))
         names = {t.name for t in h.tensors}
+        nextn = int(h.get("nextn_predict_layers", 0) or 0)
+        trunk = n_layer - nextn
         tok = sum(t.nbytes for t in h.tensors if t.name == "token_embd.weight")
-        weights = h.tensor_bytes() - tok + (tok if "output.weight" not in names else 0)
+        mtp = sum(t.nbytes for t in h.tensors
+                  if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= trunk)
+        weights = h.tensor_bytes() - tok + (tok if "output.weight" not in names else 0) - mtp
         interval = h.get("full_attention_interval")
         if interval:  # hybrid: every Nth layer attends, the rest are recurrent
-            attn = tuple(i for i in range(n_layer) if (i + 1) % int(interval) == 0)
+            attn = tuple(i for i in range(trunk) if (i + 1) % int(interval) == 0)
         else:
-            attn = tuple(range(n_layer))
+            attn = tuple(range(trunk))
         recurrent = 0
-        if len(attn) < n_layer and h.get("ssm.state_size"):
+        if len(attn) < trunk and h.get("ssm.state_size"):
             d_state, inner = int(h.get("ssm.state_size")), int(h.get("ssm.inner_size"))
             groups, kernel = int(h.get("ssm.group_count", 1)), int(h.get("ssm.conv_kernel", 4))
             heads = int(h.get("ssm.time_step_rank", inner // d_state))
             per_layer = heads * d_state * (inner // heads) * 4 + (kernel - 1) * (inner + 2 * groups * d_state) * 4
-            recurrent = per_layer * (n_layer - len(attn))
+            recurrent = per_layer * (trunk - len(attn))
         window = int(h.get("attention.sliding_window", 0) or 0)
         swa: tuple = ()
         pattern = h.get("attention.sliding_window_pattern")
@@ -84,7 +102,7 @@ class ModelShape:
         elif window:
             swa = attn
         return cls(h.arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_k, head_v,
-                   int(h.get("context_length", 0)), weights, attn, swa, window, recurrent)
+                   int(h.get("context_length", 0)), weights, attn, swa, window, recurrent, nextn, mtp)
 
 
 def _first(v):
@@ -104,10 +122,11 @@ class Plan:
     compute: int
     overhead: int
     headroom: int
+    spec: int = 0             # what MTP speculation adds (0: not served)
 
     @property
     def needed(self) -> int:
-        return self.weights + self.kv + self.recurrent + self.compute + self.overhead
+        return self.weights + self.kv + self.recurrent + self.compute + self.overhead + self.spec
 
     @property
     def fits(self) -> bool:
@@ -116,7 +135,8 @@ class Plan:
     def describe(self) -> str:
         m = lambda b: f"{b / MIB:,.0f}"  # noqa: E731
         return (f"-c {self.ctx} -np {self.parallel} K {self.cache_k} V {self.cache_v}: weights {m(self.weights)} + "
-                f"KV {m(self.kv)} + recurrent {m(self.recurrent)} + compute {m(self.compute)} + CUDA "
+                f"KV {m(self.kv)} + recurrent {m(self.recurrent)} + compute {m(self.compute)} + "
+                + (f"MTP speculation {m(self.spec)} + " if self.spec else "") + "CUDA "
                 f"{m(self.overhead)} = {m(self.needed)} MiB, + headroom {m(self.headroom)} = "
                 f"{m(self.needed + self.headroom)} MiB of {self.gpu_mib:,} MiB: "
                 + ("fits" if self.fits else f"short by {m(self.needed + self.headroom - self.gpu_mib * MIB)} MiB"))
@@ -134,25 +154,107 @@ def kv_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str)
     return int(total)
 
 
+def _quantized(cache_k: str, cache_v: str) -> bool:
+    return cache_k not in ("f16", "f32", "bf16") or cache_v not in ("f16", "f32", "bf16")
+
+
 def compute_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str) -> int:
+    if m.hybrid:
+        # Fitted on the Qwen3.6-27B shape over 15 H200 loads (bench/qwen35-h200-run1.json):
+        # FFN activations of one ubatch, or, when K/V are quantized, the attention step with
+        # every cell of the pool dequantized to f16 (4 KiB a cell: grows with -c, not -np);
+        # plus the f16 KQ mask of one slot (n_ctx_seq x ubatch).
+        cells = -(-ctx // CTX_PAD) * CTX_PAD
+        act = N_UBATCH * 4 * (3 * m.n_ff + 2 * m.n_embd)
+        attn = N_UBATCH * 4 * 8 * m.n_embd
+        if _quantized(cache_k, cache_v):
+            attn += cells * m.n_head_kv * (m.head_k + m.head_v) * 2
+        return max(act, attn) + (cells // parallel) * N_UBATCH * 2
     act = N_UBATCH * 4 * (3 * m.n_ff + 4 * m.n_embd)
-    quantized = cache_k not in ("f16", "f32", "bf16") or cache_v not in ("f16", "f32", "bf16")
-    dequant = (ctx // parallel) * m.n_head_kv * (m.head_k + m.head_v) * 2 if quantized else 0
+    dequant = (ctx // parallel) * m.n_head_kv * (m.head_k + m.head_v) * 2 if _quantized(cache_k, cache_v) else 0
     return act + dequant
 
 
+def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int) -> int:
+    """What serving the model's own MTP head (--spec-type draft-mtp) adds, measured on an H200
+    (bench/qwen35-h200-run1.json, mtp-*): the nextn block's weights, draft_max more recurrent
+    copies a slot, the draft context's f16 KV cache and one compute buffer, and a main-context
+    compute buffer that grows with the verify batch (19 MiB at -np 4 and 3 drafts, 0 at 1)."""
+    if not draft_max:
+        return 0
+    if not m.nextn_layers:
+        raise ValueError("the model has no MTP (nextn) layers: nothing to draft with")
+    cells = -(-ctx // CTX_PAD) * CTX_PAD
+    kv = m.nextn_layers * cells * m.n_head_kv * (m.head_k + m.head_v) * 2
+    compute = N_UBATCH * 4 * (3 * m.n_ff + 2 * m.n_embd) + (cells // parallel) * N_UBATCH * 2
+    verify = max(0, draft_max - 1) * parallel * 2483 * 1024  # 18.94 MiB / (2 x 4 slots)
+    return m.mtp_bytes + m.recurrent_bytes_per_seq * parallel * draft_max + kv + compute + verify
+
+
 def plan(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, gpu_mib: int,
-         headroom_mib: int = 1024, overhead_mib: int = 600) -> Plan:
+         headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0) -> Plan:
     return Plan(ctx, parallel, cache_k, cache_v, gpu_mib, m.weights_gpu,
                 kv_bytes(m, ctx, parallel, cache_k, cache_v), m.recurrent_bytes_per_seq * parallel,
-                compute_bytes(m, ctx, parallel, cache_k, cache_v), overhead_mib * MIB, headroom_mib * MIB)
+                compute_bytes(m, ctx, parallel, cache_k, cache_v), overhead_mib * MIB, headroom_mib * MIB,
+                spec_bytes(m, ctx, parallel, spec_draft_max))
 
 
 def choose(m: ModelShape, ctx: int | None, parallel: int | None, cache_k: str, cache_v: str, gpu_mib: int,
-           headroom_mib: int = 1024, overhead_mib: int = 600) -> Plan:
+           headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0) -> Plan:
     """The set values, or for unset ones the largest of the ladder (ctx first, then slots)
     that fits. The plan returned may not fit: the caller refuses it with its numbers."""
     ctxs = [ctx] if ctx else [c for c in CTX_LADDER if not m.n_ctx_train or c <= m.n_ctx_train] or [CTX_LADDER[-1]]
     slots = [parallel] if parallel else list(SLOT_LADDER)
-    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib) for c in ctxs for s in slots]
+    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max)
+                  for c in ctxs for s in slots]
     return next((p for p in candidates if p.fits), candidates[-1])
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The preflight's VRAM verdict for one host: the resolved -c/-np, what to log, or why not."""
+    ctx: int | None
+    parallel: int | None
+    text: str | None
+    error: str | None
+    plan: Plan | None = None
+
+
+def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group_vars") -> Decision:
+    """Pure preflight decision. `header` is the model's parsed GGUF header, or the error text
+    from reading it. Rules:
+      * no header: refuse (vram_plan_required: true, the default), naming the error and the
+        fix; with vram_plan_required: false and server_ctx + server_parallel set, serve them
+        unchecked (logged as such); with either unset there is nothing to plan from: refuse.
+      * server_spec_mtp on a file without nextn layers: refuse with the fix.
+      * otherwise plan (MTP speculation counted when served) and refuse a plan that does not fit.
+    """
+    ctx, np_ = cfg["server_ctx"], cfg["server_parallel"]
+    url = cfg["model_url"]
+    if isinstance(header, str):
+        if not cfg.get("vram_plan_required", True) and ctx and np_:
+            return Decision(ctx, np_, f"not planned (vram_plan_required: false): could not read the GGUF "
+                                      f"header of {url} ({header})", None)
+        fix = ("make model_url reachable from the controller (HTTP Range) so the plan can be checked"
+               + ("" if ctx and np_ else ", or set server_ctx and server_parallel")
+               + "; to serve server_ctx/server_parallel unchecked set vram_plan_required: false")
+        return Decision(ctx, np_, None, f"{source}: model_url: cannot read the GGUF header of {url} to plan "
+                                        f"VRAM ({header}). Fix: {fix}")
+    m = ModelShape.from_header(header)
+    draft = 0
+    if cfg.get("server_spec_mtp"):
+        if not m.nextn_layers:
+            return Decision(ctx, np_, None, (
+                f"{source}: server_spec_mtp: is true, but {url} has no MTP head (nextn_predict_layers is "
+                f"{header.get('nextn_predict_layers', 0) or 0}, block_count {m.n_layer}). Fix: set "
+                "server_spec_mtp: false, or point model_url at a GGUF converted with its MTP block "
+                "(block_count 65, nextn_predict_layers 1 for Qwen3.6-27B)"))
+        draft = int(cfg.get("server_spec_draft_max", 3))
+    p = choose(m, ctx, np_, cfg["server_cache_type_k"], cfg["server_cache_type_v"], gpu_mib,
+               cfg["vram_headroom_mib"], cfg["vram_cuda_overhead_mib"], draft)
+    if p.fits:
+        return Decision(p.ctx, p.parallel, p.describe(), None, p)
+    fix = "lower server_ctx or server_parallel, use q8_0 KV (server_cache_type_k/v), or a smaller quant"
+    if draft:
+        fix = "set server_spec_mtp: false or lower server_spec_draft_max, or " + fix
+    return Decision(p.ctx, p.parallel, p.describe(), f"the model does not fit one GPU: {p.describe()}. Fix: {fix}", p)

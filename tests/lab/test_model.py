@@ -52,7 +52,7 @@ def test_interrupted_download_resumes_and_never_leaves_a_half_model(h):
     assert r.rc == 0, r.stderr
     assert ssh(h, f"sha256sum < {DEST} | cut -d' ' -f1") == st["model_sha256"]
     assert ssh(h, f"test -e {DEST}.part && echo yes || echo no") == "no"
-    resumed = [l for l in access_log_since(mark) if "tiny-qwen2" in l]
+    resumed = [l for l in access_log_since(mark) if "tiny-qwen35" in l]
     assert len(resumed) == 1 and '" 206 ' in resumed[0]
     sent = int(re.search(r'" 206 (\d+)', resumed[0]).group(1))
     assert sent == st["model_size"] - part  # only the missing bytes came again
@@ -84,8 +84,22 @@ def test_header_is_read_with_range_requests_only():
     st = lab()
     mark = log_mark()
     header = read_url(st["model_url"], chunk=1 << 20)
-    assert header.arch == "qwen2" and header.get("block_count") == 2
-    lines = [l for l in access_log_since(mark) if "tiny-qwen2" in l]
+    assert header.arch == "qwen35" and header.get("block_count") == 4 and header.get("full_attention_interval") == 4
+    lines = [l for l in access_log_since(mark) if "tiny-qwen35" in l]
     assert lines and all('" 206 ' in l for l in lines)
     sent = sum(int(re.search(r'" 206 (\d+)', l).group(1)) for l in lines)
     assert sent < st["model_size"] / 2
+
+
+def test_mirror_answers_with_the_lfs_sha256_and_pin_model_reads_it(tmp_path):
+    """The lab mirror sends X-Linked-Etag like Hugging Face; pin_model records and checks it."""
+    from voltafleet import pin_model
+
+    st = lab()
+    sha, _ = pin_model.linked_sha256(st["model_url"])
+    assert sha == st["model_sha256"]
+    f = tmp_path / "all.yml"
+    f.write_text(f"model_url: {st['model_url']}  # lab\nmodel_sha256: null  # pinned below\n")
+    assert pin_model.main(["--vars", str(f)]) == 0
+    assert f"model_sha256: {sha}  # pinned below" in f.read_text()
+    assert pin_model.main(["--vars", str(f), "--check"]) == 0
