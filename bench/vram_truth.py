@@ -2,7 +2,10 @@
 
 Measured: llama-server's own process memory (nvidia-smi --query-compute-apps) after load,
 from bench/gpu-loads-run*.json (bench/gpu_run.sh). Predicted: voltafleet.vram from the
-same model's GGUF header (tests/fixtures/gguf/). Overhead: 600 MiB (CUDA context).
+same model's GGUF header (tests/fixtures/gguf/). Overhead: 610 MiB (CUDA context + cuBLAS).
+Second table: the Qwen3.6-27B shape (hybrid qwen35, bench/qwen35-h200-run1.json), each
+term against llama.cpp's own CUDA0 buffer and the total against nvidia-smi's process memory
+after the first request.
 
     .venv/bin/python bench/vram_truth.py
 """
@@ -40,6 +43,36 @@ def main():
         worst = max(worst, abs(err))
         print(f"| {fixture} | {r['ctx']} | {r['parallel']} | {r['k']}/{r['v']} | {meas} | {pred:.0f} | {err:+.1f} % |")
     print(f"\nworst error {worst:.1f} %")
+    qwen35()
+
+
+def qwen35():
+    run = json.loads((REPO / "bench/qwen35-h200-run1.json").read_text())
+    fx = REPO / "tests/fixtures/gguf"
+    m = ModelShape.from_header(from_json(json.loads((fx / "qwen35-27b-q4ks.json").read_text())))
+    mm = ModelShape.from_header(from_json(json.loads((fx / "qwen35-27b-q4ks-mtp.json").read_text())))
+    print("\n| Qwen3.6-27B Q4_K_S | -c | -np | K/V | weights | KV | recurrent | compute | MTP | CUDA | "
+          "total planned | nvidia-smi | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    worst = 0.0
+    loads = [(r, m, 0) for r in run["ladder"]]
+    loads += [({**r, "ctx": 8192, "parallel": 4, "kv": "q8_0"}, mm, {"mtp-file-no-spec": 0, "mtp-spec-n1": 1,
+              "mtp-spec-n3": 3}[r["name"]]) for r in run["mtp"]]
+    for r, shape, draft in loads:
+        p = plan(shape, r["ctx"], r["parallel"], r["kv"], r["kv"], 143771, spec_draft_max=draft)
+        b = {}
+        for d, k, v in r["buffers"]:
+            if d == "CUDA0" and k not in b:
+                b[k] = v
+        meas = r["mem_after"]["proc_mib"]
+        err = (p.needed / MIB - meas) / meas * 100
+        worst = max(worst, abs(err))
+        t = lambda x: f"{x / MIB:,.1f}"  # noqa: E731
+        name = r["name"] if draft or r["name"].startswith("mtp") else ""
+        print(f"| {name} | {r['ctx']} | {r['parallel']} | {r['kv']} | {t(p.weights)} ({b['model']:,.1f}) | "
+              f"{t(p.kv)} ({b['KV']:,.1f}) | {t(p.recurrent)} ({b['RS']:,.1f}) | {t(p.compute)} ({b['compute']:,.1f}) | "
+              f"{t(p.spec)} | {t(p.overhead)} | {p.needed / MIB:,.0f} | {meas:,} | {err:+.2f} % |")
+    print(f"\nworst error {worst:.2f} % (in brackets: llama.cpp's own first CUDA0 buffer of that kind)")
 
 
 if __name__ == "__main__":
