@@ -53,7 +53,9 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
         args += ["--backend-sampling"]
     if cfg.get("server_spec_mtp"):
         # the model's own MTP head drafts; the preflight refuses a file without nextn layers
-        args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(cfg.get("server_spec_draft_max", 3))]
+        args += ["--spec-type", "draft-mtp"]
+    if cfg.get("server_spec_mtp") or draft_path:
+        args += ["--spec-draft-n-max", str(cfg.get("server_spec_draft_max", 3))]
     if draft_path:
         args += ["-md", draft_path, "-ngld", str(cfg["server_gpu_layers"]) if cuda else "0"]
     if api_key_file:
@@ -150,6 +152,10 @@ MANAGED: dict[str, tuple[str | None, str]] = {
     "-dev": (None, "each instance gets one GPU through CUDA_VISIBLE_DEVICES"),
     "-md": ("model_draft_url", "the draft model is fetched and verified like the model"),
     "-ngld": ("server_gpu_layers", "the draft model follows the model's offload"),
+    "-ctxcp": ("server_ctx_checkpoints", "prompt reuse on the hybrid model depends on it"),
+    "-bs": ("server_backend_sampling", ""),
+    "--spec-type": ("server_spec_mtp", "the preflight checks the file's MTP head and the VRAM plan counts it"),
+    "--spec-draft-n-max": ("server_spec_draft_max", "the VRAM plan counts a recurrent state a slot per draft token"),
     "--api-key-file": ("server_api_key_file", "the key file is installed 0600 for the service user"),
     "--api-key": ("server_api_key_file", "a key on the command line shows in `ps`"),
 }

@@ -167,7 +167,7 @@ def test_aliases_come_from_the_help_text():
 
 
 def test_harmless_extra_flags_pass(cfg):
-    cfg["server_extra_flags"] = ["--no-webui", "--alias qwen-27b", "--seed -1", "--spec-draft-n-max 4",
+    cfg["server_extra_flags"] = ["--no-webui", "--alias qwen-27b", "--seed -1", "--spec-draft-n-min 2",
                                  "--cors-origins https://chat.example.com"]
     assert validate_values("h1", cfg, SRC)["server_extra_flags"] == cfg["server_extra_flags"]
 
@@ -392,3 +392,8 @@ def test_an_empty_extra_flag_is_refused():
     for item in ("''", "", '""'):
         args, errors = split_extra([item])
         assert args == [] and "empty argument" in errors[0][0]
+
+
+def test_draft_count_belongs_to_its_key(cfg):
+    msg = refused({**cfg, "server_extra_flags": ["--spec-draft-n-max 4"]})
+    assert "server_spec_draft_max" in msg
