@@ -101,7 +101,7 @@ def test_model_transfer_cut_halfway_keeps_the_partial_and_the_next_run_resumes(c
     h = st["hosts"][0]
     part = int(ssh(h, f"stat -c %s {MODELS}/tiny-copy.gguf.part"))
     assert 0 < part < copy.stat().st_size
-    run = deploy(new_model_vars(st["model_url"].replace("tiny-qwen2-f16", "tiny-copy"), st["model_sha256"]), tmp_path)
+    run = deploy(new_model_vars(st["model_url"].rsplit("/", 1)[0] + "/tiny-copy.gguf", st["model_sha256"]), tmp_path)
     assert run.rc == 0, run  # resumed from the mirror, verified, served
     assert ssh(h, f"test -e {MODELS}/tiny-copy.gguf.part && echo yes || echo no") == "no"
     assert deploy().rc == 0
