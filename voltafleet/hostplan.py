@@ -229,25 +229,14 @@ def host_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
     return errors + disk_refusals(host_name, cfg, facts)
 
 
-def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None):
+def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None, sources: dict | None = None):
     """(cfg with -c/-np resolved, the vram.Plan or None, a note, an error or None) for the
-    smallest GPU of the host. `header` is the model's GGUF header, or why it could not be read."""
-    if isinstance(header, str) or header is None:
-        why = header or "no header"
-        if cfg["server_ctx"] and cfg["server_parallel"]:
-            return cfg, None, f"not planned: could not read the GGUF header ({why})", None
-        return cfg, None, None, (f"cannot read the GGUF header of model_url to plan VRAM ({why}). Fix: make "
-                                 "model_url reachable from the controller, or set server_ctx and server_parallel")
-    gpu_mib = min(g["memory_mib"] for g in gpus)
-    chosen = vram.choose(vram.ModelShape.from_header(header), cfg["server_ctx"], cfg["server_parallel"],
-                         cfg["server_cache_type_k"], cfg["server_cache_type_v"], gpu_mib,
-                         cfg["vram_headroom_mib"], cfg["vram_cuda_overhead_mib"])
-    resolved = {**cfg, "server_ctx": chosen.ctx, "server_parallel": chosen.parallel}
-    if chosen.fits:
-        return resolved, chosen, chosen.describe(), None
-    return resolved, chosen, chosen.describe(), (
-        f"the model does not fit one GPU: {chosen.describe()}. Fix: lower server_ctx or server_parallel, "
-        "use q8_0 KV (server_cache_type_k/v), or a smaller quant")
+    smallest GPU of the host (voltafleet.vram.decide). `header` is the model's GGUF header,
+    or why it could not be read: then the host is refused unless vram_plan_required is false."""
+    src = (sources or {}).get("model_url") or "group_vars"
+    d = vram.decide(cfg, min(g["memory_mib"] for g in gpus), header if header is not None else "no header",
+                    source=src)
+    return {**cfg, "server_ctx": d.ctx, "server_parallel": d.parallel}, d.plan, d.text, d.error
 
 
 # ---------------------------------------------------------------- the plan
@@ -264,7 +253,7 @@ def make_plan(host_name: str, cfg: dict, facts: HostFacts, header: Header | str 
     cuda = cfg["voltafleet_backend"] == "cuda"
     plan_vram = note = None
     if cuda and facts.gpus:
-        cfg, plan_vram, note, error = vram_decision(cfg, facts.gpus, header)
+        cfg, plan_vram, note, error = vram_decision(cfg, facts.gpus, header, sources)
         if error:
             refusals.append(f"{host_name}: {error}")
     files = model_files(cfg)

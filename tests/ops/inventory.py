@@ -64,4 +64,7 @@ fleet = load_or_exit({_group: [_host(h) for h in _s.get("hosts", [_s])]}, origin
                      overrides={
                          "model_sha256": "a" * 64,
                          "model_url": "http://127.0.0.1:9/models/Qwen3.6-27B-Q4_K_S.gguf",
+                         # no model mirror here: the driver scenarios serve the group's -c/-np unplanned
+                         # (test_vram_refusal.py serves a real header and plans)
+                         "vram_plan_required": False,
                      })[_group]
