@@ -127,7 +127,9 @@ def restarted(plan: HostPlan, env_ops: dict, everything_ops: list):
 
 def restart_command(index: int) -> str:
     """Enable and restart one instance; `active` only once /health answers (ExecStartPost)."""
-    return f"systemctl enable llama-server@{index}.service && systemctl restart llama-server@{index}.service"
+    unit = f"llama-server@{index}.service"
+    # reset-failed: a unit that crash-looped into its start limit would refuse the restart
+    return f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart {unit}"
 
 
 def _drained_restart(state, host, plan: HostPlan, index: int) -> None:

@@ -26,6 +26,7 @@ from roles import gateway
 from roles.common import changes, sh
 from roles.facts import Releases
 from roles.helpers import SMOKE_CLIENT, bin_path
+from roles.server import restart_command
 from voltafleet import smoke as smokemod
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, GOOD_DIR, UNIT_PATH, HostPlan
 
@@ -132,7 +133,7 @@ def _measure(state, host, plan: HostPlan) -> None:
     elif not has_good:
         msg += "\nno release has passed a smoke test on this host yet: nothing to roll back to"
     else:
-        restarts = " && ".join(f"systemctl restart {i.unit}" for i in plan.instances)
+        restarts = " && ".join(restart_command(i.index) for i in plan.instances)
         ok, out = sh(host, f"set -e; {_good(plan, 'restore')}; {restarts}")
         report["rolled_back"] = True
         if not ok:

@@ -44,7 +44,7 @@ def test_every_instance_is_a_health_checked_backend(gw):
 def test_requests_and_prometheus_metrics_through_the_gateway(gw):
     load = Load(URL, clients=2, tokens=8, seconds=10, max_requests=6).start()
     s = load.stop()
-    assert s["served"] == 6 and s["failed"] == 0
+    assert s["served"] >= 6 and s["failed"] == 0, s
     metrics = ssh(gw, "curl -s http://127.0.0.1:18404/metrics")
     assert "haproxy_backend_http_responses_total" in metrics
 

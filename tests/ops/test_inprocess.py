@@ -121,7 +121,7 @@ def test_restart_only_changed_instances_one_at_a_time(plan):
     fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
     envs = {0: FakeOp(False), 1: FakeOp(True)}
     assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[FakeOp(False)]) == [
-        "systemctl enable llama-server@1.service && systemctl restart llama-server@1.service"]
+        "systemctl reset-failed llama-server@1.service 2>/dev/null; systemctl enable llama-server@1.service && systemctl restart llama-server@1.service"]
     assert len(commands(restarted, fake, plan, env_ops=envs, everything_ops=[FakeOp(True)])) == 2
     none = {0: FakeOp(False), 1: FakeOp(False)}
     assert commands(restarted, fake, plan, env_ops=none, everything_ops=[FakeOp(False)]) == []
@@ -131,7 +131,7 @@ def test_prepare_phase_uses_will_change(plan):
     fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
     envs = {0: FakeOp(True, complete=False), 1: FakeOp(False, complete=False)}
     assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == [
-        "systemctl enable llama-server@0.service && systemctl restart llama-server@0.service"]
+        "systemctl reset-failed llama-server@0.service 2>/dev/null; systemctl enable llama-server@0.service && systemctl restart llama-server@0.service"]
 
 
 def test_retired_instance_is_disabled_and_its_env_removed(plan):
