@@ -42,7 +42,9 @@ def test_every_instance_is_a_health_checked_backend(gw):
 
 
 def test_requests_and_prometheus_metrics_through_the_gateway(gw):
-    load = Load(URL, clients=2, tokens=8, seconds=10, max_requests=6).start()
+    load = Load(URL, clients=2, tokens=8, seconds=60, max_requests=6).start()
+    for t in load.threads:
+        t.join(timeout=70)
     s = load.stop()
     assert s["served"] >= 6 and s["failed"] == 0, s
     metrics = ssh(gw, "curl -s http://127.0.0.1:18404/metrics")
@@ -68,7 +70,9 @@ def test_fleet_keeps_serving_through_a_rolling_rollout_of_every_instance(gw, tmp
     before = {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
     load = Load(URL, clients=4, tokens=32, seconds=600, max_requests=3000).start()
     try:
-        run, report = rollout(["--batch", "1"], vars={"server_threads": 2}, tmp=tmp_path)
+        # the load shares the lab's two cores with the smoke test: judge serving, not speed, here
+        run, report = rollout(["--batch", "1"], vars={"server_threads": 2, "smoke_min_single_tps": 0.5,
+                                                      "smoke_min_aggregate_tps": 0.5}, tmp=tmp_path)
     finally:
         s = load.stop()
     print(f"\nload through the gateway during a rolling rollout: {json.dumps(s)}")
