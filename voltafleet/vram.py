@@ -69,8 +69,8 @@ class ModelShape:
         n_embd = int(h.get("embedding_length"))
         ff = h.get("feed_forward_length", 0)
         n_ff = int(max(ff) if isinstance(ff, list) else ff)
-        n_head = _first(h.get("attention.head_count"))
-        n_head_kv = _first(h.get("attention.head_count_kv", n_head))
+        n_head = _max_of(h.get("attention.head_count"))
+        n_head_kv = _max_of(h.get("attention.head_count_kv", n_head))
         head_k = int(h.get("attention.key_length", n_embd // n_head))
         head_v = int(h.get("attention.value_length", n_embd // n_head))
         names = {t.name for t in h.tensors}
@@ -105,7 +105,8 @@ class ModelShape:
                    int(h.get("context_length", 0)), weights, attn, swa, window, recurrent, nextn, mtp)
 
 
-def _first(v):
+def _max_of(v):
+    """A per-layer list (hybrid models give 0 for recurrent layers) or a scalar: its largest value."""
     return int(max(v) if isinstance(v, list) else v)
 
 
