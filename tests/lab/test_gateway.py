@@ -68,7 +68,7 @@ def test_api_key_is_passed_through_to_the_servers(gw, tmp_path):
 def test_fleet_keeps_serving_through_a_rolling_rollout_of_every_instance(gw, tmp_path):
     hosts = lab()["hosts"]
     before = {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
-    load = Load(URL, clients=4, tokens=32, seconds=600, max_requests=3000).start()
+    load = Load(URL, clients=4, tokens=32, seconds=600, max_requests=20000).start()
     try:
         # the load shares the lab's two cores with the smoke test: judge serving, not speed, here
         run, report = rollout(["--batch", "1"], vars={"server_threads": 2, "smoke_min_single_tps": 0.5,
@@ -76,6 +76,8 @@ def test_fleet_keeps_serving_through_a_rolling_rollout_of_every_instance(gw, tmp
     finally:
         s = load.stop()
     print(f"\nload through the gateway during a rolling rollout: {json.dumps(s)}")
+    (REPO / "reports").mkdir(exist_ok=True)
+    (REPO / "reports" / "load-during-rollout.json").write_text(json.dumps({**s, "rollout_s": report.get("seconds")}) + "\n")
     assert run.rc == 0, run
     assert all(main_pid(h, i) != before[(h["name"], i)] for h in hosts for i in (0, 1))  # every instance restarted
     assert s["served"] > 20 and s["failed"] == 0, s
