@@ -122,10 +122,18 @@ def compiled(plan: HostPlan, strategy: str):
         return
     if fp in host.get_fact(Releases, root=plan.root)["releases"]:
         return
-    if strategy == "shared" and builder_of(fp) != host.name:
-        return
+    if strategy == "shared" and (cached(fp) or builder_of(fp) != host.name):
+        return  # shipped: from the controller's cache, or from the host that compiles it now
     toolkit = host.get_fact(NvccVersion, path=f"{plan.build.cuda_bin}/nvcc") if plan.build.cuda_bin else None
     yield live(build_command(plan, fp, toolkit, host.get_fact(HostBasics)["cxx"]))
+    if strategy == "shared":  # later batches of a rolling rollout install it without compiling again
+        yield FunctionCommand(lambda state, host: _archive_from(host, plan.root, fp), (), {})
+
+
+def cached(fp: str) -> bool:
+    """The controller holds release fp's archive (and its checksum) from an earlier build."""
+    archive = RELEASE_CACHE / f"{fp}.tar.gz"
+    return archive.exists() and archive.with_suffix(".sha256").exists()
 
 
 _ARCHIVE_LOCKS: dict[str, Semaphore] = {}
@@ -136,7 +144,7 @@ def _archive_from(builder, root: str, fp: str) -> Path:
     many hosts ask for it at the same time."""
     with _ARCHIVE_LOCKS.setdefault(fp, Semaphore()):
         archive = RELEASE_CACHE / f"{fp}.tar.gz"
-        if archive.exists() and archive.with_suffix(".sha256").exists():
+        if cached(fp):
             return archive
         RELEASE_CACHE.mkdir(parents=True, exist_ok=True)
         remote = f"{root}/releases/{fp}.tar.gz"
@@ -169,7 +177,8 @@ def _ship(state, host, plan: HostPlan, fp: str) -> None:
     if not ok:
         raise OperationError(f"release {fp} from {builder_name} failed its checksum or self-check on "
                              f"{host.name}: {out.stderr}")
-    logger.info(f"{host.name}: installed release {fp} built on {builder_name} (no compile)")
+    logger.info(f"{host.name}: installed release {fp} from the controller's cache (built on "
+                f"{builder_name if not cached(fp) or builder_name != host.name else 'an earlier run'}; no compile)")
 
 
 @operation()
@@ -185,7 +194,9 @@ def shipped(plan: HostPlan):
     if fp is None:
         yield StringCommand("# install the release of this host's fingerprint")
         return
-    if fp in host.get_fact(Releases, root=plan.root)["releases"] or builder_of(fp) == host.name:
+    if fp in host.get_fact(Releases, root=plan.root)["releases"]:
+        return
+    if builder_of(fp) == host.name and not cached(fp):
         return
     yield FunctionCommand(_ship, (plan, fp), {})
 

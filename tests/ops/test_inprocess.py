@@ -158,3 +158,20 @@ def test_with_a_gateway_each_restart_is_drained_first(plan):
     fake.state.inventory, fake.state.active_hosts = [gw, fake], {gw, fake}
     envs = {0: FakeOp(True), 1: FakeOp(False)}
     assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == ["<function _drained_restart>"]
+
+
+def test_shared_release_in_the_controller_cache_is_shipped_not_compiled(plan, tmp_path, monkeypatch):
+    """A later batch of a rolling rollout: no host of this run has the release, the cache does."""
+    import roles.llama_cpp as lc
+    from roles.llama_cpp import shipped
+
+    fp = plan.build.fingerprint(None, CXX)
+    monkeypatch.setattr(lc, "RELEASE_CACHE", tmp_path)
+    monkeypatch.setattr(lc, "builder_of", lambda fp: "gpu-01")  # this host would be the builder
+    fake = host_with()
+    assert len(commands(compiled, fake, plan, strategy="shared")) == 2  # compile, then cache the archive
+    assert commands(shipped, fake, plan) == []
+    (tmp_path / f"{fp}.tar.gz").write_bytes(b"x")
+    (tmp_path / f"{fp}.tar.sha256").write_text("y\n")
+    assert commands(compiled, fake, plan, strategy="shared") == []
+    assert commands(shipped, fake, plan) == ["<function _ship>"]
