@@ -7,7 +7,7 @@ import pytest
 
 from lab import fleet
 from tests.lab.helpers import (build_info, compiled_here, current_release, deploy, lab, main_pid, report,
-                               ssh, th)
+                               rollout, ssh, th)
 
 
 @pytest.fixture
@@ -90,11 +90,13 @@ def test_host_joining_later_gets_the_release_without_compiling(hosts, joining_ho
 
 
 def test_changed_ref_rebuilds_once_and_switches_every_host(converged, tmp_path):
+    """Through a rolling rollout, one host a batch: the canary compiles, every later batch
+    installs the release from the controller's cache (one compile for the whole fleet)."""
     all_hosts = lab()["hosts"]
     before = current_release(all_hosts[0])
     pids = {h["name"]: main_pid(h, 0) for h in all_hosts}
-    run = deploy({"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp_path)
-    assert run.rc == 0, run
+    run, report = rollout(["--batch", "1"], vars={"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp=tmp_path)
+    assert run.rc == 0 and report["ok"], run
     after = {current_release(h) for h in all_hosts}
     assert len(after) == 1 and before not in after
     fp = after.pop()
