@@ -101,9 +101,9 @@ def report(host: dict) -> dict:
 
 
 def rollout(args: list[str] = (), vars: dict | None = None, host_vars: dict | None = None,
-            tmp: Path | None = None, timeout: int = 1800) -> tuple[Run, dict]:
+            tmp: Path | None = None, timeout: int = 1800, env: dict | None = None) -> tuple[Run, dict]:
     """Run the rolling driver on the lab inventory; (its output, the fleet report)."""
-    e = run_env(vars, host_vars, tmp)
+    e = run_env(vars, host_vars, tmp, env)
     latest = REPO / "reports" / "rollout-latest.json"
     latest.unlink(missing_ok=True)
     proc = subprocess.run([sys.executable, "-m", "rollout", "inventory/lab.py", *args], cwd=REPO, env=e,
@@ -113,3 +113,9 @@ def rollout(args: list[str] = (), vars: dict | None = None, host_vars: dict | No
 
 def env_file(host: dict, i: int = 0) -> str:
     return ssh(host, f"cat /etc/voltafleet/llama-server/{i}.env")
+
+
+def fresh_cache(tmp: Path) -> dict:
+    """A run environment with an empty controller release cache: a test that counts compiles
+    must not find the archive an earlier test's build left there."""
+    return {"VOLTAFLEET_RELEASE_CACHE": str(tmp / "release-cache")}

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from lab import fleet
-from tests.lab.helpers import (PYINFRA, REPO, current_release, deploy, env_file, lab, main_pid, rollout, ssh)
+from tests.lab.helpers import (PYINFRA, REPO, current_release, deploy, env_file, fresh_cache, lab, main_pid, rollout,
+                               ssh)
 
 RECORD = REPO / "reports" / "faults.jsonl"
 MODELS = "/var/lib/voltafleet/models"
@@ -196,7 +197,7 @@ def test_build_host_lost_during_a_shared_build_is_reported_and_a_rerun_builds(ca
     builder = hosts[0]
     before = {h["name"]: current_release(h) for h in hosts}
     (tmp_path / "v.yml").write_text("llama_cpp_cmake_extra: ['-DLLAMA_FAULT_TEST=ON']\n")
-    e = {**os.environ, "VOLTAFLEET_VARS": str(tmp_path / "v.yml")}
+    e = {**os.environ, "VOLTAFLEET_VARS": str(tmp_path / "v.yml"), **fresh_cache(tmp_path)}  # a real compile
     proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO, env=e,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = []
@@ -213,7 +214,7 @@ def test_build_host_lost_during_a_shared_build_is_reported_and_a_rerun_builds(ca
         assert current_release(h) == before[h["name"]]  # nothing switched on the others
         assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
     fleet.up(len(lab()["hosts"]))
-    run = deploy({"llama_cpp_cmake_extra": ["-DLLAMA_FAULT_TEST=ON"]}, tmp_path)
+    run = deploy({"llama_cpp_cmake_extra": ["-DLLAMA_FAULT_TEST=ON"]}, tmp_path, env=fresh_cache(tmp_path))
     assert run.rc == 0, run
     assert len({current_release(h) for h in hosts}) == 1
     assert deploy().rc == 0

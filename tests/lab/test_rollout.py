@@ -7,7 +7,7 @@ import pytest
 
 from lab import fleet
 from tests.lab.helpers import (build_info, compiled_here, current_release, deploy, lab, main_pid, report,
-                               rollout, ssh, th)
+                               fresh_cache, rollout, ssh, th)
 
 
 @pytest.fixture
@@ -95,7 +95,8 @@ def test_changed_ref_rebuilds_once_and_switches_every_host(converged, tmp_path):
     all_hosts = lab()["hosts"]
     before = current_release(all_hosts[0])
     pids = {h["name"]: main_pid(h, 0) for h in all_hosts}
-    run, report = rollout(["--batch", "1"], vars={"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp=tmp_path)
+    run, report = rollout(["--batch", "1"], vars={"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp=tmp_path,
+                          env=fresh_cache(tmp_path))
     assert run.rc == 0 and report["ok"], run
     after = {current_release(h) for h in all_hosts}
     assert len(after) == 1 and before not in after
@@ -119,7 +120,7 @@ def test_changed_cmake_flag_rebuilds_once_and_switches_every_host(converged, tmp
     all_hosts = lab()["hosts"]
     before = current_release(all_hosts[0])
     extra = {"llama_cpp_cmake_extra": ["-DLLAMA_BUILD_COMMON=ON"]}  # same binary, a new fingerprint
-    run = deploy(extra, tmp_path)
+    run = deploy(extra, tmp_path, env=fresh_cache(tmp_path))
     assert run.rc == 0, run
     after = {current_release(h) for h in all_hosts}
     assert len(after) == 1 and before not in after
@@ -172,7 +173,7 @@ def test_failed_smoke_rolls_back_to_the_last_good_flags(converged, tmp_path):
 WRAPPER = "/usr/local/bin/c++"
 
 
-def test_a_toolchain_upgrade_rebuilds_exactly_once_per_fingerprint(converged):
+def test_a_toolchain_upgrade_rebuilds_exactly_once_per_fingerprint(converged, tmp_path):
     """Issue 12's toolkit upgrade, through the fingerprint input the lab has: every host's
     C++ toolchain reports a new version (as nvcc 12.8 -> 12.9 would on a CUDA fleet); the
     fleet gets one compile, shipped to the other hosts; back, it switches without one."""
@@ -182,7 +183,7 @@ def test_a_toolchain_upgrade_rebuilds_exactly_once_per_fingerprint(converged):
     try:
         for h in every:
             ssh(h, f"printf '{script}' > {WRAPPER} && chmod 755 {WRAPPER}")
-        run = deploy()
+        run = deploy(tmp=tmp_path, env=fresh_cache(tmp_path))
         assert run.rc == 0, run
         after = {current_release(h) for h in every}
         assert len(after) == 1 and before not in after
