@@ -20,11 +20,17 @@ def sources() -> dict:
     return cli_sources(host.data.get(SOURCES_KEY), inventory.get_override_data())
 
 
+def host_config(h) -> dict:
+    """Host h's voltafleet variables as its data holds them (another host: a builder, a server
+    the gateway lists); the current host's validated ones are config()'s."""
+    return {k: h.data.get(k) for k in SCHEMA}
+
+
 def config() -> dict:
     """This host's variables, validated whatever their source: group_vars and the
     inventory (checked when it loaded) and pyinfra's own `--data key=value`."""
     try:
-        return validate_values(host.name, {k: host.data.get(k) for k in SCHEMA}, sources())
+        return validate_values(host.name, host_config(host), sources())
     except ConfigError as e:
         raise ConfigRefused(str(e)) from None
 

@@ -20,11 +20,10 @@ from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config, sh
+from roles.common import changes, config, host_config, sh
 from roles.facts import Gpus
 from voltafleet import gateway as gw
 from voltafleet import hostplan
-from voltafleet.config import SCHEMA
 
 GROUP = "gateway"
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "haproxy.cfg.j2"
@@ -47,7 +46,7 @@ def server_backends(state) -> list[gw.Backend]:
     for h in state.inventory:
         if is_gateway(h) or h not in state.active_hosts:
             continue
-        cfg = {k: h.data.get(k) for k in SCHEMA}
+        cfg = host_config(h)
         gpus = h.get_fact(Gpus) if cfg["voltafleet_backend"] == "cuda" else []
         address = cfg["server_address"] or h.data.get("ssh_hostname") or h.name
         servers.append((h.name, address, [i.port for i in hostplan.instances(cfg, gpus)]))

@@ -25,11 +25,10 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.common import connector_args, live, sh
+from roles.common import connector_args, host_config, live, sh
 from roles.facts import Gpus, HostBasics, NvccVersion, Releases
 from roles.helpers import bin_path
 from voltafleet import hostplan
-from voltafleet.config import SCHEMA
 from voltafleet.hostplan import BuildSpec, HostPlan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +68,7 @@ def resolve_ref(repo: str, ref: str) -> str:
 
 def host_build(h) -> BuildSpec:
     """Host h's build inputs, from its variables and GPUs (the same rule as its plan)."""
-    cfg = {k: h.data.get(k) for k in SCHEMA}
+    cfg = host_config(h)
     cuda = cfg["voltafleet_backend"] == "cuda"
     archs = hostplan.cuda_archs(cfg, h.get_fact(Gpus)) if cuda else []
     return hostplan.build_spec(cfg, archs, resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"]))

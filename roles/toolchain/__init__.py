@@ -37,6 +37,14 @@ APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-con
 GPU_HEALTH: dict[str, dict] = {}
 
 
+def _driver_plan(os_id: str, source: str, branch: int, flavour: str, target: str | None, nvswitch: bool) -> dict:
+    """voltafleet.nvidia.driver_plan from this host's live facts (packages, loaded module, candidate)."""
+    key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
+    candidate = host.get_fact(AptCandidate, package=key) if target == "latest" else None
+    return nvidia.driver_plan(os_id, source, branch, flavour, target, host.get_fact(NvidiaPackages),
+                              loaded=host.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
+
+
 @operation()
 def driver_converged(os_id: str, source: str, branch: int, flavour: str, target: str | None,
                      nvswitch: bool = False, before_stop=None):
@@ -55,10 +63,7 @@ def driver_converged(os_id: str, source: str, branch: int, flavour: str, target:
         driver_converged(os_id="ubuntu-24.04", source="nvidia_repo", branch=580,
                          flavour="proprietary", target="latest", nvswitch=False)
     """
-    key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
-    candidate = host.get_fact(AptCandidate, package=key) if target == "latest" else None
-    plan = nvidia.driver_plan(os_id, source, branch, flavour, target, host.get_fact(NvidiaPackages),
-                              loaded=host.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
+    plan = _driver_plan(os_id, source, branch, flavour, target, nvswitch)
     if not plan["reboot"]:
         return
     if host.state.is_executing:
@@ -88,10 +93,7 @@ def driver_held(os_id: str, source: str, branch: int, flavour: str, target: str 
 
         driver_held(os_id="ubuntu-24.04", source="nvidia_repo", branch=580, flavour="proprietary", target=None)
     """
-    key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
-    candidate = host.get_fact(AptCandidate, package=key) if target == "latest" else None
-    plan = nvidia.driver_plan(os_id, source, branch, flavour, target, host.get_fact(NvidiaPackages),
-                              loaded=host.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
+    plan = _driver_plan(os_id, source, branch, flavour, target, nvswitch)
     if not plan["reboot"] and plan["hold"]:
         yield "apt-mark hold " + " ".join(plan["hold"])
 
