@@ -6,14 +6,13 @@
 
 Server hosts, top to bottom: preflight (facts and the host's plan; refuse bad hosts before
 any change), helper scripts, toolchain, llama.cpp release, model, servers, smoke test
-(with rollback). Hosts of the `gateway` group run HAProxy in front of every server.
+(restart, with rollback on any failure). Hosts of the `gateway` group run HAProxy in front of every server.
 The rolling driver runs this file per phase (VOLTAFLEET_PHASE: preflight, gateway, batch).
 """
-import os
-
 from pyinfra import host
 
-from roles.gateway import drain_host, gateway, is_gateway
+from roles.common import drain_host, is_gateway, run_context
+from roles.gateway import gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
 from roles.model import model
@@ -22,7 +21,7 @@ from roles.server import server
 from roles.smoke import smoke
 from roles.toolchain import toolchain
 
-phase = os.environ.get("VOLTAFLEET_PHASE", "all")
+phase = run_context().phase
 
 if is_gateway(host):
     if phase in ("all", "gateway"):
@@ -34,5 +33,5 @@ else:
         driver_op = toolchain(plan, before_driver_change=drain_host(plan))  # drained before a driver change
         llama_cpp(plan)
         model_ops = model(plan)
-        restart_op = server(plan, [*model_ops, driver_op])  # a new model or driver restarts every instance
-        smoke(plan, restart_op)
+        changes = server(plan, [*model_ops, driver_op])  # a new model or driver restarts every instance
+        smoke(plan, changes)  # restart (drained), smoke, probe; rollback on any failure; the outcome record

@@ -1,18 +1,99 @@
-"""Helpers shared by the roles: the current host's validated variables, and whether an
-earlier operation changes (or changed) the host."""
+"""What the roles share (roles never import each other): the run context, the current
+host's validated variables, change tracking, shell helpers, ref resolution and release
+fingerprints, the restart command, the gateway's runtime API (drain, ready) and the
+per-host outcome record the rolling driver reads."""
 from __future__ import annotations
 
-from pyinfra import host, inventory
+import shlex
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from pyinfra import host, inventory, logger
 from pyinfra.api import FunctionCommand, OperationError
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import PyinfraError
 
+from roles.facts import Gpus, HAProxyServers, HostBasics, NvccVersion
+from voltafleet import gateway as gw
+from voltafleet import hostplan, outcome, refs
 from voltafleet.config import SCHEMA, ConfigError, cli_sources, validate_values
+from voltafleet.fleetplan import FleetPlan
 from voltafleet.groupvars import SOURCES_KEY
+from voltafleet.hostplan import BuildSpec
+from voltafleet.lock import FleetLock, LockHeld
+from voltafleet.runctx import RunContext
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE_CLIENT = "voltafleet-smoke"
+GATEWAY_GROUP = "gateway"
 
 
 class ConfigRefused(PyinfraError):
     pass
+
+
+class RefError(PyinfraError):
+    pass
+
+
+# ---------------------------------------------------------------- the run
+
+
+@lru_cache(maxsize=1)
+def run_context() -> RunContext:
+    """The rollout <-> deploy settings, read once from the environment."""
+    return RunContext.from_env()
+
+
+@lru_cache(maxsize=1)
+def fleet_plan() -> FleetPlan | None:
+    """The rolling driver's fleet plan (None in a plain pyinfra run)."""
+    path = run_context().fleet_plan
+    return FleetPlan.load(path) if path else None
+
+
+_LOCK: list[FleetLock] = []
+
+
+def hold_fleet_lock(state) -> None:
+    """One rollout at a time: a plain deploy takes the fleet's lock for the whole run; a
+    batch of the rolling driver runs under the driver's lock. Another holder refuses the
+    run before anything changes."""
+    if _LOCK:
+        return
+    names = [h.name for h in state.inventory]
+    lock = FleetLock.for_hosts(names, "pyinfra " + " ".join(sys.argv[1:])[:200])
+    try:
+        lock.acquire(allow_pid=run_context().lock_owner)
+    except LockHeld as e:
+        raise PyinfraError(f"voltafleet: {e}") from None
+    if lock.warning:
+        logger.warning(f"voltafleet: {lock.warning}")
+    _LOCK.append(lock)
+
+
+def report_dir(cfg: dict) -> Path:
+    """The driver's run directory, else smoke_report_dir."""
+    d = Path(run_context().report_dir or cfg["smoke_report_dir"])
+    return d if d.is_absolute() else REPO / d
+
+
+def record(cfg: dict, name: str, status: str, reason: str = "", **fields) -> outcome.HostOutcome:
+    """Write this run's outcome record for host `name` (the driver's only source of a verdict)."""
+    ctx = run_context()
+    rec = outcome.HostOutcome(host=name, run=ctx.run, status=status, reason=reason, rollout=ctx.rollout,
+                              batch=ctx.batch, time=time.time(), **fields)
+    outcome.write(report_dir(cfg), rec)
+    return rec
+
+
+def recorded(cfg: dict, name: str) -> outcome.HostOutcome | None:
+    return outcome.read(report_dir(cfg), name, run_context().run)
+
+
+# ---------------------------------------------------------------- variables and changes
 
 
 def sources() -> dict:
@@ -41,6 +122,9 @@ def changes(op) -> bool:
     if op is None:
         return False
     return op.did_change() if op.is_complete() else op.will_change
+
+
+# ---------------------------------------------------------------- shell
 
 
 class LiveCommand(FunctionCommand):
@@ -75,3 +159,142 @@ def sh(h, command: str, **kwargs):
     """Run a shell command on host h (this one or another: a builder, a gateway) with its
     connector arguments, e.g. sudo on a prod host that connects as an ordinary user."""
     return h.run_shell_command(command, **connector_args(h), **kwargs)
+
+
+def q(*args: str) -> str:
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def bin_path(plan, name: str) -> str:
+    """Where a helper script is installed on the host."""
+    return f"{plan.root}/bin/{name}"
+
+
+# ---------------------------------------------------------------- releases
+
+
+def resolve_ref(repo: str, ref: str) -> str:
+    """The commit of (repo, ref): the fleet plan's (resolved once per rollout), else
+    resolved on the controller once per run."""
+    plan = fleet_plan()
+    if plan and plan.commit(repo, ref):
+        return plan.commit(repo, ref)
+    try:
+        return refs.resolve(repo, ref)
+    except refs.RefError as e:
+        raise RefError(str(e)) from None
+
+
+def host_build(h) -> BuildSpec:
+    """Host h's build inputs, from its variables and GPUs (the same rule as its plan)."""
+    cfg = host_config(h)
+    cuda = cfg["voltafleet_backend"] == "cuda"
+    archs = hostplan.cuda_archs(cfg, h.get_fact(Gpus)) if cuda else []
+    return hostplan.build_spec(cfg, archs, resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"]))
+
+
+def host_fingerprint(h, build: BuildSpec | None = None) -> str | None:
+    """Host h's fingerprint from its live facts; None while it has no compiler yet."""
+    cxx = h.get_fact(HostBasics)["cxx"]
+    if not cxx:
+        return None
+    build = build or host_build(h)
+    toolkit = h.get_fact(NvccVersion, path=f"{build.cuda_bin}/nvcc") if build.cuda_bin else None
+    return build.fingerprint(toolkit, cxx)
+
+
+def restart_command(index: int) -> str:
+    """Enable and restart one instance; `active` only once /health answers (ExecStartPost)."""
+    unit = f"llama-server@{index}.service"
+    # reset-failed: a unit that crash-looped into its start limit would refuse the restart
+    return f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart {unit}"
+
+
+# ---------------------------------------------------------------- the gateway's runtime API
+
+
+class DrainError(OperationError):
+    """An instance could not be confirmed out of rotation: it is not restarted."""
+
+
+def is_gateway(h) -> bool:
+    return GATEWAY_GROUP in h.groups
+
+
+def gateway_hosts(state) -> list:
+    """The gateway hosts taking part in this run (connected, not failed)."""
+    return [h for h in state.inventory if is_gateway(h) and h in state.active_hosts]
+
+
+def missing_gateways(state) -> list[str]:
+    """Gateways of the inventory that this run cannot reach (or does not include)."""
+    return [h.name for h in state.inventory if is_gateway(h) and h not in state.active_hosts]
+
+
+def _run(gateway_host, command: str, what: str) -> str:
+    ok, out = sh(gateway_host, command)
+    if not ok:
+        raise DrainError(f"gateway {gateway_host.name}: {what} failed ({out.stderr.strip()[:200] or 'no output'})")
+    return out.stdout
+
+
+def drain(state, server_name: str, index: int, timeout_s: float) -> int:
+    """Take an instance out of rotation on every gateway, confirm it, and wait (up to
+    timeout_s) for its streams to finish. Returns the streams still open at the deadline
+    (cut by the restart). DrainError when a gateway does not list the instance or its
+    runtime API does not answer: then nothing may restart."""
+    name = gw.backend_name(server_name, index)
+    gateways = gateway_hosts(state)
+    for g in gateways:
+        _run(g, gw.set_state(server_name, index, "drain"), f"drain {name}")
+        status = gw.server_states(_run(g, gw.runtime("show stat"), "show stat")).get(name)
+        if status is None:
+            raise DrainError(f"gateway {g.name} does not list backend {name}: it cannot be drained, so it is "
+                             "not restarted. Fix: re-run the gateway (its configuration lacks this instance)")
+        if not status.startswith(("DRAIN", "MAINT", "DOWN")):
+            raise DrainError(f"gateway {g.name}: {name} is {status} after `drain`: not confirmed, not restarted")
+    deadline = time.monotonic() + timeout_s
+    open_streams = 0
+    for g in gateways:
+        while True:
+            open_streams = gw.current_sessions(_run(g, gw.runtime("show stat"), "show stat"), name) or 0
+            if not open_streams or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if open_streams:
+            logger.warning(f"{g.name}: {name} still has {open_streams} stream(s) after {timeout_s:.0f} s: "
+                           "the restart cuts them")
+    return open_streams
+
+
+def out_of_rotation(state, server_name: str, indexes) -> bool:
+    """True when a gateway holds one of these instances drained or in maintenance."""
+    names = {gw.backend_name(server_name, i) for i in indexes}
+    for g in gateway_hosts(state):
+        servers = g.get_fact(HAProxyServers)
+        if any(servers.get(n, "").startswith(("DRAIN", "MAINT")) for n in names):
+            return True
+    return False
+
+
+def ready(state, server_name: str, indexes) -> None:
+    """Put instances back in rotation on every gateway (health checks still apply)."""
+    for g in gateway_hosts(state):
+        for i in indexes:
+            _run(g, gw.set_state(server_name, i, "ready"), f"ready {gw.backend_name(server_name, i)}")
+
+
+def drain_timeout(cfg: dict) -> float:
+    """How long a drain waits for streams: gateway_drain_timeout_s, by default the gateway's
+    own stream timeout (no stream is cut)."""
+    return cfg["gateway_drain_timeout_s"] if cfg["gateway_drain_timeout_s"] is not None \
+        else cfg["gateway_stream_timeout_s"]
+
+
+def drain_host(plan):
+    """A hook (state, host) that drains every instance of the host on the gateways (the
+    toolchain role calls it before the servers stop for a driver change)."""
+    def hook(state, host):
+        for inst in plan.instances:
+            drain(state, host.name, inst.index, drain_timeout(plan.cfg))
+    return hook

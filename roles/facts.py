@@ -10,6 +10,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from voltafleet import gateway as gw
 from voltafleet.nvidia import gpus_from_lspci
 
 
@@ -211,3 +212,31 @@ class AptHolds(FactBase):
 
     def process(self, output):
         return [line.strip() for line in output if line.strip()]
+
+
+class HAProxyServers(FactBase):
+    """{server: status} of the llama backend, from HAProxy's runtime API (`show stat`)."""
+
+    @staticmethod
+    def default():
+        return {}
+
+    def command(self) -> str:
+        return f"[ -S {gw.ADMIN_SOCKET} ] && {gw.runtime('show stat')} || true"
+
+    def process(self, output):
+        return gw.server_states("\n".join(output))
+
+
+class HAProxyBackends(FactBase):
+    """The llama backend's servers as the live configuration lists them: [(name, address, port)]."""
+
+    @staticmethod
+    def default():
+        return []
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output):
+        return gw.configured_servers("\n".join(output))

@@ -2,24 +2,28 @@
 
     python -m rollout inventory/prod.py [--canary 1] [--batch 25%] [--fail-percent 10]
 
+0. the fleet's lock (one rollout at a time: a second one refuses at once); the fleet plan,
+   decided once: each llama.cpp ref's commit, each model's size, then (after preflight)
+   every server host's instances and the builder of each release fingerprint;
 1. preflight on every host (pyinfra, VOLTAFLEET_PHASE=preflight): any refusal stops the
    rollout before any host changes;
-2. the gateway (HAProxy) gets the fleet's backends (VOLTAFLEET_PHASE=gateway);
+2. the gateway (HAProxy) gets every server host's backends (VOLTAFLEET_PHASE=gateway);
 3. the canary, then the other hosts `--batch` at a time: each batch is one pyinfra run of
    deploy.py limited to its hosts (plus the gateway, which drains each instance before
-   its restart and takes it back once its host's smoke test passed); a host whose smoke
-   test fails is rolled back, restarted and smoked again;
-4. the canary's quality probe (greedy tokens and log-probabilities) is the reference every
-   later host is compared with;
-5. the rollout stops when the canary fails or the failed share exceeds --fail-percent;
-   the fleet report (JSON and a table) names every host. Exit 0 only if every host passed.
+   its restart, confirmed, and takes it back once its host's smoke test passed); a host
+   that fails after its first change is rolled back, restarted and smoked again;
+4. every instance's quality probe (greedy tokens and log-probabilities) is compared with
+   the golden probe kept in probes/ (--record-probe records it from the canary, once);
+5. each host's verdict is its own outcome record of that batch's run; no record is a
+   failure. The rollout stops when the canary fails or the failed share exceeds
+   --fail-percent; the fleet report (JSON and a table) names every host. Exit 0 only if
+   every host passed.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -28,7 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from voltafleet import rolling  # noqa: E402
+from voltafleet import fleetplan, outcome, refs, rolling, runctx  # noqa: E402
+from voltafleet.lock import FleetLock, LockHeld  # noqa: E402
+from voltafleet.modelmeta import remote_size  # noqa: E402
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 GATEWAY_GROUP = "gateway"
@@ -38,9 +44,10 @@ def say(msg: str) -> None:
     print(f"[rollout {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def load_inventory(path: str) -> dict[str, list[str]]:
-    """{host: [groups]} in inventory order, from the inventory file as pyinfra reads it:
-    every public list of hosts is a group (our loader validates every host's variables)."""
+def load_inventory(path: str) -> tuple[dict[str, list[str]], dict[str, dict]]:
+    """({host: [groups]}, {host: data}) in inventory order, from the inventory file as
+    pyinfra reads it: every public list of hosts is a group (our loader validates and
+    fills every host's variables)."""
     import runpy
 
     cwd = os.getcwd()
@@ -50,6 +57,7 @@ def load_inventory(path: str) -> dict[str, list[str]]:
     finally:
         os.chdir(cwd)
     hosts: dict[str, list[str]] = {}
+    data: dict[str, dict] = {}
     for group, value in attrs.items():
         if group.startswith("_") or not isinstance(value, (list, tuple)):
             continue
@@ -57,7 +65,23 @@ def load_inventory(path: str) -> dict[str, list[str]]:
             name = entry[0] if isinstance(entry, tuple) else entry
             if isinstance(name, str):
                 hosts.setdefault(name, []).append(group)
-    return hosts
+                if isinstance(entry, tuple) and len(entry) > 1 and isinstance(entry[1], dict):
+                    data.setdefault(name, {}).update(entry[1])
+    return hosts, data
+
+
+def first_plan(rollout_id: str, servers: list[str], data: dict[str, dict]) -> fleetplan.FleetPlan:
+    """What is resolved once, before preflight: each (repo, ref)'s commit, each model's size."""
+    commits, sizes = {}, {}
+    for h in servers:
+        d = data.get(h, {})
+        repo, ref = d.get("llama_cpp_repo"), d.get("llama_cpp_ref")
+        if repo and ref and fleetplan.commit_key(repo, ref) not in commits:
+            commits[fleetplan.commit_key(repo, ref)] = refs.resolve(repo, ref)
+        url = d.get("model_url")
+        if url and url not in sizes:
+            sizes[url] = remote_size(url)
+    return fleetplan.FleetPlan(rollout=rollout_id, commits=commits, model_bytes=sizes)
 
 
 def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path) -> tuple[int, str]:
@@ -77,17 +101,6 @@ def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path) -> tu
     return proc.wait(), "".join(lines)
 
 
-def host_error(out: str, host: str) -> str | None:
-    """The error pyinfra printed for a host, if any."""
-    found = [line.strip() for line in out.splitlines()
-             if f"[{host}]" in line and re.search(r"error|Error|failed|Could not connect", line)]
-    if not found:
-        return None
-    idx = out.find(found[0])
-    tail = out[idx: idx + 600].splitlines()
-    return " ".join(t.strip() for t in tail[:6])
-
-
 def read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -104,9 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fail-percent", type=float, default=0.0,
                    help="stop when more than this share of the hosts tried failed (default 0: stop at the first failure)")
     p.add_argument("--report-dir", default="reports", help="where the fleet report goes (default reports/)")
+    p.add_argument("--no-gateway", action="store_true",
+                   help="roll without the gateway: instances restart without a drain (the gateway is down or absent)")
+    p.add_argument("--record-probe", action="store_true",
+                   help="record the golden quality probe from the canary (once, when the model is pinned)")
     a = p.parse_args(argv)
 
-    inventory = load_inventory(a.inventory)
+    inventory, data = load_inventory(a.inventory)
     gateways = [h for h, groups in inventory.items() if GATEWAY_GROUP in groups]
     servers = [h for h, groups in inventory.items() if GATEWAY_GROUP not in groups]
     if a.canary.isdigit():
@@ -120,48 +137,83 @@ def main(argv: list[str] | None = None) -> int:
     except rolling.RollingError as e:
         print(f"voltafleet: {e}", file=sys.stderr)
         return 2
+    if a.record_probe and not canary:
+        print("voltafleet: --record-probe records the canary's probe: give a canary", file=sys.stderr)
+        return 2
 
-    rollout_id = time.strftime("%Y%m%d-%H%M%S")
+    lock = FleetLock.for_hosts(list(inventory), "python -m rollout " + " ".join(sys.argv[1:] if argv is None else argv))
+    try:
+        lock.acquire()
+    except LockHeld as e:
+        print(f"voltafleet: {e}", file=sys.stderr)
+        return 2
+    if lock.warning:
+        say(f"warning: {lock.warning}")
+    try:
+        return rollout(a, inventory, data, gateways, servers, canary, plan)
+    finally:
+        lock.release()
+
+
+def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
+    rollout_id = runctx.new_id()
     report_dir = (REPO / a.report_dir) if not os.path.isabs(a.report_dir) else Path(a.report_dir)
     run_dir = report_dir / f"rollout-{rollout_id}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    base_env = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir)}
+    try:
+        fleet = first_plan(rollout_id, servers, data)
+    except refs.RefError as e:
+        say(f"refused before any host was touched: {e}")
+        return 2
+    plan_path = run_dir / "fleet-plan.json"
+    plan_path.write_text(fleet.to_json())
+    base_env = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir),
+                "VOLTAFLEET_FLEET_PLAN": str(plan_path), "VOLTAFLEET_LOCK_OWNER": str(os.getpid())}
+    if a.no_gateway:
+        base_env["VOLTAFLEET_NO_GATEWAY"] = "1"
+        gateways = []
     say(f"{len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}; batches: "
-        + " | ".join(", ".join(b) for b in plan))
+        + " | ".join(", ".join(b) for b in plan) + f"; llama.cpp {', '.join(sorted(set(fleet.commits.values())))[:60]}")
 
     t0 = time.time()
-    rc, out = pyinfra(a.inventory, None, {**base_env, "VOLTAFLEET_PHASE": "preflight"}, run_dir / "preflight.log")
+    pre_env = {**base_env, "VOLTAFLEET_PHASE": "preflight", "VOLTAFLEET_RUN": runctx.new_id()}
+    if a.record_probe:
+        pre_env["VOLTAFLEET_PROBE"] = "record"
+    rc, _ = pyinfra(a.inventory, None, pre_env, run_dir / "preflight.log")
     if rc != 0:
         say("preflight refused the rollout: no host was changed")
         return 2
+    entries = [read_json(run_dir / f"preflight-{h}.json") for h in servers]
+    if any(e is None for e in entries):
+        say("preflight wrote no plan for " + ", ".join(h for h, e in zip(servers, entries) if e is None)
+            + ": no host was changed")
+        return 2
+    fleet = fleetplan.with_servers(fleet, [fleetplan.ServerEntry(**{**e, "ports": tuple(e["ports"])})
+                                           for e in entries])
+    plan_path.write_text(fleet.to_json())
     if gateways:
-        rc, out = pyinfra(a.inventory, None, {**base_env, "VOLTAFLEET_PHASE": "gateway"}, run_dir / "gateway.log")
+        rc, _ = pyinfra(a.inventory, None, {**base_env, "VOLTAFLEET_PHASE": "gateway",
+                                            "VOLTAFLEET_RUN": runctx.new_id()}, run_dir / "gateway.log")
         if rc != 0:
             say("the gateway could not be configured: no server host was changed")
             return 2
 
     results: dict[str, rolling.HostResult] = {}
     stopped = None
-    probe_ref = run_dir / "probe-reference.json"
     for n, batch in enumerate(plan):
         what = "canary" if n == 0 and canary else f"batch {n}"
         say(f"{what}: {', '.join(batch)}")
-        env = {**base_env, "VOLTAFLEET_PHASE": "batch", "VOLTAFLEET_BATCH": str(n)}
-        if probe_ref.exists():
-            env["VOLTAFLEET_PROBE_REFERENCE"] = str(probe_ref)
-        for h in batch:
-            for kind in ("smoke", "status"):
-                (run_dir / f"{kind}-{h}.json").unlink(missing_ok=True)
-        rc, out = pyinfra(a.inventory, batch + gateways, env, run_dir / f"batch-{n}.log")
-        for h in batch:
-            results[h] = rolling.host_result(h, n, read_json(run_dir / f"smoke-{h}.json"),
-                                             read_json(run_dir / f"status-{h}.json"), host_error(out, h))
-            say(f"{h}: {results[h].status}" + (f" ({results[h].detail})" if results[h].detail else ""))
-        if n == 0 and not probe_ref.exists():
-            ref = next((read_json(run_dir / f"smoke-{h}.json") for h in batch
-                        if results[h].status == "passed"), None)
-            if ref and ref.get("probe", {}).get("tokens"):
-                probe_ref.write_text(json.dumps(ref["probe"], indent=1) + "\n")
+        run_id = runctx.new_id()
+        env = {**base_env, "VOLTAFLEET_PHASE": "batch", "VOLTAFLEET_BATCH": str(n), "VOLTAFLEET_RUN": run_id}
+        if a.record_probe and n == 0:
+            env["VOLTAFLEET_PROBE"] = "record"
+        log = run_dir / f"batch-{n}.log"
+        rc, _ = pyinfra(a.inventory, batch + gateways, env, log)
+        records = {h: outcome.read(run_dir, h, run_id) for h in batch}
+        for r in rolling.batch_results(n, batch, records, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)
+                                                                   else log)):
+            results[r.host] = r
+            say(f"{r.host}: {r.status}" + (f" ({r.detail})" if r.detail else ""))
         stopped = rolling.should_stop({h: r.status for h, r in results.items()}, a.fail_percent, canary)
         if stopped:
             say(f"stopping: {stopped}")
@@ -170,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     every = [results.get(h) or rolling.HostResult(h, next(i for i, b in enumerate(plan) if h in b),
                                                   detail="not tried: the rollout stopped") for h in servers]
     report = {"rollout": rollout_id, "inventory": a.inventory, "seconds": round(time.time() - t0, 1),
-              "canary": canary, "batches": plan, "fail_percent": a.fail_percent,
+              "canary": canary, "batches": plan, "fail_percent": a.fail_percent, "commits": fleet.commits,
               **rolling.summary(every, stopped), "hosts": [r.to_dict() for r in every]}
     (report_dir / f"rollout-{rollout_id}.json").write_text(json.dumps(report, indent=2) + "\n")
     (report_dir / "rollout-latest.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -136,7 +136,7 @@ SCHEMA: dict[str, Var] = {
     "gateway_stream_timeout_s": Var(int, min=10, max=86400),
     "gateway_check_interval_ms": Var(int, min=100, max=60000),
     "gateway_maxconn": Var(int, min=16, max=1000000),
-    "gateway_drain_timeout_s": Var(int, min=0, max=3600),
+    "gateway_drain_timeout_s": Var(int, nullable=True, min=0, max=3600),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),

@@ -75,3 +75,32 @@ def server_states(stat_csv: str) -> dict[str, str]:
         if len(row) > cols.index("status") and row[0] == BACKEND and row[1] not in ("FRONTEND", "BACKEND"):
             out[row[1]] = row[cols.index("status")]
     return out
+
+
+SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+):(\d+)\b")
+
+
+def configured_servers(config_text: str) -> list[tuple[str, str, int]]:
+    """[(name, address, port)] of the llama backend's `server` lines in an HAProxy configuration."""
+    out, inside = [], False
+    for line in config_text.splitlines():
+        if re.match(r"^\S", line):
+            inside = line.split()[:2] == ["backend", BACKEND]
+            continue
+        m = SERVER_LINE.match(line)
+        if inside and m:
+            out.append((m.group(1), m.group(2), int(m.group(3))))
+    return out
+
+
+def fleet_backends(planned: list[tuple[str, str, list[int]]], unplanned: list[str],
+                   live: list[tuple[str, str, int]]) -> list[Backend]:
+    """The gateway's backends: every planned server host's instances, and for a host of the
+    inventory whose instances this run does not know (unreachable, or left out by --limit),
+    the backends the live configuration already has for it: it never vanishes from the
+    gateway because it was not in a run."""
+    out = backends(planned)
+    for name in unplanned:
+        prefix = backend_name(name, 0)[:-1]  # "<host>-"
+        out += [Backend(n, a, p) for n, a, p in live if n.startswith(prefix) and n[len(prefix):].isdigit()]
+    return out

@@ -144,7 +144,7 @@ def model_filename(url: str) -> str:
 
 def draft_path(cfg: dict) -> str | None:
     url = cfg["model_draft_url"]
-    return posixpath.join(cfg["model_dir"], model_filename(url)) if url else None
+    return model_dest(cfg["model_dir"], url, cfg["model_draft_sha256"]) if url else None
 
 
 SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
@@ -167,10 +167,18 @@ def model_files(cfg: dict) -> list[ModelFile]:
         shas = [shas]
     elif len(shas) != len(urls):
         raise ValueError(f"model_sha256 lists {len(shas)} checksums for {len(urls)} file(s)")
-    out = [ModelFile(u, posixpath.join(cfg["model_dir"], model_filename(u)), s) for u, s in zip(urls, shas)]
+    # every part of a split GGUF in one directory (llama-server finds them by name), keyed by the first part
+    out = [ModelFile(u, model_dest(cfg["model_dir"], u, shas[0]), s) for u, s in zip(urls, shas)]
     if cfg["model_draft_url"]:
         out.append(ModelFile(cfg["model_draft_url"], draft_path(cfg), cfg["model_draft_sha256"]))
     return out
+
+
+def model_dest(model_dir: str, url: str, sha256: str | None) -> str:
+    """Where a model file lives on a host: keyed by its content (the sha256's first 16 hex
+    digits), so a new checksum under the same file name is a new file and the last good one
+    stays for a rollback until the next pass; unverified files under `unverified/`."""
+    return posixpath.join(model_dir, sha256[:16] if sha256 else "unverified", model_filename(url))
 
 
 def build_spec(cfg: dict, archs: list[int], commit: str) -> BuildSpec:

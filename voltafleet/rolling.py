@@ -1,6 +1,6 @@
 """Rolling rollouts, the pure part: which hosts go in which batch, when to stop, and the
 fleet report. The driver (rollout/) runs pyinfra once per batch and feeds this module
-what each host reported.
+each host's outcome record of that run (voltafleet.outcome) and pyinfra's exit code.
 
     >>> batches(["a", "b", "c", "d", "e"], canary=["a"], batch="50%")
     [['a'], ['b', 'c'], ['d', 'e']]
@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-STATUSES = ("passed", "rolled_back", "failed", "unreachable", "not_run")
+from voltafleet.outcome import STATUSES
 
 
 class RollingError(ValueError):
@@ -68,43 +68,35 @@ class HostResult:
     ttft_ms: float | None = None
     single_tps: float | None = None
     aggregate_tps: float | None = None
-    probe: str | None = None             # "reference", "match", "diverged: ...", or None
+    probe: str | None = None             # "match", "diverged: ...", "recorded", or None
     detail: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def host_result(name: str, batch: int, smoke_report: dict | None, status_report: dict | None,
-                error: str | None) -> HostResult:
-    """Merge what a host left on the controller: its smoke report (reports/smoke-<host>.json,
-    written in this run), its end-of-deploy status, and the error pyinfra printed for it."""
-    r = HostResult(name, batch)
-    if status_report:
-        r.fingerprint = status_report.get("fingerprint")
-        r.flags = status_report.get("flags", [])
-    if smoke_report:
-        inst = [m for m in smoke_report.get("instances", []) if "error" not in m]
-        judged = smoke_report.get("judged", {})
-        if inst:
-            r.ttft_ms = max(m["ttft_ms"] for m in inst)
-            r.single_tps = min(judged.get(str(m["instance"]), {}).get("single_tps", m.get("single_tps") or 0)
-                               for m in inst)
-            r.aggregate_tps = min(m.get("aggregate_tps") or 0 for m in inst)
-        r.probe = smoke_report.get("probe", {}).get("verdict")
-        r.fingerprint = smoke_report.get("fingerprint") or r.fingerprint
-    if status_report and status_report.get("ok"):
-        r.status = "passed"
-    elif smoke_report and smoke_report.get("rolled_back"):
-        r.status = "rolled_back"
-        r.detail = "; ".join(smoke_report.get("failures", []))[:300]
-    elif error and ("Could not connect" in error or "unreachable" in error.lower()):
-        r.status = "unreachable"
-        r.detail = error[:300]
-    else:
-        r.status = "failed"
-        r.detail = (error or "; ".join((smoke_report or {}).get("failures", [])) or "no status (see the log)")[:300]
-    return r
+def batch_results(batch_no: int, hosts: list[str], records: dict, rc: int, log: str) -> list[HostResult]:
+    """Each host's verdict from its own outcome record of this run (voltafleet.outcome),
+    never from a default: a missing record is a failure; so is a "passed" record when
+    pyinfra's exit code is non-zero and no host of the batch explains it with a failure."""
+    explained = any(r is not None and r.status != "passed" for r in records.values())
+    out = []
+    for name in hosts:
+        rec = records.get(name)
+        r = HostResult(name, batch_no)
+        if rec is None:
+            r.status = "failed"
+            r.detail = (f"no outcome record from this run (pyinfra exited {rc}: stopped before its smoke test, "
+                        f"or unreachable; see {log})")
+        else:
+            r.status, r.detail = rec.status, rec.reason
+            r.fingerprint, r.flags, r.probe = rec.release, rec.flags, rec.probe
+            r.ttft_ms, r.single_tps, r.aggregate_tps = rec.ttft_ms, rec.single_tps, rec.aggregate_tps
+            if rec.status == "passed" and rc != 0 and not explained:
+                r.status = "failed"
+                r.detail = f"pyinfra exited {rc} and no host of the batch recorded why (see {log})"
+        out.append(r)
+    return out
 
 
 def table(results: list[HostResult]) -> str:

@@ -8,11 +8,11 @@ from pathlib import Path
 from pyinfra.api import deploy
 from pyinfra.operations import files
 
+from roles.common import SMOKE_CLIENT, bin_path
 from voltafleet.hostplan import HostPlan
 
 ROLES = Path(__file__).resolve().parents[1]
 REPO = ROLES.parent
-SMOKE_CLIENT = "voltafleet-smoke"
 
 
 def scripts() -> dict[str, Path]:
@@ -20,10 +20,6 @@ def scripts() -> dict[str, Path]:
     found = {p.stem: p for p in sorted(ROLES.glob("*/files/*.sh"))}
     found[SMOKE_CLIENT] = REPO / "voltafleet" / "smoke.py"
     return found
-
-
-def bin_path(plan: HostPlan, name: str) -> str:
-    return f"{plan.root}/bin/{name}"
 
 
 @deploy("Helper scripts")

@@ -14,79 +14,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
-import subprocess
-from functools import lru_cache
 from pathlib import Path
 
 from gevent.lock import Semaphore
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
-from pyinfra.api.exceptions import PyinfraError
 
-from roles.common import connector_args, host_config, live, sh
-from roles.facts import Gpus, HostBasics, NvccVersion, Releases
-from roles.helpers import bin_path
-from voltafleet import hostplan
-from voltafleet.hostplan import BuildSpec, HostPlan
+from roles.common import bin_path, connector_args, fleet_plan, host_fingerprint, live, sh
+from roles.facts import HostBasics, NvccVersion, Releases
+from voltafleet.hostplan import HostPlan
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_CACHE = Path(os.environ.get("VOLTAFLEET_RELEASE_CACHE", REPO / ".voltafleet" / "releases"))
-SHA40 = re.compile(r"^[0-9a-f]{40}$")
-
-
-class RefError(PyinfraError):
-    pass
-
-
-@lru_cache(maxsize=None)
-def resolve_ref(repo: str, ref: str) -> str:
-    """A 40-hex commit stays as it is; a tag or branch is resolved once, on the controller,
-    so every host of the rollout builds the same commit."""
-    if SHA40.match(ref):
-        return ref
-    try:
-        out = subprocess.run(["git", "ls-remote", "--", repo, ref, f"{ref}^{{}}"], capture_output=True,
-                             text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        raise RefError(f"llama_cpp_ref: `git ls-remote {repo}` timed out. Fix: check the "
-                       "llama_cpp_repo URL and the controller's network.")
-    if out.returncode != 0:
-        raise RefError(f"llama_cpp_repo: `git ls-remote {repo}` failed: {out.stderr.strip()}. "
-                       "Fix: check the URL in group_vars.")
-    refs = dict(reversed(line.split("\t")) for line in out.stdout.splitlines() if "\t" in line)
-    for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
-        if name in refs:
-            return refs[name]
-    raise RefError(f"llama_cpp_ref: {ref!r} is not a tag, branch or commit of {repo}. "
-                   "Fix: set llama_cpp_ref to an existing tag or a full 40-hex commit.")
-
-
-# ---------------------------------------------------------------- fingerprints from live facts
-
-
-def host_build(h) -> BuildSpec:
-    """Host h's build inputs, from its variables and GPUs (the same rule as its plan)."""
-    cfg = host_config(h)
-    cuda = cfg["voltafleet_backend"] == "cuda"
-    archs = hostplan.cuda_archs(cfg, h.get_fact(Gpus)) if cuda else []
-    return hostplan.build_spec(cfg, archs, resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"]))
-
-
-def host_fingerprint(h, build: BuildSpec | None = None) -> str | None:
-    """Host h's fingerprint from its live facts; None while it has no compiler yet."""
-    cxx = h.get_fact(HostBasics)["cxx"]
-    if not cxx:
-        return None
-    build = build or host_build(h)
-    toolkit = h.get_fact(NvccVersion, path=f"{build.cuda_bin}/nvcc") if build.cuda_bin else None
-    return build.fingerprint(toolkit, cxx)
 
 
 def builder_of(fp: str) -> str:
     """Shared strategy: of the hosts in this run, the first (inventory order) with this
     fingerprint compiles it; the others receive it."""
+    plan = fleet_plan()
+    if plan and fp in plan.builders:  # decided once per rollout, from every host's preflight
+        return plan.builders[fp]
     state = host.state
     for other in state.inventory:
         if other not in state.active_hosts or other.data.get("llama_cpp_build_strategy") != "shared":

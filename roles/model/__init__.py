@@ -13,9 +13,8 @@ import shlex
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
-from roles.common import live
+from roles.common import bin_path, live
 from roles.facts import FileState
-from roles.helpers import bin_path
 from voltafleet.hostplan import HostPlan, ModelFile
 from voltafleet.modelstate import is_verified
 

@@ -2,16 +2,20 @@
 refuse, before anything changes, a host that cannot serve."""
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from functools import lru_cache
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.common import config, sources
+from roles.common import (config, fleet_plan, hold_fleet_lock, host_fingerprint, is_gateway, missing_gateways,
+                          report_dir, resolve_ref, run_context, sources)
 from roles.facts import FileState, FreeDisk, Gpus, HostBasics, NvccVersion
-from roles.llama_cpp import resolve_ref
 from voltafleet import gguf_header
+from voltafleet import probe as probemod
+from voltafleet.fleetplan import ServerEntry
 from voltafleet.hostplan import HostFacts, HostPlan, make_plan, model_files
 from voltafleet.modelmeta import remote_size
 
@@ -22,6 +26,10 @@ class PreflightError(PyinfraError):
 
 @lru_cache(maxsize=None)
 def _model_size(url: str) -> int | None:
+    """The model's size: the fleet plan's (one HEAD per rollout), else one HEAD per run."""
+    plan = fleet_plan()
+    if plan and url in plan.model_bytes:
+        return plan.model_bytes[url]
     return remote_size(url)
 
 
@@ -52,6 +60,36 @@ def host_facts(cfg: dict) -> HostFacts:
     )
 
 
+def run_refusals(cfg: dict) -> list[str]:
+    """Reasons this run may not touch the host that are not the host's own: no golden
+    probe to compare with; a gateway this run cannot reach (no drain is possible)."""
+    errors = []
+    if cfg["smoke_enabled"] and cfg["smoke_probe"] and not run_context().record_probe:
+        sha = model_files(cfg)[0].sha256
+        try:
+            probemod.load(sha, cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"])
+        except probemod.ProbeError as e:
+            errors.append(f"{host.name}: smoke_probe: {e}")
+    missing = missing_gateways(host.state)
+    if missing and run_context().phase in ("all", "batch") and not run_context().no_gateway:
+        errors.append(f"{host.name}: gateway {', '.join(missing)} is not reachable in this run: no instance could "
+                      "be drained before its restart. Fix: bring the gateway back (or include it in --limit); "
+                      "to restart without a drain, run with --no-gateway (VOLTAFLEET_NO_GATEWAY=1)")
+    return errors
+
+
+def preflight_record(plan: HostPlan) -> None:
+    """What the rolling driver's fleet plan needs from this host: its instances and ports,
+    its slots, its release fingerprint when its compiler is known."""
+    cfg = plan.cfg
+    entry = ServerEntry(host=host.name, address=cfg["server_address"] or host.data.get("ssh_hostname") or host.name,
+                        ports=tuple(i.port for i in plan.instances), slots=int(cfg["server_parallel"] or 1),
+                        fingerprint=host_fingerprint(host, plan.build) if plan.build else None)
+    out = report_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"preflight-{host.name}.json").write_text(json.dumps(asdict(entry)) + "\n")
+
+
 @deploy("Preflight")
 def preflight() -> HostPlan:
     """Facts, checks and the host's plan. Raises PreflightError (nothing changed) on a bad host.
@@ -60,14 +98,20 @@ def preflight() -> HostPlan:
 
         plan = preflight()   # a voltafleet.hostplan.HostPlan
     """
+    hold_fleet_lock(host.state)
     cfg = config()
     commit = resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])  # a bad ref stops everything here
     facts = host_facts(cfg)
     header = model_header(cfg["model_url"]) if cfg["voltafleet_backend"] == "cuda" else None
     plan = make_plan(host.name, cfg, facts, header, commit, sources())
-    if plan.refusals:
-        raise PreflightError("preflight refused the rollout, nothing was changed:\n  "
-                             + "\n  ".join(plan.refusals))
+    refusals = list(plan.refusals) + run_refusals(plan.cfg)
+    if refusals:
+        raise PreflightError("preflight refused the rollout, nothing was changed:\n  " + "\n  ".join(refusals))
     if plan.vram_note:
         logger.info(f"{host.name}: VRAM plan: {plan.vram_note}")
+    if run_context().phase == "preflight":
+        preflight_record(plan)
     return plan
+
+
+__all__ = ["PreflightError", "is_gateway", "preflight"]

@@ -2,30 +2,28 @@
 
 Before anything restarts, every rendered flag is checked against the new binary's own
 --help (a stale flag such as the seed's --draft-max is refused with its replacement);
-then `current` is switched atomically, and only the instances whose unit, environment,
-binary or model changed restart, one at a time, each waiting for /health.
+then `current` is switched atomically. Which instances restart (those whose unit,
+environment, binary or model changed) is returned to the smoke role, which restarts them
+drained, one at a time, smokes them and rolls the host back on any failure.
 """
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
 
 import jinja2
 from pyinfra import host
-from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
+from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, server as server_ops, systemd
 
-from roles import gateway
-from roles.common import changes, sh, sources
+from roles.common import bin_path, host_fingerprint, sources
 from roles.facts import HelpText, Releases, ServerInstances
-from roles.helpers import bin_path
-from roles.llama_cpp import host_fingerprint
 from voltafleet import flags as flagmod
 from voltafleet.errors import format_errors
 from voltafleet.fingerprint import releases_to_prune
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
-from voltafleet.restarts import restart_set
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 UNIT_TEMPLATE = TEMPLATES / "llama-server@.service.j2"
@@ -104,53 +102,34 @@ def release_switched(plan: HostPlan):
 
 
 @operation()
-def restarted(plan: HostPlan, env_ops: dict, everything_ops: list):
-    """Start, restart (one at a time, each waiting for /health) or retire instances: every
-    instance when one of `everything_ops` (unit, release, model) changes the host, else
-    those whose environment file changes, plus any that is not running.
+def retired(plan: HostPlan):
+    """Stop and remove instances the plan no longer has (fewer GPUs, server_instances lowered).
 
     .. code:: python
 
-        server.restarted(plan, env_ops={0: env0, 1: env1}, everything_ops=[unit, switch, *model_ops])
+        server.retired(plan)
     """
     live = host.get_fact(ServerInstances, env_dir=ENV_DIR)
-    todo, retire = restart_set(sorted(env_ops), {i for i, op in env_ops.items() if changes(op)},
-                               any(changes(op) for op in everything_ops), live)
-    for i in retire:
+    for i in sorted(set(live) - {inst.index for inst in plan.instances}):
         yield f"systemctl disable --now llama-server@{i}.service; rm -f {shlex.quote(f'{ENV_DIR}/{i}.env')}"
-    for i in todo:
-        if gateway.gateway_hosts(host.state):  # out of the gateway's rotation first, streams finished
-            yield FunctionCommand(_drained_restart, (plan, i), {})
-        else:
-            yield restart_command(i)
 
 
-def restart_command(index: int) -> str:
-    """Enable and restart one instance; `active` only once /health answers (ExecStartPost)."""
-    unit = f"llama-server@{index}.service"
-    # reset-failed: a unit that crash-looped into its start limit would refuse the restart
-    return f"systemctl reset-failed {unit} 2>/dev/null; systemctl enable {unit} && systemctl restart {unit}"
-
-
-def _drained_restart(state, host, plan: HostPlan, index: int) -> None:
-    """Drain the instance on every gateway (waiting for its streams), restart it, and, when
-    no smoke test will judge it, put it straight back."""
-    gateway.drain(state, host.name, index, plan.cfg["gateway_drain_timeout_s"])
-    ok, out = sh(host, restart_command(index))
-    if not ok:
-        raise OperationError(f"{host.name}: llama-server@{index} did not come back: {out.stderr.strip()}")
-    if not plan.cfg["smoke_enabled"]:
-        gateway.ready(state, host.name, [index])
+@dataclass(frozen=True)
+class Changes:
+    """The operations whose changes restart instances: an instance's environment file
+    restarts that instance; the unit, the release switch or a model restarts every one."""
+    env_ops: dict
+    everything_ops: tuple
 
 
 @deploy("Server")
 def server(plan: HostPlan, model_ops=()):
-    """Service user, API key file, unit, per-instance flags; restart what changed. Returns
-    the restart operation (the smoke test runs when it changed the host).
+    """Service user, API key file, unit, per-instance flags, the release switch. Returns the
+    Changes that decide which instances the smoke role restarts (drained, one at a time).
 
     .. code:: python
 
-        restart_op = server(plan, model_ops)
+        changes = server(plan, model_ops)
     """
     cfg = plan.cfg
     user = cfg["server_user"]
@@ -171,5 +150,5 @@ def server(plan: HostPlan, model_ops=()):
                           jinja_env_kwargs=JINJA, **unit_vars(cfg, plan.facts.systemd))
     systemd.daemon_reload(name="Reload systemd after a unit change", _if=unit.did_change)
     switch = release_switched(name="Switch `current` to this release", plan=plan)
-    return restarted(name="Restart changed instances one at a time", plan=plan, env_ops=env_ops,
-                     everything_ops=[unit, switch, *(op for op in model_ops if op is not None)])
+    retired(name="Retire instances the plan no longer has", plan=plan)
+    return Changes(env_ops, (unit, switch, *(op for op in model_ops if op is not None)))

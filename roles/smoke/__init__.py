@@ -1,46 +1,42 @@
-"""Smoke test after a rollout: health, all layers offloaded, time to first token,
-single-stream (judged on the lowest of client, server and /metrics figures) and N-way
-tok/s against thresholds, and the quality probe against the canary's. On failure: go back
-to the last release, flags and unit that passed (the `good` snapshot), restart, smoke
-again, and fail the host. On success: record `good`, prune models rollback no longer
-needs, write the Prometheus textfile, and put the host's instances back in the gateway.
+"""Smoke test, the last step of a host's rollout: restart what changed (each instance out
+of the gateway's rotation first, its drain confirmed), then health, all layers offloaded,
+time to first token, single-stream (judged on the lowest of client, server and /metrics
+figures) and N-way tok/s against thresholds, and every instance's quality probe against
+the golden one kept in the repository (probes/).
 
-It runs when this rollout restarted something on the host (or always with
-VOLTAFLEET_SMOKE=always), so a converged fleet re-run changes nothing.
+Any failure after the host's first change (drain, restart, health, smoke, probe) rolls it
+back (voltafleet.rollback decides the steps): the last good release, flags, unit and model
+(files are kept by content) come back, restart and are smoked again. On success: record
+`good`, prune what rollback no longer needs, write the Prometheus textfile and put the
+instances back in the gateway. Either way the host's outcome record of this run says
+passed, rolled_back or failed, with a one-line reason: the rolling driver reads only that.
+
+A converged host (nothing restarts) is probed without a restart, so a re-run changes
+nothing and still proves every instance serves the pinned model correctly.
 """
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import time
 from io import StringIO
-from pathlib import Path
 
-from pyinfra import host
-from pyinfra.api import FunctionCommand, OperationError, deploy, operation
-from pyinfra.api.state import BaseStateCallback
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FunctionCommand, deploy, operation
 from pyinfra.operations import files
 
-from roles import gateway
-from roles.common import changes, sh
-from roles.facts import Releases
-from roles.helpers import SMOKE_CLIENT, bin_path
-from roles.server import restart_command
+from roles.common import (SMOKE_CLIENT, DrainError, bin_path, changes, drain, drain_timeout, gateway_hosts, q,
+                          out_of_rotation, ready, record, report_dir, restart_command, run_context, sh)
+from roles.facts import Releases, ServerInstances
+from voltafleet import probe as probemod
+from voltafleet import rollback
 from voltafleet import smoke as smokemod
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, GOOD_DIR, UNIT_PATH, HostPlan
+from voltafleet.restarts import restart_set
 
-REPO = Path(__file__).resolve().parents[2]
 PROMPT_PATH = "smoke-probe-prompt.txt"  # under voltafleet_root
 
 
-def report_dir(cfg: dict) -> Path:
-    """VOLTAFLEET_REPORT_DIR (the rolling driver's run directory), else smoke_report_dir."""
-    d = Path(os.environ.get("VOLTAFLEET_REPORT_DIR") or cfg["smoke_report_dir"])
-    return d if d.is_absolute() else REPO / d
-
-
-def client_command(plan: HostPlan) -> str:
+def client_command(plan: HostPlan, probe_only: bool = False) -> str:
     cfg = plan.cfg
     args = [bin_path(plan, SMOKE_CLIENT)]
     for inst in plan.instances:
@@ -51,29 +47,49 @@ def client_command(plan: HostPlan) -> str:
         args += ["--api-key-file", API_KEY_PATH]
     if cfg["smoke_probe"]:
         args += ["--probe-prompt-file", f"{plan.root}/{PROMPT_PATH}", "--probe-tokens", str(cfg["smoke_probe_tokens"])]
-    return "python3 " + " ".join(shlex.quote(a) for a in args)
-
-
-def _q(*args: str) -> str:
-    return " ".join(shlex.quote(a) for a in args)
+    if probe_only:
+        args += ["--probe-only"]
+    return "python3 " + q(*args)
 
 
 def _good(plan: HostPlan, action: str) -> str:
-    return _q(bin_path(plan, "vf-good"), action, plan.root, ENV_DIR, GOOD_DIR, UNIT_PATH)
+    return q(bin_path(plan, "vf-good"), action, plan.root, ENV_DIR, GOOD_DIR, UNIT_PATH)
 
 
-def _reference() -> dict | None:
-    path = os.environ.get("VOLTAFLEET_PROBE_REFERENCE")
-    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
+def golden(plan: HostPlan) -> dict | None:
+    """The golden probe every instance is compared with (None: smoke_probe off, or this run
+    records it)."""
+    cfg = plan.cfg
+    if not cfg["smoke_probe"] or run_context().record_probe:
+        return None
+    return probemod.load(plan.model_files[0].sha256, cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"])
 
 
-def _smoke(host, plan: HostPlan, reference: dict | None) -> tuple[dict, list[str]]:
-    """Run the client on the host; (report, failures)."""
-    ok, out = sh(host, client_command(plan))
+def probe_verdicts(report: dict, gold: dict | None, tolerance: float) -> list[str]:
+    """Every instance's probe against the golden one: the failures, [] when all match."""
+    if gold is None:
+        return []
+    fails = []
+    for m in report["instances"]:
+        if "error" in m:
+            continue
+        why = probemod.compare(gold, m.get("probe"), tolerance)
+        if why:
+            fails.append(f"instance {m['instance']} (port {m['port']}): quality probe diverged: {why}")
+    return fails
+
+
+def _client(host, plan: HostPlan, probe_only: bool = False) -> dict:
+    ok, out = sh(host, client_command(plan, probe_only))
     if not ok:
-        raise OperationError(f"smoke client failed on {host.name}: {out.stderr}")
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    fails = smokemod.verdict(report, plan.cfg, reference)
+        raise RuntimeError(f"the smoke client failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _smoke(host, plan: HostPlan, gold: dict | None) -> tuple[dict, list[str]]:
+    """Run the client on the host; (report, failures)."""
+    report = _client(host, plan)
+    fails = smokemod.verdict(report, plan.cfg) + probe_verdicts(report, gold, plan.cfg["smoke_probe_tolerance"])
     judged, notes = {}, []
     for m in report["instances"]:
         if "error" not in m:
@@ -81,134 +97,252 @@ def _smoke(host, plan: HostPlan, reference: dict | None) -> tuple[dict, list[str
             judged[str(m["instance"])] = {"single_tps": single, **{f"{k}_tps": v for k, v in figures.items()}}
             notes += [f"instance {m['instance']}: {note}"] if note else []
     report.update(judged=judged, disagreements=notes)
-    probe = next((m["probe"] for m in report["instances"] if m.get("probe")), None)
-    if probe is not None:
-        why = smokemod.probe_compare(reference, probe, plan.cfg["smoke_probe_tolerance"]) if reference else None
-        report["probe"] = {**probe, "verdict": "reference" if reference is None else ("match" if not why
-                                                                                      else f"diverged: {why}")}
     return report, fails
 
 
-def _write(plan: HostPlan, host, report: dict) -> None:
+def _figures(report: dict) -> dict:
+    inst = [m for m in report.get("instances", []) if "error" not in m]
+    if not inst:
+        return {}
+    judged = report.get("judged", {})
+    return {"ttft_ms": max(m["ttft_ms"] for m in inst),
+            "single_tps": min(judged.get(str(m["instance"]), {}).get("single_tps", 0) for m in inst),
+            "aggregate_tps": min(m.get("aggregate_tps") or 0 for m in inst)}
+
+
+def _write(plan: HostPlan, name: str, report: dict) -> None:
     outdir = report_dir(plan.cfg)
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / f"smoke-{host.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (outdir / f"smoke-{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+class Failed(Exception):
+    def __init__(self, phase: str, reason: str):
+        super().__init__(reason)
+        self.phase, self.reason = phase, reason
+
+
+def _journal(host, index: int) -> list[str]:
+    ok, out = sh(host, f"journalctl -u llama-server@{index}.service -o cat --no-pager -n 60")
+    return out.stdout.splitlines() if ok else []
+
+
+def _restart(state, host, plan: HostPlan, index: int) -> int:
+    """Drain (confirmed) then restart one instance; the streams a drain had to cut."""
+    cut = drain(state, host.name, index, drain_timeout(plan.cfg)) if gateway_hosts(state) else 0
+    ok, out = sh(host, restart_command(index))
+    if not ok:
+        fits = plan.vram.fits if plan.vram is not None else None
+        cause = rollback.likely_cause(_journal(host, index), fits)
+        raise Failed("restart", f"llama-server@{index} did not start: "
+                     + (cause or (out.stderr.strip().splitlines() or ["systemctl restart failed"])[-1]))
+    return cut
+
+
+def _current_release(host, plan: HostPlan) -> str | None:
+    ok, out = sh(host, f"basename \"$(readlink {shlex.quote(plan.root + '/current')})\"")
+    return out.stdout.strip() or None if ok else None
 
 
 def _after_pass(state, host, plan: HostPlan, report: dict) -> None:
     cfg = plan.cfg
     ok, out = sh(host, _good(plan, "record"))
     if not ok:
-        raise OperationError(f"could not record the good snapshot on {host.name}: {out.stderr}")
+        raise Failed("smoke", f"could not record the good snapshot: {out.stderr.strip()[:200]}")
     keep = [f.dest for f in plan.model_files]
-    sh(host, _q(bin_path(plan, "vf-prune-models"), cfg["model_dir"], *keep))
+    sh(host, q(bin_path(plan, "vf-prune-models"), cfg["model_dir"], *keep))
     if cfg["smoke_textfile_dir"]:
         prom = smokemod.textfile(host.name, report, report.get("fingerprint"))
         sh(host, f"mkdir -p {shlex.quote(cfg['smoke_textfile_dir'])} && "
-                               + _q(bin_path(plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
-                               + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
-    gateway.ready(state, host.name, [i.index for i in plan.instances])
+                 + q(bin_path(plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
+                 + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
+    ready(state, host.name, [i.index for i in plan.instances])
 
 
-def _measure(state, host, plan: HostPlan) -> None:
+def _roll_back(state, host, plan: HostPlan, failure: rollback.Failure, report: dict) -> tuple[str, str]:
+    """Carry out rollback.decide's steps; (status, reason) for the record."""
     cfg = plan.cfg
-    reference = _reference()
-    report, fails = _smoke(host, plan, reference)
-    report.update(host=host.name, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), epoch=time.time(),
-                  passed=not fails, failures=fails, batch=os.environ.get("VOLTAFLEET_BATCH"),
-                  fingerprint=host.get_fact(Releases, root=plan.root)["current"],
+    has_good, _ = sh(host, q(bin_path(plan, "vf-good"), "has", plan.root, GOOD_DIR))
+    facts = rollback.Facts(has_good=has_good, rollback=cfg["smoke_rollback"],
+                           instances=[i.index for i in plan.instances])
+    steps = rollback.decide(failure, facts)
+    if not steps:
+        return "failed", f"{failure.reason} ({rollback.why_not(facts)})"
+    passed_again, note = None, ""
+    try:
+        for step in steps:
+            if step.action == "restore":
+                ok, out = sh(host, _good(plan, "restore"))
+                if not ok:
+                    raise Failed("rollback", f"restore failed: {out.stderr.strip()[:200]}")
+            elif step.action == "restart":
+                ok, out = sh(host, restart_command(step.instance))
+                if not ok:
+                    cause = rollback.last_error(_journal(host, step.instance))
+                    raise Failed("rollback", f"the old release's llama-server@{step.instance} did not start "
+                                 f"either: {cause or 'see its journal'}")
+            elif step.action == "smoke":
+                again, again_fails = _smoke(host, plan, golden(plan))
+                report["after_rollback"] = {"passed": not again_fails, "failures": again_fails,
+                                            "fingerprint": _current_release(host, plan)}
+                passed_again = not again_fails
+                if again_fails:
+                    note = f"; the old release fails too: {again_fails[0]}"
+            elif step.action == "ready" and passed_again:
+                ready(state, host.name, [i.index for i in plan.instances])  # it serves as before
+    except Exception as e:  # the rollback itself failed: say so, in one line
+        reason = e.reason if isinstance(e, Failed) else f"{type(e).__name__}: {e}"
+        return "failed", f"{failure.reason}; rollback failed: {reason}"
+    status = rollback.outcome_status(steps, passed_again)
+    return status, failure.reason + ("; rolled back to the last release, flags, unit and model that passed"
+                                     if status == "rolled_back" else note)
+
+
+def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
+    """Restart `todo` (drained), smoke, and on any failure roll back; write the outcome."""
+    cfg = plan.cfg
+    restarted, cut, report = [], 0, {"instances": []}
+    failure = None
+    try:
+        gold = golden(plan)
+        for i in todo:
+            cut += _restart(state, host, plan, i)
+            restarted.append(i)
+        if cfg["smoke_enabled"]:
+            report, fails = _smoke(host, plan, gold)
+            if fails:
+                raise Failed("probe" if all("quality probe" in f for f in fails) else "smoke", "; ".join(fails))
+    except Failed as e:
+        failure = rollback.Failure(e.phase, e.reason, restarted)
+    except DrainError as e:
+        failure = rollback.Failure("drain", str(e), restarted)
+    except Exception as e:  # anything else is a failure too, in one line, never a traceback
+        failure = rollback.Failure("smoke", f"{type(e).__name__}: {e}", restarted)
+    release = _current_release(host, plan)
+    report.update(host=host.name, fingerprint=release, batch=run_context().batch, run=run_context().run,
                   flags=plan.argv[plan.instances[0].index] if plan.instances else [],
                   thresholds={k: cfg[k] for k in ("smoke_max_ttft_ms", "smoke_min_single_tps",
                                                   "smoke_min_aggregate_tps")})
-    print("\n" + smokemod.table(host.name, report) + "\n"
-          + (f"{host.name}: smoke PASSED" if not fails else f"{host.name}: smoke FAILED"), flush=True)
-    if not fails:
-        _write(plan, host, report)
-        _after_pass(state, host, plan, report)
-        return
-    msg = "smoke test failed:\n  " + "\n  ".join(fails)
-    has_good, _ = sh(host, _q(bin_path(plan, "vf-good"), "has", plan.root, GOOD_DIR))
-    if not cfg["smoke_rollback"]:
-        msg += "\nsmoke_rollback is off: the new release stays"
-    elif not has_good:
-        msg += "\nno release has passed a smoke test on this host yet: nothing to roll back to"
-    else:
-        restarts = " && ".join(restart_command(i.index) for i in plan.instances)
-        ok, out = sh(host, f"set -e; {_good(plan, 'restore')}; {restarts}")
-        report["rolled_back"] = True
-        if not ok:
-            msg += f"\nrollback failed too: {out.stderr}"
-            report["after_rollback"] = {"passed": False, "failures": [out.stderr.strip()[:300]]}
-        else:
-            again, again_fails = _smoke(host, plan, None)  # the old release: its own figures, no new reference
-            report["after_rollback"] = {"passed": not again_fails, "failures": again_fails,
-                                        "fingerprint": host.get_fact(Releases, root=plan.root)["current"]}
-            msg += ("\nrolled back to the last release and flags that passed the smoke test; they pass again"
-                    if not again_fails else "\nrolled back, but the old release fails too:\n  "
-                    + "\n  ".join(again_fails))
-            if all("error" not in m and not m.get("errors") for m in again["instances"]):
-                gateway.ready(state, host.name, [i.index for i in plan.instances])  # it serves as before
-    _write(plan, host, report)
-    raise OperationError(msg)
+    common = dict(flags=report["flags"], model_sha256=plan.model_files[0].sha256, restarted=restarted,
+                  streams_cut=cut, **_figures(report))
+    if report["instances"]:
+        print("\n" + smokemod.table(host.name, report), flush=True)
+    if failure is None:
+        try:
+            probe = "recorded" if run_context().record_probe and cfg["smoke_probe"] else None
+            if probe:
+                _record_golden(plan, report)
+            _after_pass(state, host, plan, report)
+        except Exception as e:
+            reason = e.reason if isinstance(e, Failed) else f"{type(e).__name__}: {e}"
+            record(cfg, host.name, "failed", f"after its smoke test passed: {reason}", release=release, **common)
+            host.log_styled(f"smoke passed, then: {reason}", fg="red", log_func=logger.error)
+            return False
+        report["passed"] = True
+        _write(plan, host.name, report)
+        record(cfg, host.name, "passed", "" if cfg["smoke_enabled"] else "not measured: smoke_enabled is false",
+               release=release, probe=probe or ("match" if golden(plan) is not None else None), **common)
+        print(f"{host.name}: smoke PASSED", flush=True)
+        return True
+    status, reason = _roll_back(state, host, plan, failure, report)
+    report.update(passed=False, failures=[failure.reason], rolled_back=status == "rolled_back")
+    _write(plan, host.name, report)
+    probe = next((f"diverged: {f.split('diverged: ', 1)[1]}" for f in failure.reason.split("; ")
+                  if "quality probe diverged" in f), None)
+    record(cfg, host.name, status, reason, release=_current_release(host, plan), probe=probe,
+           **{**common, "restarted": restarted})
+    host.log_styled(f"{host.name}: smoke FAILED ({status}): {reason}", fg="red", log_func=logger.error)
+    return False
+
+
+def _record_golden(plan: HostPlan, report: dict) -> None:
+    cfg = plan.cfg
+    probes = [m.get("probe") for m in report["instances"] if "error" not in m]
+    first = probes[0] if probes else None
+    for p in probes[1:]:
+        why = probemod.compare(first, p, cfg["smoke_probe_tolerance"])
+        if why:
+            raise Failed("probe", f"instances disagree, golden probe not recorded: {why}")
+    path = probemod.save(plan.model_files[0].sha256, cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"],
+                         first or {}, source=f"{host.name} release {report.get('fingerprint')}")
+    logger.info(f"{host.name}: golden probe recorded in {path}: commit it beside the model's pin")
+
+
+class ProbeOnly(FactBase):
+    """The quality probe of every instance of a converged host (no restart): the smoke
+    client's JSON with --probe-only; {"error": ...} when it could not run."""
+
+    @staticmethod
+    def default():
+        return {"error": "no output"}
+
+    def command(self, client: str) -> str:
+        return f"{client} 2>&1 || true"
+
+    def process(self, output):
+        try:
+            return json.loads(output[-1])
+        except (IndexError, ValueError):
+            return {"error": (output[-1] if output else "no output")[:300]}
+
+
+def _converged(plan: HostPlan):
+    """Nothing restarts: probe every instance against the golden probe; record the outcome."""
+    cfg = plan.cfg
+    gold = golden(plan)
+    idx = [i.index for i in plan.instances]
+    common = dict(flags=plan.argv[idx[0]] if idx else [], model_sha256=plan.model_files[0].sha256, converged=True)
+    if gold is not None:
+        report = host.get_fact(ProbeOnly, client=client_command(plan, probe_only=True))
+        fails = ([f"probe could not run: {report['error']}"] if "error" in report else
+                 [f"{m['error']}" for m in report["instances"] if "error" in m]
+                 + probe_verdicts(report, gold, cfg["smoke_probe_tolerance"]))
+        if fails:
+            reason = "converged, but " + "; ".join(fails)
+            record(cfg, host.name, "failed", reason, probe="diverged: " + fails[0], **common)
+
+            def fail(state, host):
+                host.log_styled(f"{host.name}: {reason}", fg="red", log_func=logger.error)
+                return False
+            yield FunctionCommand(fail, (), {})
+            return
+    release = host.get_fact(Releases, root=plan.root)["current"]
+    record(cfg, host.name, "passed", "", release=release, probe="match" if gold is not None else None, **common)
+    if out_of_rotation(host.state, host.name, idx):
+        # an earlier run left instances drained (an interrupted rollout): they serve, so they go back
+        yield FunctionCommand(lambda state, host: ready(state, host.name, idx) or True, (), {})
 
 
 @operation()
-def passed(plan: HostPlan, restart_op=None):
-    """Run the smoke client on the host against every instance and judge the numbers,
-    when `restart_op` (the server role's) restarted something.
+def activated(plan: HostPlan, env_ops: dict, everything_ops: tuple):
+    """Restart (drained, one at a time), smoke and probe the instances that changed, with
+    rollback on any failure; a converged host is only probed. Every instance restarts when
+    one of `everything_ops` (unit, release, model, driver) changes the host, else those whose
+    environment file changes, plus any that is not running.
 
     .. code:: python
 
-        smoke.passed(plan, restart_op=restart_op)
+        smoke.activated(plan, env_ops={0: env0}, everything_ops=(unit, switch, *model_ops))
     """
-    if changes(restart_op) or os.environ.get("VOLTAFLEET_SMOKE") == "always":
-        yield FunctionCommand(_measure, (plan,), {})
-    elif gateway.out_of_rotation(host.state, host.name, [i.index for i in plan.instances]):
-        # nothing restarts, but an earlier run left instances drained (a rollback that failed
-        # its re-smoke, an interrupted rollout): they serve, so they go back
-        yield FunctionCommand(lambda state, host: gateway.ready(state, host.name, [i.index for i in plan.instances]),
-                              (), {})
-
-
-class _StatusFiles(BaseStateCallback):
-    """At the end of the run, status-<host>.json in the report directory: whether the host
-    came through every operation (the rolling driver reads it)."""
-
-    def __init__(self, plans: dict):
-        self.plans = plans
-
-    def host_disconnect(self, state, host):
-        plan = self.plans.get(host.name)
-        if plan is None:
-            return
-        out = report_dir(plan.cfg)
-        out.mkdir(parents=True, exist_ok=True)
-        status = {"host": host.name, "ok": host not in state.failed_hosts,
-                  "flags": plan.argv[plan.instances[0].index] if plan.instances else []}
-        (out / f"status-{host.name}.json").write_text(json.dumps(status, indent=2) + "\n")
-
-
-def record_status(plan: HostPlan) -> None:
-    """Have the run write this host's status file when it ends."""
-    state = host.state
-    if not hasattr(state, "_voltafleet_status"):
-        state._voltafleet_status = _StatusFiles({})
-        state.add_callback_handler(state._voltafleet_status)
-    state._voltafleet_status.plans[host.name] = plan
+    live = host.get_fact(ServerInstances, env_dir=ENV_DIR)
+    todo, _ = restart_set(sorted(env_ops), {i for i, op in env_ops.items() if changes(op)},
+                          any(changes(op) for op in everything_ops), live)
+    if todo or run_context().smoke_always:
+        yield FunctionCommand(_activate, (plan, todo), {})
+    else:
+        yield from _converged(plan)
 
 
 @deploy("Smoke test")
-def smoke(plan: HostPlan, restart_op=None) -> None:
-    """After a change: measure and judge, roll back on failure.
+def smoke(plan: HostPlan, server_changes) -> None:
+    """Restart what changed, measure and judge, roll back on failure; record the outcome.
 
     .. code:: python
 
-        smoke(plan, restart_op)
+        smoke(plan, server(plan, model_ops))
     """
-    record_status(plan)
-    if not plan.cfg["smoke_enabled"]:
-        return
     if plan.cfg["smoke_probe"]:
         files.put(name="Quality probe prompt", src=StringIO(plan.cfg["smoke_probe_prompt"]),
                   dest=f"{plan.root}/{PROMPT_PATH}", mode="644")
-    passed(name="Smoke test: health, offload, TTFT, tok/s, probe", plan=plan, restart_op=restart_op)
+    activated(name="Restart, smoke test (health, offload, TTFT, tok/s, probe), rollback on failure", plan=plan,
+              env_ops=server_changes.env_ops, everything_ops=server_changes.everything_ops)

@@ -67,4 +67,6 @@ fleet = load_or_exit({_group: [_host(h) for h in _s.get("hosts", [_s])]}, origin
                          # no model mirror here: the driver scenarios serve the group's -c/-np unplanned
                          # (test_vram_refusal.py serves a real header and plans)
                          "vram_plan_required": False,
+                         # no llama-server answers here: no golden probe to compare with (tests/lab probes)
+                         "smoke_probe": False,
                      })[_group]

@@ -6,8 +6,11 @@ from pyinfra.api import OperationError
 from roles import facts as F
 from roles.llama_cpp import compiled
 from roles.model import fetched
-from roles.server import flags_accepted, release_switched, restarted
-from tests.ops.fakes import FakeHost, FakeOp, commands
+from roles.server import flags_accepted, release_switched, retired
+from roles.smoke import activated
+from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+from tests.ops.fakes import FakeHost, FakeInventory, FakeOp, commands
 from voltafleet.hostplan import HostFacts, make_plan
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
@@ -117,27 +120,41 @@ def test_missing_release_at_execution_is_an_error_not_a_switch(plan):
 UP = {"active": "active", "enabled": "enabled"}
 
 
-def test_restart_only_changed_instances_one_at_a_time(plan):
+def activation(fake, plan, envs, everything, monkeypatch):
+    """The instances the smoke role restarts (drained, smoked, rolled back on failure), or
+    None when it only probes a converged host (whose outcome record it writes)."""
+    import roles.smoke as sm
+
+    written = []
+    monkeypatch.setattr(sm, "record", lambda cfg, name, status, reason="", **kw: written.append(status))
+    with ctx_host.use(fake), ctx_state.use(fake.state), ctx_inventory.use(FakeInventory()):
+        cmds = list(activated._inner(plan, env_ops=envs, everything_ops=everything))
+    todo = [c.args[1] for c in cmds if getattr(c, "function", None) is sm._activate]
+    return todo[0] if todo else (None, written)
+
+
+def test_restart_only_changed_instances(plan, monkeypatch):
+    plan.cfg["smoke_probe"] = False
     fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
     envs = {0: FakeOp(False), 1: FakeOp(True)}
-    assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[FakeOp(False)]) == [
-        "systemctl reset-failed llama-server@1.service 2>/dev/null; systemctl enable llama-server@1.service && systemctl restart llama-server@1.service"]
-    assert len(commands(restarted, fake, plan, env_ops=envs, everything_ops=[FakeOp(True)])) == 2
+    assert activation(fake, plan, envs, [FakeOp(False)], monkeypatch) == [1]
+    assert activation(fake, plan, envs, [FakeOp(True)], monkeypatch) == [0, 1]
     none = {0: FakeOp(False), 1: FakeOp(False)}
-    assert commands(restarted, fake, plan, env_ops=none, everything_ops=[FakeOp(False)]) == []
+    # converged: nothing restarts, the host's record says passed (probed when smoke_probe is on)
+    assert activation(fake, plan, none, [FakeOp(False)], monkeypatch) == (None, ["passed"])
+    down = host_with({F.ServerInstances: {0: UP, 1: {"active": "failed", "enabled": "enabled"}}})
+    assert activation(down, plan, none, [FakeOp(False)], monkeypatch) == [1]
 
 
-def test_prepare_phase_uses_will_change(plan):
+def test_prepare_phase_uses_will_change(plan, monkeypatch):
     fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
     envs = {0: FakeOp(True, complete=False), 1: FakeOp(False, complete=False)}
-    assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == [
-        "systemctl reset-failed llama-server@0.service 2>/dev/null; systemctl enable llama-server@0.service && systemctl restart llama-server@0.service"]
+    assert activation(fake, plan, envs, [], monkeypatch) == [0]
 
 
 def test_retired_instance_is_disabled_and_its_env_removed(plan):
     fake = host_with({F.ServerInstances: {0: UP, 1: UP, 2: UP}})
-    envs = {0: FakeOp(False), 1: FakeOp(False)}
-    assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == [
+    assert commands(retired, fake, plan) == [
         "systemctl disable --now llama-server@2.service; rm -f /etc/voltafleet/llama-server/2.env"]
 
 
@@ -149,15 +166,6 @@ def test_default_keeps_only_current_and_last_good(cfg):
     old = {f"old{i}": {"mtime": i, "info": {}} for i in range(4)}
     fake = host_with({F.Releases: {"current": "old3", "good": "old1", "releases": old}})
     assert commands(release_switched, fake, plan)[1] == "/opt/voltafleet/bin/vf-release prune /opt/voltafleet old2 old0"
-
-
-def test_with_a_gateway_each_restart_is_drained_first(plan):
-    fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
-    gw = FakeHost({}, name="gw-01")
-    gw.groups = ["gateway"]
-    fake.state.inventory, fake.state.active_hosts = [gw, fake], {gw, fake}
-    envs = {0: FakeOp(True), 1: FakeOp(False)}
-    assert commands(restarted, fake, plan, env_ops=envs, everything_ops=[]) == ["<function _drained_restart>"]
 
 
 def test_shared_release_in_the_controller_cache_is_shipped_not_compiled(plan, tmp_path, monkeypatch):

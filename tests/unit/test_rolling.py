@@ -1,6 +1,7 @@
 import pytest
 
-from voltafleet.rolling import HostResult, RollingError, batch_size, batches, host_result, should_stop, summary, table
+from voltafleet.outcome import HostOutcome
+from voltafleet.rolling import HostResult, RollingError, batch_results, batch_size, batches, should_stop, summary, table
 
 
 def test_batch_size_counts_and_percentages():
@@ -31,16 +32,31 @@ def test_fail_percent_counts_every_host_tried():
     assert should_stop({**res, "e": "unreachable"}, 25, ["a"]).startswith("2 of 5")
 
 
-def test_host_result_merges_status_smoke_and_errors():
-    smoke = {"fingerprint": "f1", "instances": [{"instance": 0, "ttft_ms": 12.0, "single_tps": 300.0,
-                                                  "aggregate_tps": 700.0}],
-             "judged": {"0": {"single_tps": 280.0}}, "probe": {"verdict": "match"}}
-    r = host_result("h", 1, smoke, {"ok": True, "fingerprint": "f1", "flags": ["-c", "8192"]}, None)
-    assert (r.status, r.single_tps, r.aggregate_tps, r.probe, r.flags) == ("passed", 280.0, 700.0, "match", ["-c", "8192"])
-    rolled = host_result("h", 1, {**smoke, "rolled_back": True, "failures": ["too slow"]}, None, "Error: smoke")
-    assert rolled.status == "rolled_back" and "too slow" in rolled.detail
-    assert host_result("h", 2, None, None, "[h] Could not connect (timeout)").status == "unreachable"
-    assert host_result("h", 2, None, None, None).detail == "no status (see the log)"
+def rec(host, status, reason="", **kw):
+    return HostOutcome(host=host, run="r1", status=status, reason=reason, **kw)
+
+
+def test_batch_results_come_from_each_hosts_own_record():
+    records = {"a": rec("a", "passed", release="f1", flags=["-c", "8192"], ttft_ms=12.0, single_tps=280.0,
+                        aggregate_tps=700.0, probe="match"),
+               "b": rec("b", "rolled_back", "instance 0: single-stream 3 tok/s < 5")}
+    a, b = batch_results(1, ["a", "b"], records, 1, "batch-1.log")
+    assert (a.status, a.single_tps, a.aggregate_tps, a.probe, a.flags) == ("passed", 280.0, 700.0, "match", ["-c", "8192"])
+    assert b.status == "rolled_back" and "3 tok/s" in b.detail  # b explains pyinfra's non-zero exit
+
+
+def test_a_missing_record_is_a_failure_never_a_pass():
+    (r,) = batch_results(0, ["a"], {"a": None}, 0, "batch-0.log")
+    assert r.status == "failed" and "no outcome record" in r.detail and "batch-0.log" in r.detail
+    (r,) = batch_results(0, ["a"], {}, 1, "x.log")
+    assert r.status == "failed" and "pyinfra exited 1" in r.detail
+
+
+def test_a_pass_with_an_unexplained_nonzero_exit_is_a_failure():
+    (a, b) = batch_results(0, ["a", "b"], {"a": rec("a", "passed"), "b": rec("b", "passed")}, 1, "x.log")
+    assert a.status == b.status == "failed" and "no host of the batch recorded why" in a.detail
+    # the same passes stand when pyinfra exited 0
+    assert [r.status for r in batch_results(0, ["a"], {"a": rec("a", "passed")}, 0, "x.log")] == ["passed"]
 
 
 def test_table_and_summary_name_every_host():

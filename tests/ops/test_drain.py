@@ -1,0 +1,68 @@
+"""The gateway drain, in process against a scripted HAProxy runtime API: no restart of a
+served instance without a confirmed drain."""
+from types import SimpleNamespace
+
+import pytest
+
+from roles.common import DrainError, drain, drain_timeout
+
+HEADER = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status"
+
+
+def stat(rows):
+    return "\n".join([HEADER] + [f"llama,{name},0,0,{scur},0,,0,0,0,0,0,0,0,0,0,0,{status}"
+                                 for name, scur, status in rows] + ["llama,BACKEND,0,0,0,0,,0,0,0,0,0,0,0,0,0,0,UP"])
+
+
+class Gateway:
+    """A gateway host whose runtime API answers from a script: `show stat` outputs in turn."""
+
+    def __init__(self, stats, fail_on=None):
+        self.name, self.groups, self.data = "gw", ["gateway"], {}
+        self.stats, self.fail_on, self.sent = list(stats), fail_on, []
+
+    def run_shell_command(self, command, **kw):
+        self.sent.append(command)
+        if self.fail_on and self.fail_on in command:
+            return False, SimpleNamespace(stdout="", stderr="socat: connect(/run/haproxy/admin.sock): No such file")
+        out = self.stats.pop(0) if "show stat" in command else ""
+        return True, SimpleNamespace(stdout=out, stderr="")
+
+
+def state_with(gw):
+    return SimpleNamespace(inventory=[gw], active_hosts={gw})
+
+
+def test_drain_is_confirmed_and_waits_for_the_streams():
+    gw = Gateway([stat([("h-0", 2, "DRAIN")]), stat([("h-0", 1, "DRAIN")]), stat([("h-0", 0, "DRAIN")])])
+    assert drain(state_with(gw), "h", 0, timeout_s=30) == 0
+    assert "set server llama/h-0 state drain" in gw.sent[0]
+    assert sum("show stat" in c for c in gw.sent) == 3  # confirmed, then waited until no stream was left
+
+
+def test_streams_still_open_at_the_deadline_are_counted():
+    gw = Gateway([stat([("h-0", 3, "DRAIN")])] * 50)
+    assert drain(state_with(gw), "h", 0, timeout_s=0) == 3
+
+
+def test_a_backend_the_gateway_does_not_list_is_not_drained():
+    gw = Gateway([stat([("other-0", 0, "UP")])])
+    with pytest.raises(DrainError, match="does not list backend h-0"):
+        drain(state_with(gw), "h", 0, timeout_s=5)
+
+
+def test_a_broken_admin_socket_is_an_error_not_nothing_to_drain():
+    gw = Gateway([], fail_on="state drain")
+    with pytest.raises(DrainError, match="No such file"):
+        drain(state_with(gw), "h", 0, timeout_s=5)
+
+
+def test_a_drain_that_does_not_take_is_an_error():
+    gw = Gateway([stat([("h-0", 0, "UP")])])
+    with pytest.raises(DrainError, match="is UP after `drain`"):
+        drain(state_with(gw), "h", 0, timeout_s=5)
+
+
+def test_the_drain_waits_as_long_as_the_gateway_keeps_a_stream():
+    assert drain_timeout({"gateway_drain_timeout_s": None, "gateway_stream_timeout_s": 600}) == 600
+    assert drain_timeout({"gateway_drain_timeout_s": 30, "gateway_stream_timeout_s": 600}) == 30

@@ -1,0 +1,191 @@
+"""The result contract, rollback decision, golden probe, fleet lock and fleet plan: the pure
+parts of 'a rollout never reports a false pass'."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from voltafleet import fleetplan, outcome, probe, rollback
+from voltafleet.gateway import configured_servers, fleet_backends
+from voltafleet.lock import FleetLock, LockHeld
+from voltafleet.runctx import RunContext, new_id
+
+
+# ---------------------------------------------------------------- records
+
+
+def test_a_record_round_trips_and_only_its_own_run_counts(tmp_path):
+    r = outcome.HostOutcome(host="h1", run="run-a", status="rolled_back", reason="line one\n  line two",
+                            release="fp1", restarted=[0])
+    outcome.write(tmp_path, r)
+    back = outcome.read(tmp_path, "h1", "run-a")
+    assert back.status == "rolled_back" and back.reason == "line one line two" and back.restarted == [0]
+    assert outcome.read(tmp_path, "h1", "run-b") is None          # another run's record is not this run's
+    assert outcome.read(tmp_path, "h2", "run-a") is None          # no record
+    (tmp_path / "outcome-h3.json").write_text("{not json")
+    assert outcome.read(tmp_path, "h3", "run-a") is None          # unreadable
+    with pytest.raises(ValueError, match="status"):
+        outcome.HostOutcome(host="h", run="r", status="ok")
+
+
+def test_reasons_are_one_line_and_bounded():
+    assert outcome.one_line("a\nb\tc") == "a b c"
+    assert len(outcome.one_line("x" * 1000)) == 300
+
+
+def test_run_ids_are_unique_within_one_second():
+    assert len({new_id() for _ in range(200)}) == 200
+
+
+def test_run_context_reads_the_environment_once_with_defaults():
+    ctx = RunContext.from_env({})
+    assert (ctx.phase, ctx.rollout, ctx.no_gateway, ctx.smoke_always) == ("all", None, False, False) and ctx.run
+    ctx = RunContext.from_env({"VOLTAFLEET_PHASE": "batch", "VOLTAFLEET_RUN": "r", "VOLTAFLEET_NO_GATEWAY": "1",
+                               "VOLTAFLEET_LOCK_OWNER": "42", "VOLTAFLEET_PROBE": "record"})
+    assert (ctx.phase, ctx.run, ctx.no_gateway, ctx.lock_owner, ctx.record_probe) == ("batch", "r", True, 42, True)
+    with pytest.raises(ValueError, match="VOLTAFLEET_PHASE"):
+        RunContext.from_env({"VOLTAFLEET_PHASE": "nope"})
+
+
+# ---------------------------------------------------------------- rollback
+
+
+def test_every_failure_after_the_first_change_rolls_back_every_instance():
+    facts = rollback.Facts(has_good=True, rollback=True, instances=[0, 1])
+    for phase in rollback.PHASES:
+        steps = rollback.decide(rollback.Failure(phase, "x", restarted=[0]), facts)
+        assert [s.action for s in steps] == ["restore", "restart", "restart", "smoke", "ready"]
+        assert [s.instance for s in steps if s.action == "restart"] == [0, 1]
+
+
+def test_no_rollback_without_a_good_snapshot_or_when_off():
+    f = rollback.Failure("restart", "x")
+    assert rollback.decide(f, rollback.Facts(has_good=False, rollback=True, instances=[0])) == []
+    assert "nothing to roll back to" in rollback.why_not(rollback.Facts(False, True, [0]))
+    assert rollback.decide(f, rollback.Facts(has_good=True, rollback=False, instances=[0])) == []
+    assert "smoke_rollback is off" in rollback.why_not(rollback.Facts(True, False, [0]))
+    assert rollback.outcome_status([], None) == "failed"
+    assert rollback.outcome_status([rollback.Step("restore")], False) == "failed"
+    assert rollback.outcome_status([rollback.Step("restore")], True) == "rolled_back"
+
+
+def test_the_likely_cause_is_the_servers_own_last_error_line():
+    log = ["main: loading model", "error: invalid argument: --rope-scaling bogus", "usage: ...",
+           "llama-server@0.service: Main process exited, code=exited, status=1/FAILURE"]
+    assert rollback.last_error(log) == "error: invalid argument: --rope-scaling bogus"
+    assert rollback.likely_cause(["all good"], True) is None
+    oom = ["ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16400.00 MiB on device 0: "
+           "cudaMalloc failed: out of memory"]
+    assert "cuda_toolkit_version: \"12.8\"" in rollback.likely_cause(oom, plan_fits=True)
+    assert "12.8" not in rollback.likely_cause(oom, plan_fits=False)  # a plan that does not fit: no such hint
+
+
+# ---------------------------------------------------------------- golden probe
+
+
+def test_golden_probe_is_keyed_by_model_and_settings(tmp_path):
+    sha = "ab" * 32
+    assert probe.key(sha, "p", 16) != probe.key(sha, "p", 8) != probe.key("cd" * 32, "p", 16)
+    with pytest.raises(probe.ProbeError, match="no golden probe .* --record-probe"):
+        probe.load(sha, "p", 16, tmp_path)
+    with pytest.raises(probe.ProbeError, match="model_sha256"):
+        probe.load(None, "p", 16, tmp_path)
+    with pytest.raises(probe.ProbeError, match="no tokens"):
+        probe.save(sha, "p", 16, {"tokens": [], "logprobs": []}, "h", tmp_path)
+    probe.path(sha, "p", 16, tmp_path).write_text(json.dumps({"tokens": [], "logprobs": []}))
+    with pytest.raises(probe.ProbeError, match="empty"):
+        probe.load(sha, "p", 16, tmp_path)
+    probe.save(sha, "p", 16, {"tokens": [1, 2], "logprobs": [-0.1, -0.2], "text": "x"}, "h", tmp_path)
+    assert probe.load(sha, "p", 16, tmp_path)["tokens"] == [1, 2]
+
+
+def test_probe_compare_never_matches_emptiness():
+    gold = {"tokens": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3]}
+    assert probe.compare(gold, {"tokens": [5, 6, 7], "logprobs": [-0.1, -0.25, -0.3]}, 0.5) is None
+    assert "token 1 is 9" in probe.compare(gold, {"tokens": [5, 9, 7], "logprobs": [-0.1, -0.2, -0.3]}, 0.5)
+    assert "differs by 0.900" in probe.compare(gold, {"tokens": [5, 6, 7], "logprobs": [-1.0, -0.2, -0.3]}, 0.5)
+    assert "2 probe tokens" in probe.compare(gold, {"tokens": [5, 6], "logprobs": [-0.1, -0.2]}, 0.5)
+    assert probe.compare({"tokens": []}, {"tokens": [1], "logprobs": [0]}, 0.5) == "the golden probe is empty"
+    assert probe.compare(gold, None, 0.5) == "no probe tokens from this instance"
+    assert probe.compare(gold, {"tokens": [5, 6, 7], "logprobs": [None, -0.2, -0.3]}, 0.5) == "log-probabilities missing"
+
+
+# ---------------------------------------------------------------- lock
+
+
+HOLD = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from voltafleet.lock import FleetLock
+lock = FleetLock({path!r}, "holder").acquire()
+print("held", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_second_rollout_refuses_naming_the_holder(tmp_path):
+    path = tmp_path / "fleet.lock"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(repo=repo, path=str(path))], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with pytest.raises(LockHeld, match=f"pid {holder.pid} .* since .*holder"):
+            FleetLock(path, "second").acquire()
+        assert time.monotonic() - t0 < 2  # at once, not after a wait
+        assert FleetLock(path, "child").acquire(allow_pid=holder.pid).fd is None  # the driver's own batch
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = FleetLock(path, "third").acquire()  # the holder died: its lock is stale, taken over
+    assert lock.warning and f"pid {holder.pid}" in lock.warning and "gone" in lock.warning
+    lock.release()
+    lock = FleetLock(path, "fourth").acquire()  # released cleanly: no warning
+    assert lock.warning is None
+    lock.release()
+
+
+def test_the_fleet_is_its_set_of_hosts():
+    assert FleetLock.for_hosts(["a", "b"], "x").path == FleetLock.for_hosts(["b", "a", "a"], "y").path
+    assert FleetLock.for_hosts(["a"], "x").path != FleetLock.for_hosts(["a", "b"], "x").path
+
+
+# ---------------------------------------------------------------- fleet plan and gateway backends
+
+
+def test_fleet_plan_round_trips_and_elects_one_builder_per_fingerprint():
+    servers = [fleetplan.ServerEntry("h1", "10.0.0.1", (8080, 8081), 4, "fpA"),
+               fleetplan.ServerEntry("h2", "10.0.0.2", (8080,), 4, "fpA"),
+               fleetplan.ServerEntry("h3", "10.0.0.3", (8080,), 4, "fpB"),
+               fleetplan.ServerEntry("h4", "10.0.0.4", (8080,), 4, None)]
+    plan = fleetplan.with_servers(fleetplan.FleetPlan("r", commits={fleetplan.commit_key("git://x", "main"): "c" * 40},
+                                                      model_bytes={"http://m/x.gguf": 12}), servers)
+    back = fleetplan.FleetPlan.from_json(plan.to_json())
+    assert back == plan and back.builders == {"fpA": "h1", "fpB": "h3"}
+    assert back.commit("git://x", "main") == "c" * 40 and back.commit("git://x", "dev") is None
+    assert back.server("h2").ports == (8080,)
+
+
+HAPROXY = """global
+    maxconn 100
+backend llama
+    balance leastconn
+    server h1-0 10.0.0.1:8080 check
+    server h1-1 10.0.0.1:8081 check
+    server h2-0 10.0.0.2:8080 check
+backend other
+    server h2-9 10.0.0.2:9999 check
+"""
+
+
+def test_a_host_missing_from_a_run_keeps_its_backends():
+    live = configured_servers(HAPROXY)
+    assert live == [("h1-0", "10.0.0.1", 8080), ("h1-1", "10.0.0.1", 8081), ("h2-0", "10.0.0.2", 8080)]
+    got = fleet_backends([("h1", "10.0.0.1", [8080, 8081])], ["h2"], live)
+    assert [(b.name, b.port) for b in got] == [("h1-0", 8080), ("h1-1", 8081), ("h2-0", 8080)]
+    # a host named like a prefix of another keeps only its own
+    assert [b.name for b in fleet_backends([], ["h1"], live + [("h1x-0", "x", 1)])] == ["h1-0", "h1-1"]

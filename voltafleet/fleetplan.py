@@ -1,0 +1,71 @@
+"""The fleet plan: what a rollout decides once, before the canary, and every batch reads:
+the commit each (repo, ref) resolves to, each model URL's size, every server host's
+instances (the gateway's backends come from here, not from who is reachable in a run) and
+the builder of each release fingerprint. Written by the rolling driver as JSON.
+
+    >>> plan = FleetPlan(rollout="r1", commits={commit_key("git://x", "main"): "ab" * 20})
+    >>> FleetPlan.from_json(plan.to_json()).commit("git://x", "main") == "ab" * 20
+    True
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+def commit_key(repo: str, ref: str) -> str:
+    return f"{repo} {ref}"
+
+
+@dataclass(frozen=True)
+class ServerEntry:
+    host: str
+    address: str                      # where the gateway reaches it
+    ports: tuple                      # one per instance, in instance order
+    slots: int = 1                    # each instance's -np
+    fingerprint: str | None = None    # its release fingerprint, when its compiler is known
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    rollout: str
+    commits: dict = field(default_factory=dict)       # "repo ref" -> 40-hex commit
+    model_bytes: dict = field(default_factory=dict)   # model URL -> Content-Length (or None)
+    servers: tuple = ()                               # ServerEntry, inventory order
+    builders: dict = field(default_factory=dict)      # fingerprint -> the host that compiles it
+
+    def commit(self, repo: str, ref: str) -> str | None:
+        return self.commits.get(commit_key(repo, ref))
+
+    def server(self, host: str) -> ServerEntry | None:
+        return next((s for s in self.servers if s.host == host), None)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "FleetPlan":
+        d = json.loads(text)
+        servers = tuple(ServerEntry(**{**s, "ports": tuple(s["ports"])}) for s in d.get("servers", []))
+        return cls(rollout=d["rollout"], commits=d.get("commits", {}), model_bytes=d.get("model_bytes", {}),
+                   servers=servers, builders=d.get("builders", {}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FleetPlan":
+        return cls.from_json(Path(path).read_text())
+
+
+def builders(servers: list[ServerEntry]) -> dict[str, str]:
+    """The first host (inventory order) of each fingerprint compiles it; the others receive it."""
+    out: dict[str, str] = {}
+    for s in servers:
+        if s.fingerprint and s.fingerprint not in out:
+            out[s.fingerprint] = s.host
+    return out
+
+
+def with_servers(plan: FleetPlan, servers: list[ServerEntry]) -> FleetPlan:
+    """The plan completed after preflight: every server host's instances and the builders."""
+    return FleetPlan(rollout=plan.rollout, commits=plan.commits, model_bytes=plan.model_bytes,
+                     servers=tuple(servers), builders=builders(servers))

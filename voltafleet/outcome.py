@@ -1,0 +1,74 @@
+"""The result contract: one typed record per host and run, written by the roles on the
+controller and read by the rolling driver. A host is "passed" only when its own record of
+this run says so; no record, a record of another run, or an unreadable one is a failure.
+
+    >>> r = HostOutcome(host="gpu-01", run="r1", status="passed", reason="")
+    >>> read(write(Path("/tmp"), r), "gpu-01", "r1").status
+    'passed'
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+STATUSES = ("passed", "rolled_back", "failed", "unreachable", "not_run")
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    run: str
+    status: str                       # one of STATUSES
+    reason: str = ""                  # one line: why it is not passed ("" when passed)
+    rollout: str | None = None
+    batch: str | None = None
+    release: str | None = None        # the release it serves now
+    flags: list = field(default_factory=list)
+    model_sha256: str | None = None
+    probe: str | None = None          # "match", "diverged: ...", "recorded", or None (not probed)
+    ttft_ms: float | None = None
+    single_tps: float | None = None
+    aggregate_tps: float | None = None
+    restarted: list = field(default_factory=list)   # instances restarted by this run
+    streams_cut: int = 0              # streams still open when a drain gave up waiting
+    converged: bool = False           # nothing restarted: probed only
+    time: float = 0.0
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
+        self.reason = one_line(self.reason)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A reason as one line: whitespace folded, at most `limit` characters."""
+    line = " ".join(str(text or "").split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def path(directory: Path, host: str) -> Path:
+    return Path(directory) / f"outcome-{host}.json"
+
+
+def write(directory: Path, outcome: HostOutcome) -> Path:
+    """Write the record atomically (a reader never sees half of it)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    p = path(directory, outcome.host)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(outcome), indent=2) + "\n")
+    tmp.replace(p)
+    return p
+
+
+def read(directory: Path, host: str, run: str) -> HostOutcome | None:
+    """The host's record of run `run`, or None (missing, unreadable, another run's)."""
+    try:
+        data = json.loads(path(directory, host).read_text())
+        known = {f.name for f in fields(HostOutcome)}
+        outcome = HostOutcome(**{k: v for k, v in data.items() if k in known})
+    except (OSError, ValueError, TypeError):
+        return None
+    return outcome if outcome.run == run else None

@@ -1,0 +1,89 @@
+"""The golden quality probe: the expected greedy output (token ids and log-probabilities)
+of the model for the probe's settings, recorded once when the model is pinned and kept in
+the repository (probes/<key>.json). Every instance of every host is compared with it in
+every run; a missing or empty golden probe is an error, never a match.
+
+    key("ab" * 32, "The capital of France is", 16) is
+    'abababababababab-' followed by 12 hex digits of the settings
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DIR = REPO / "probes"
+
+
+class ProbeError(ValueError):
+    """No usable golden probe: says which file and how to record it."""
+
+
+def key(model_sha256: str, prompt: str, tokens: int) -> str:
+    """(model, settings) -> the golden probe's name: the model's sha256 and a digest of the
+    prompt and token count (greedy, top-5 log-probabilities: fixed by the smoke client)."""
+    settings = hashlib.sha256(json.dumps([prompt, int(tokens), "greedy", 5]).encode()).hexdigest()[:12]
+    return f"{model_sha256[:16]}-{settings}"
+
+
+def path(model_sha256: str, prompt: str, tokens: int, directory: Path = DIR) -> Path:
+    return Path(directory) / f"{key(model_sha256, prompt, tokens)}.json"
+
+
+RECORD_FIX = ("Fix: record it once from a host that serves the pinned model: "
+              "python -m rollout INVENTORY --canary HOST --record-probe (then commit probes/)")
+
+
+def load(model_sha256: str | None, prompt: str, tokens: int, directory: Path = DIR) -> dict:
+    """The golden probe for this model and settings; ProbeError when there is none."""
+    if not model_sha256:
+        raise ProbeError("smoke_probe needs model_sha256 (the golden probe is kept per model). "
+                         "Fix: pin the model (python -m voltafleet.pin_model) or set smoke_probe: false")
+    p = path(model_sha256, prompt, tokens, directory)
+    try:
+        golden = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ProbeError(f"no golden probe {p.relative_to(REPO) if p.is_relative_to(REPO) else p} for model "
+                         f"{model_sha256[:16]}... and this smoke_probe_prompt/smoke_probe_tokens. {RECORD_FIX}")
+    except ValueError as e:
+        raise ProbeError(f"{p}: not JSON ({e}). {RECORD_FIX}")
+    if not golden.get("tokens") or len(golden.get("logprobs") or []) != len(golden["tokens"]):
+        raise ProbeError(f"{p}: empty or incomplete golden probe (no tokens). {RECORD_FIX}")
+    return golden
+
+
+def save(model_sha256: str, prompt: str, tokens: int, probe: dict, source: str, directory: Path = DIR) -> Path:
+    """Record a golden probe (what `--record-probe` does with the canary's probe)."""
+    if not probe.get("tokens"):
+        raise ProbeError(f"the probe from {source} has no tokens: not recorded")
+    p = path(model_sha256, prompt, tokens, directory)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = {"model_sha256": model_sha256, "prompt": prompt, "tokens_requested": tokens, "recorded_from": source,
+            "tokens": probe["tokens"], "logprobs": probe["logprobs"], "text": probe.get("text", "")}
+    p.write_text(json.dumps(data, indent=1) + "\n")
+    return p
+
+
+def compare(golden: dict, probe: dict | None, tolerance: float) -> str | None:
+    """None when the probe matches the golden one: the same greedy tokens, each chosen
+    token's log-probability within `tolerance` (nats). Else why not. An empty golden probe
+    or a missing probe never matches."""
+    ref_tokens = (golden or {}).get("tokens") or []
+    if not ref_tokens:
+        return "the golden probe is empty"
+    if not probe or not probe.get("tokens"):
+        return "no probe tokens from this instance"
+    tokens = probe["tokens"]
+    for i, (a, b) in enumerate(zip(ref_tokens, tokens)):
+        if a != b:
+            return f"token {i} is {b}, the golden probe's is {a}"
+    if len(tokens) < len(ref_tokens):
+        return f"{len(tokens)} probe tokens, the golden probe has {len(ref_tokens)}"
+    pairs = list(zip(golden.get("logprobs") or [], probe.get("logprobs") or []))
+    if any(a is None or b is None for a, b in pairs) or len(pairs) < len(ref_tokens):
+        return "log-probabilities missing"
+    worst = max(abs(a - b) for a, b in pairs)
+    if worst > tolerance:
+        return f"log-probability differs by {worst:.3f} (> {tolerance}) from the golden probe's"
+    return None
