@@ -129,6 +129,8 @@ def main(argv=None) -> int:
             return 0
         path.write_text(record(text, sha, str(path)))
         print(f"{path}: model_sha256 {old or 'unset'} -> {sha}")
+        print("next, record the model's golden quality probe (kept in probes/, compared on every host in every "
+              "run): python -m rollout INVENTORY --canary HOST --record-probe, then commit probes/")
         return 0
     except PinError as e:
         print(f"pin_model: {e}", file=sys.stderr)

@@ -64,7 +64,8 @@ def run_refusals(cfg: dict) -> list[str]:
     """Reasons this run may not touch the host that are not the host's own: no golden
     probe to compare with; a gateway this run cannot reach (no drain is possible)."""
     errors = []
-    if cfg["smoke_enabled"] and cfg["smoke_probe"] and not run_context().record_probe:
+    if cfg["smoke_enabled"] and cfg["smoke_probe"] and not run_context().record_probe \
+            and run_context().phase != "gateway":
         sha = model_files(cfg)[0].sha256
         try:
             probemod.load(sha, cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"])

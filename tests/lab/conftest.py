@@ -1,8 +1,13 @@
 import os
+import tempfile
 
 import pytest
 
 from lab.fleet import STATE_FILE
+
+# The controller's release cache of this test session starts empty: a test that counts
+# compiles must not find the archive `make demo` (or an earlier session) left there.
+os.environ.setdefault("VOLTAFLEET_RELEASE_CACHE", tempfile.mkdtemp(prefix="voltafleet-releases-"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from lab import fleet
-from tests.lab.helpers import (PYINFRA, REPO, current_release, deploy, env_file, fresh_cache, lab, main_pid, rollout,
-                               ssh)
+from tests.lab.helpers import PYINFRA, REPO, current_release, deploy, env_file, fresh_cache, lab, rollout, ssh
 
 RECORD = REPO / "reports" / "faults.jsonl"
 MODELS = "/var/lib/voltafleet/models"
@@ -25,9 +24,16 @@ MODELS = "/var/lib/voltafleet/models"
 def serving(h) -> dict:
     """What a host serves now: release, flags, model checksum, health of instance 0."""
     return {"release": current_release(h), "env": env_file(h),
-            "model": ssh(h, f"cat {MODELS}/*.gguf.verified | cut -d' ' -f1 | sort"),
+            "model": ssh(h, f"cat {MODELS}/*/*.gguf.verified | cut -d' ' -f1 | sort"),
             "health": ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{h['server_port_base']}/health",
                           check=False)}
+
+
+def completes(h) -> bool:
+    """Every instance of the host answers a real completion request."""
+    return all('"tokens_predicted":4' in ssh(h, f"curl -s -m 30 http://127.0.0.1:{h['server_port_base'] + i}/completion "
+                                                "-d '{\"prompt\":\"hi\",\"n_predict\":4}'", check=False)
+               for i in (0, 1))
 
 
 @pytest.fixture
@@ -39,13 +45,17 @@ def case(request, converged):
     yield outcome
     rep = getattr(request.node, "rep_call", None)
     outcome["passed"] = bool(rep and rep.passed)
+    after = {h["name"]: serving(h) for h in hosts}
+    answered = {h["name"]: completes(h) for h in hosts}
     if outcome["data_lost"] is None:  # the case itself did not judge it: compare with before
-        after = {h["name"]: serving(h) for h in hosts}
         outcome["data_lost"] = sum(after[n]["model"] != before[n]["model"] or after[n]["health"] != "200"
-                                   for n in before)
+                                   or not answered[n] for n in before)
     RECORD.parent.mkdir(exist_ok=True)
     with open(RECORD, "a") as f:
         f.write(json.dumps(outcome) + "\n")
+    # every case ends with the fleet serving what it served before, answering real requests
+    assert outcome["data_lost"] == 0, (before, after, answered)
+    assert all(answered.values()), answered
 
 
 class Dropping(http.server.BaseHTTPRequestHandler):
@@ -78,7 +88,7 @@ def test_model_with_a_wrong_checksum_is_refused_and_the_old_one_serves(case, tmp
     h = lab()["hosts"][0]
     run = deploy(new_model_vars(lab()["model_url"], "0" * 64), tmp_path)  # the mirror's file is not that one
     assert run.rc != 0 and "sha256 of the download is" in run.out and "untouched" in run.out
-    assert ssh(h, f"ls {MODELS}/*.part 2>/dev/null || true") == ""  # the bad download is gone
+    assert ssh(h, f"ls {MODELS}/*/*.part 2>/dev/null || true") == ""  # the bad download is gone
 
 
 def test_model_404_is_a_clear_error_and_the_old_one_serves(case, tmp_path):
@@ -100,11 +110,11 @@ def test_model_transfer_cut_halfway_keeps_the_partial_and_the_next_run_resumes(c
         server.shutdown()
     assert run.rc != 0 and "partial kept at" in run.out
     h = st["hosts"][0]
-    part = int(ssh(h, f"stat -c %s {MODELS}/tiny-copy.gguf.part"))
+    part = int(ssh(h, f"stat -c %s {MODELS}/*/tiny-copy.gguf.part"))
     assert 0 < part < copy.stat().st_size
     run = deploy(new_model_vars(st["model_url"].rsplit("/", 1)[0] + "/tiny-copy.gguf", st["model_sha256"]), tmp_path)
     assert run.rc == 0, run  # resumed from the mirror, verified, served
-    assert ssh(h, f"test -e {MODELS}/tiny-copy.gguf.part && echo yes || echo no") == "no"
+    assert ssh(h, f"ls {MODELS}/*/tiny-copy.gguf.part 2>/dev/null || echo none") == "none"
     assert deploy().rc == 0
     copy.unlink()
 
@@ -138,7 +148,9 @@ def test_host_stopped_mid_rollout_is_named_and_a_rerun_completes_it(case, tmp_pa
     report = json.loads((REPO / "reports" / "rollout-latest.json").read_text())
     status = {h["host"]: h["status"] for h in report["hosts"]}
     assert proc.returncode == 1, text
-    assert status == {hosts[0]["name"]: "passed", hosts[1]["name"]: "passed", victim["name"]: "unreachable"}, text
+    assert status == {hosts[0]["name"]: "passed", hosts[1]["name"]: "passed", victim["name"]: "failed"}, text
+    lost = next(h for h in report["hosts"] if h["host"] == victim["name"])
+    assert "no outcome record" in lost["detail"]  # never a pass by default
     fleet.up(len(lab()["hosts"]))  # the host comes back
     run, report = rollout(["--batch", "1"], vars={"server_threads": 2}, tmp=tmp_path)
     assert run.rc == 0 and report["ok"], run
@@ -152,11 +164,15 @@ def test_controller_interrupted_leaves_no_half_switched_release_and_a_rerun_conv
     e = {**os.environ, "VOLTAFLEET_VARS": str(tmp_path / "v.yml")}
     proc = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO, env=e,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sent = False
     for line in proc.stdout:
-        if "Restart changed instances" in line or "Switch `current`" in line:
+        if "Switch `current`" in line or "Restart, smoke test" in line:
             proc.send_signal(signal.SIGINT)
+            sent = True
             break
     proc.wait(timeout=300)
+    assert sent, "the run ended before it could be interrupted: the case tested nothing"
+    assert proc.returncode != 0
     for h in hosts:  # `current` is whole: a release directory with its build info, never a half one
         target = ssh(h, "readlink /opt/voltafleet/current")
         assert ssh(h, f"test -f /opt/voltafleet/{target}/BUILD_INFO.json && test -x /opt/voltafleet/{target}/bin/llama-server && echo ok") == "ok"

@@ -183,3 +183,24 @@ def test_shared_release_in_the_controller_cache_is_shipped_not_compiled(plan, tm
     (tmp_path / f"{fp}.tar.sha256").write_text("y\n")
     assert commands(compiled, fake, plan, strategy="shared") == []
     assert commands(shipped, fake, plan) == ["<function _ship>"]
+
+
+def test_a_toolkit_upgrade_changes_the_fingerprint_and_a_driver_upgrade_does_not(cfg):
+    """roles.common.host_fingerprint itself, from a CUDA host's live facts: the driver
+    version is among them, and must not be an input."""
+    from roles.common import host_fingerprint
+
+    cfg.update(voltafleet_backend="cuda", llama_cpp_ref=COMMIT, cuda_toolkit_version="12.8")
+
+    def fp(driver, nvcc, cxx=CXX, name="gpu-01"):
+        gpus = [{"index": i, "name": "Tesla V100-SXM2-16GB", "compute_cap": "7.0", "memory_mib": 16160,
+                 "driver_version": driver} for i in range(8)]
+        fake = FakeHost({F.HostBasics: {"cxx": cxx}, F.Gpus: gpus, F.NvccVersion: nvcc}, name=name, data=cfg)
+        with ctx_host.use(fake), ctx_state.use(fake.state), ctx_inventory.use(FakeInventory()):
+            return host_fingerprint(fake)
+
+    before = fp("580.82.07", "12.8.93")
+    assert fp("580.95.05", "12.8.93") == before              # driver only: no rebuild
+    assert fp("580.82.07", "12.8.61") != before              # the toolkit is an input
+    assert fp("580.82.07", "12.8.93", cxx="13.2.0") != before  # so is the compiler
+    assert len({fp("580.95.05", "12.8.93", name=f"gpu-{n:02d}") for n in range(8)}) == 1  # identical hosts share it

@@ -2,6 +2,7 @@
 flags, the load-time flag check, ports, per-slot context, the API key file, duplicate
 YAML keys, validate_values for any source (pyinfra --data), and the error block."""
 import os
+import tempfile
 import re
 from pathlib import Path
 
@@ -266,10 +267,43 @@ def test_a_missing_or_empty_key_file_is_refused_at_load_time(cfg, keyfile, tmp_p
     assert "is not a regular file" in refused({**cfg, "server_api_key_file": str(tmp_path)})
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_key_file_is_refused(cfg, keyfile):
-    keyfile.chmod(0o000)
-    assert "cannot be read" in refused({**cfg, "server_api_key_file": str(keyfile)})
+def as_unprivileged(fn) -> str:
+    """fn() in a forked child that dropped root for `nobody` (CI runs as root, and root reads
+    any file): what it returned, or the exception it raised, as text."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no exec, the modules are already imported
+        os.close(r)
+        try:
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            out = str(fn())
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out = f"{type(e).__name__}: {e}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_an_unreadable_key_file_is_refused(cfg):
+    d = tempfile.mkdtemp(prefix="voltafleet-key-")
+    os.chmod(d, 0o755)  # the unprivileged child may look into it, not read the key
+    key = os.path.join(d, "api-key")
+    with open(key, "w") as f:
+        f.write("secret\n")
+    os.chmod(key, 0o000)
+    try:
+        assert os.geteuid() != 0 or os.access(key, os.R_OK)  # root reads it: the child must not be root
+        assert "cannot be read" in as_unprivileged(lambda: refused({**cfg, "server_api_key_file": key}))
+    finally:
+        os.unlink(key)
+        os.rmdir(d)
 
 
 # --- values from any source (pyinfra --data) ------------------------------------------

@@ -1,13 +1,9 @@
 """Pure driver decisions (voltafleet/nvidia.py): which packages belong to which branch and
 source, what a branch move purges, when an upgrade happens, fabric manager, missing GPUs."""
-import inspect
-
 import pytest
 
 from voltafleet import nvidia
 from voltafleet.config import ConfigError, check_value
-from voltafleet.fingerprint import cmake_flags, fingerprint
-from voltafleet.nvidia import toolkit_nvcc
 
 
 def pkg(name, version, held=False, status=None):
@@ -192,25 +188,3 @@ def test_nvidia_driver_version_schema(value, ok):
             check_value("nvidia_driver_version", value, "group_vars/all.yml")
 
 
-C = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
-CXX = "13.2.0 x86_64-linux-gnu"
-
-
-def host_fingerprint(facts: dict) -> str:
-    """What roles/llama_cpp computes for a host (host_fingerprint): commit, flags with the pinned
-    nvcc, that nvcc's version, the compiler, the targets; facts may hold more (the driver)."""
-    series = ".".join(facts["nvcc"].split(".")[:2])
-    return fingerprint(C, cmake_flags("cuda", [70], [], nvcc=toolkit_nvcc(series)), facts["nvcc"], facts["cxx"],
-                       ["llama-server", "llama-bench"])
-
-
-def test_toolkit_upgrade_changes_the_fingerprint_and_a_driver_upgrade_does_not():
-    before = {"nvcc": "12.8.93", "cxx": CXX, "driver": "580.82.07"}
-    toolkit = {**before, "nvcc": "12.9.86"}
-    driver = {**before, "driver": "580.95.05"}
-    assert host_fingerprint(toolkit) != host_fingerprint(before)  # 12.8 -> 12.9: one rebuild per group
-    assert host_fingerprint(driver) == host_fingerprint(before)  # driver only: no rebuild
-    # identical hosts share the fingerprint, so the shared strategy compiles it once
-    assert len({host_fingerprint({**toolkit, "host": n}) for n in range(8)}) == 1
-    # the fingerprint has no driver input at all: a driver change can never force a rebuild
-    assert not [p for p in inspect.signature(fingerprint).parameters if "driver" in p]
