@@ -24,10 +24,10 @@ from pyinfra.operations import files
 
 from roles import gateway
 from roles.common import changes, sh
-from roles.facts import Releases
+from roles.facts import GpuHealth, Releases
 from roles.helpers import SMOKE_CLIENT, bin_path
 from roles.server import restart_command
-from voltafleet import smoke as smokemod
+from voltafleet import gpuhealth, smoke as smokemod
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, GOOD_DIR, UNIT_PATH, HostPlan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,8 @@ def client_command(plan: HostPlan) -> str:
     for inst in plan.instances:
         args += ["--port", str(inst.port)]
     args += ["--tokens", str(cfg["smoke_tokens"]), "--parallel", str(cfg["smoke_parallel"] or cfg["server_parallel"]),
-             "--health-timeout", str(cfg["smoke_health_timeout_s"]), "--unit-prefix", "llama-server@"]
+             "--health-timeout", str(cfg["smoke_health_timeout_s"]), "--unit-prefix", "llama-server@",
+             "--gpu-sample-interval", str(cfg["smoke_gpu_sample_s"] if plan.cuda else 0)]
     if cfg["server_api_key_file"]:
         args += ["--api-key-file", API_KEY_PATH]
     if cfg["smoke_probe"]:
@@ -102,18 +103,38 @@ def _after_pass(state, host, plan: HostPlan, report: dict) -> None:
         raise OperationError(f"could not record the good snapshot on {host.name}: {out.stderr}")
     keep = [f.dest for f in plan.model_files]
     sh(host, _q(bin_path(plan, "vf-prune-models"), cfg["model_dir"], *keep))
+    _textfile(host, plan, report)
+    gateway.ready(state, host.name, [i.index for i in plan.instances])
+
+
+def _textfile(host, plan: HostPlan, report: dict) -> None:
+    """voltafleet.prom for node_exporter, after a pass and after a failure alike (the
+    alerts read voltafleet_smoke_passed and the GPU gauges)."""
+    cfg = plan.cfg
     if cfg["smoke_textfile_dir"]:
         prom = smokemod.textfile(host.name, report, report.get("fingerprint"))
         sh(host, f"mkdir -p {shlex.quote(cfg['smoke_textfile_dir'])} && "
-                               + _q(bin_path(plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
-                               + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
-    gateway.ready(state, host.name, [i.index for i in plan.instances])
+                 + _q(bin_path(plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
+                 + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
+
+
+def gpu_check(host, plan: HostPlan, report: dict) -> list[str]:
+    """On a CUDA host, the boards' health read now (GpuHealth, judged as preflight does),
+    kept in the report for the textfile; its refusals fail the smoke test."""
+    if not plan.cuda:
+        return []
+    health = gpuhealth.summary(host.name, plan.cfg, host.get_fact(GpuHealth))
+    report["gpu_health"] = health
+    for line in health["warnings"]:
+        print(f"warning: {line}", flush=True)
+    return health["refusals"]
 
 
 def _measure(state, host, plan: HostPlan) -> None:
     cfg = plan.cfg
     reference = _reference()
     report, fails = _smoke(host, plan, reference)
+    fails += gpu_check(host, plan, report)
     report.update(host=host.name, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), epoch=time.time(),
                   passed=not fails, failures=fails, batch=os.environ.get("VOLTAFLEET_BATCH"),
                   fingerprint=host.get_fact(Releases, root=plan.root)["current"],
@@ -149,6 +170,7 @@ def _measure(state, host, plan: HostPlan) -> None:
             if all("error" not in m and not m.get("errors") for m in again["instances"]):
                 gateway.ready(state, host.name, [i.index for i in plan.instances])  # it serves as before
     _write(plan, host, report)
+    _textfile(host, plan, report)
     raise OperationError(msg)
 
 
