@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from voltafleet.errors import Problem
-from voltafleet.smoke import REASON_WORDS, SLOWDOWNS
+from voltafleet.smoke import reason_words
 
 NO_SMI = "__voltafleet_no_nvidia_smi__"
 MARK = "=== voltafleet "   # the fact's section markers: query, nvlink, xid <source>
@@ -244,8 +244,8 @@ def _gpu_warnings(g: dict, cfg: dict, nvlink: dict) -> list[str]:
     reasons = g.get("throttle")
     if reasons is None:
         out.append("nvidia-smi -q has no throttle record")
-    elif set(reasons) & SLOWDOWNS:
-        words = ", ".join(REASON_WORDS[x] for x in reasons if x in SLOWDOWNS)
+    elif reason_words(reasons):
+        words = reason_words(reasons)
         t = (g.get("temperature") or {}).get("gpu")
         out.append(f"throttled now: {words}" + (f" at {t} C" if t is not None else ""))
     errs = nvlink.get(g["index"]) or {}

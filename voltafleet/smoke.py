@@ -43,10 +43,19 @@ REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active"
 THROTTLE_BITS = {0x1: "idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
                  0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
                  0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
-REASON_WORDS = {"sw_power_cap": "power cap", "hw_slowdown": "hardware slowdown",
-                "sw_thermal_slowdown": "thermal slowdown", "hw_thermal_slowdown": "thermal slowdown (hardware)",
-                "hw_power_brake_slowdown": "power brake slowdown"}
+REASON_WORDS = {"sw_thermal_slowdown": "thermal slowdown", "hw_thermal_slowdown": "thermal slowdown",
+                "sw_power_cap": "power cap", "hw_power_brake_slowdown": "power brake slowdown",
+                "hw_slowdown": "hardware slowdown"}
 SLOWDOWNS = frozenset(REASON_WORDS)  # the reasons that cost tok/s (not idle, sync boost, clock settings)
+
+
+def reason_words(reasons) -> str:
+    """"thermal slowdown, power cap" for the slowdown reasons among `reasons` (HW Slowdown
+    only when no more precise hardware reason says why)."""
+    seen = [r for r in REASON_WORDS if r in reasons]
+    if len(seen) > 1 and "hw_slowdown" in seen:
+        seen.remove("hw_slowdown")
+    return ", ".join(dict.fromkeys(REASON_WORDS[r] for r in seen))
 
 
 # ---------------------------------------------------------------- client (runs on the host)
@@ -357,14 +366,13 @@ def slowdown(m: dict) -> str:
     """Why an instance's GPU ran slow, from the throttle reasons sampled while it was
     measured: ": GPU 3 thermal slowdown (88 C, SM 1020 MHz)"; "" when none was seen."""
     g = m.get("gpu") or {}
-    seen = [r for r in g.get("reasons", []) if r in SLOWDOWNS]
-    if not seen:
+    words = reason_words(g.get("reasons", []))
+    if not words:
         return ""
     facts = [f"{g['temperature_max_c']:.0f} C" if g.get("temperature_max_c") is not None else "",
              f"SM {g['sm_clock_mhz']:.0f} MHz" if g.get("sm_clock_mhz") is not None else "",
              f"{g['power_max_w']:.0f} W" if g.get("power_max_w") is not None else ""]
-    return (f": GPU {g['index']} " + ", ".join(REASON_WORDS[r] for r in seen)
-            + (f" ({', '.join(f for f in facts if f)})" if any(facts) else ""))
+    return f": GPU {g['index']} {words}" + (f" ({', '.join(f for f in facts if f)})" if any(facts) else "")
 
 
 def verdict(report: dict, cfg: dict, reference: dict | None = None) -> list[str]:

@@ -126,7 +126,7 @@ SICK = {  # host: (the GpuHealth answer, the refusal it must print)
 WARNED = {
     "v100-thermal": ('@gpu:{"n": 8, "sick": {"2": "THERMAL"}}',
                      "warning: @fake/v100-thermal: GPU 2 (0000:86:00.0, serial 0321618080002): throttled now: "
-                     "hardware slowdown, thermal slowdown (hardware) at 88 C"),
+                     "thermal slowdown at 88 C"),
     "v100-powercap": ('@gpu:{"n": 8, "sick": {"4": "POWER_CAP"}}',
                       "warning: @fake/v100-powercap: GPU 4 (0000:19:00.0, serial 0321618080004): throttled now: power cap"),
     "v100-pages": ('@gpu:{"n": 8, "sick": {"7": "NEAR_LIMIT"}}',
