@@ -427,7 +427,7 @@ def table(host: str, report: dict) -> str:
     return "\n".join(rows)
 
 
-def _gauge(name: str, text: str, rows: list[tuple[dict, float | None]]) -> list[str]:
+def gauge(name: str, text: str, rows: list[tuple[dict, float | None]]) -> list[str]:
     """One gauge in the textfile format; rows without a value are left out (never a made-up 0)."""
     rows = [(labels, v) for labels, v in rows if v is not None]
     if not rows:
@@ -496,7 +496,7 @@ def gpu_rows(host: str, report: dict) -> list[str]:
         ("voltafleet_gpu_nvlink_errors", "NVLink error counters (nvidia-smi nvlink -e), by kind", health,
          lambda g: [(lab(g, kind=k), n) for k, n in sorted((g.get("nvlink") or {}).items())]),
     ):
-        lines += _gauge(name, text, [row for g in src for row in rows(g)])
+        lines += gauge(name, text, [row for g in src for row in rows(g)])
     return lines
 
 
@@ -508,10 +508,15 @@ def textfile(host: str, report: dict, release: str | None) -> str:
         voltafleet_smoke_passed{host="gpu-01",release="3f2a"} 1
         voltafleet_gpu_sm_clock_mhz{host="gpu-01",gpu="3",serial="0323817105647"} 1312
     """
-    lines = _gauge("voltafleet_smoke_passed", "1 if the last smoke test passed",
+    lines = gauge("voltafleet_smoke_passed", "1 if the last smoke test passed",
                    [({"host": host, "release": release or ""}, int(bool(report.get("passed"))))])
-    lines += _gauge("voltafleet_smoke_time_seconds", "when the last smoke test ran",
+    lines += gauge("voltafleet_smoke_time_seconds", "when the last smoke test ran",
                     [({"host": host}, round(report.get("epoch", 0)))])
+    floors = report.get("thresholds") or {}
+    lines += gauge("voltafleet_smoke_min_single_tps", "the single-stream tok/s floor the smoke test judged on",
+                    [({"host": host}, floors.get("smoke_min_single_tps"))])
+    lines += gauge("voltafleet_smoke_min_aggregate_tps", "the N-way aggregate tok/s floor the smoke test judged on",
+                    [({"host": host}, floors.get("smoke_min_aggregate_tps"))])
     metrics_ = (("ttft_ms", "voltafleet_smoke_ttft_ms", "time to first token, ms"),
                 ("single", "voltafleet_smoke_single_stream_tps", "single-stream decode tok/s (conservative)"),
                 ("aggregate_tps", "voltafleet_smoke_aggregate_tps", "N-way aggregate tok/s"))
