@@ -4,6 +4,7 @@ that change replaced (derive() fails when a line to replace is not there), an 8-
 is the real PCIe 32 GB block repeated with derived bus ids and serials."""
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from voltafleet import gpuhealth
@@ -88,3 +89,11 @@ NARROW = {"                Max                 : 16x\n                Current   
 SLOW_GEN = {"                Max                 : 3\n                Current             : 3":
             "                Max                 : 3\n                Current             : 1"}
 ECC_OFF = {"Ecc Mode\n        Current                     : Enabled": "Ecc Mode\n        Current                     : Disabled"}
+
+
+def stub_tool(bindir: Path, name: str, body: str) -> None:
+    """An executable `name` in `bindir` running the shell `body` (nvidia-smi, journalctl on a
+    machine without them)."""
+    path = bindir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)

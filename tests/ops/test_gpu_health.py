@@ -3,7 +3,6 @@
 preflight on pyinfra's fake connector: each sick board refused or warned, naming the GPU
 (index, PCI address, serial) and the fix, before anything changes; a healthy 8-GPU host passes."""
 import os
-import stat
 import subprocess
 
 import pytest
@@ -75,20 +74,14 @@ def test_a_host_without_nvidia_tools_gives_a_clear_error(cfg):
     assert GpuHealth.default()["error"] == "nvidia-smi -q listed no GPU (it printed: nothing)"
 
 
-def _stub(bindir, name, body):
-    path = bindir / name
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-
-
 def test_the_fact_command_in_a_real_shell(tmp_path):
     """The fact's own shell line, run by bash with nvidia-smi and journalctl stubs that print
     the fixtures: what it prints parses to the same GPUs, NVLink counters and Xids."""
     (tmp_path / "q").write_text(G.host_query(2))
     (tmp_path / "nv").write_text(G.NVLINK)
     (tmp_path / "log").write_text("kernel: usb 1-1: new device\n" + G.XIDS)
-    _stub(tmp_path, "nvidia-smi", f'[ "$1" = -q ] && exec cat {tmp_path}/q; [ "$1" = nvlink ] && exec cat {tmp_path}/nv\n')
-    _stub(tmp_path, "journalctl", f"exec cat {tmp_path}/log\n")
+    G.stub_tool(tmp_path, "nvidia-smi", f'[ "$1" = -q ] && exec cat {tmp_path}/q; [ "$1" = nvlink ] && exec cat {tmp_path}/nv\n')
+    G.stub_tool(tmp_path, "journalctl", f"exec cat {tmp_path}/log\n")
     env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
     out = subprocess.run(["/bin/bash", "-c", GpuHealth().command()], capture_output=True, text=True, env=env, check=True)
     health = GpuHealth().process(out.stdout.splitlines())
@@ -103,7 +96,6 @@ def test_the_fact_command_in_a_real_shell(tmp_path):
 
 # ---------------------------------------------------------------- preflight on the fake connector
 
-XID79_ON_3 = "@gpu:" + '{"n": 8, "xids": true}'
 SICK = {  # host: (the GpuHealth answer, the refusal it must print)
     "v100-pending": ('@gpu:{"n": 8, "sick": {"3": "PENDING"}}',
                      "GPU 3 (0000:af:00.0, serial 0321618080003): a retired page is pending (2 single-bit, 1 "
@@ -116,7 +108,7 @@ SICK = {  # host: (the GpuHealth answer, the refusal it must print)
                     "GPU 1 (0000:3b:00.0, serial 0321618080001): its PCIe link is x8 of x16. Fix: reseat the board"),
     "v100-gen1": ('@gpu:{"n": 8, "sick": {"6": "SLOW_GEN"}}',
                   "GPU 6 (0000:87:00.0, serial 0321618080006): its PCIe link runs at gen 1 of 3 under P0."),
-    "v100-xid": (XID79_ON_3, "the GPU at 0000:44:00 (not listed by nvidia-smi): Xid 79 since boot: GPU has fallen off "
+    "v100-xid": ('@gpu:{"n": 8, "xids": true}', "the GPU at 0000:44:00 (not listed by nvidia-smi): Xid 79 since boot: GPU has fallen off "
                              "the bus. Fix: drain the host and reboot it"),
     "v100-driver-gone": ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
                          "that the latest NVIDIA driver is installed and running.",
