@@ -6,18 +6,29 @@ PY := $(VENV)/bin/python
 LAB_HOSTS ?= 3
 HOST_PACKAGES := debootstrap systemd-container nginx-light git ccache openssh-client curl python3-venv
 
-.PHONY: host-packages setup lab-up lab-down demo test unit bench
+.PHONY: host-packages promtool setup lab-up lab-down demo test unit bench
 
 host-packages:
 	@missing=$$(for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+
+# promtool (Debian's prometheus package) for the alert-rule tests. Its daemon is kept from
+# starting while the package installs (policy-rc.d, unless one is there) and disabled after,
+# so nothing listens on port 9090.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  made=; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; \
+	    chmod 755 /usr/sbin/policy-rc.d; made=1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	  rc=$$?; if [ -n "$$made" ]; then rm -f /usr/sbin/policy-rc.d; fi; \
+	  systemctl disable --now prometheus >/dev/null 2>&1 || true; exit $$rc; }
 
 $(VENV)/.installed: requirements.txt | host-packages
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
 	touch $@
 
-setup: host-packages $(VENV)/.installed
+setup: host-packages promtool $(VENV)/.installed
 
 lab-up: setup
 	$(PY) -m lab up --hosts $(LAB_HOSTS) --gateway

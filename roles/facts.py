@@ -11,6 +11,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from voltafleet import gateway as gw
+from voltafleet import gpuhealth
 from voltafleet.nvidia import gpus_from_lspci
 
 
@@ -46,6 +47,32 @@ def parse_gpus(lines) -> list[dict]:
         gpus.append({"index": int(parts[0]), "name": parts[1], "compute_cap": parts[2],
                      "memory_mib": int(float(parts[3])), "driver_version": parts[4]})
     return gpus
+
+
+class GpuHealth(FactBase):
+    """The boards' health: `nvidia-smi -q` (ECC, page retirement, throttle reasons, clocks,
+    temperature, power, PCIe link), `nvidia-smi nvlink -e` and the kernel log's Xid lines
+    since boot, parsed by voltafleet.gpuhealth.parse_fact; "error" says why none could be read.
+
+    .. code:: python
+
+        host.get_fact(GpuHealth)  # {"gpus": [{"index": 0, "pci": "0000:3b:00.0", "retired": {...}, ...}], "xids": [], ...}
+    """
+
+    @staticmethod
+    def default():
+        return gpuhealth.parse_fact([])  # the command printed nothing: an error, never a healthy host
+
+    def command(self) -> str:
+        mark = gpuhealth.MARK
+        return (f"command -v nvidia-smi >/dev/null 2>&1 || {{ echo {gpuhealth.NO_SMI}; exit 0; }}; "
+                f"nvidia-smi -q 2>&1; echo '{mark}nvlink'; nvidia-smi nvlink -e 2>&1; "
+                "if log=$(journalctl -k -b --no-pager -o short-monotonic 2>/dev/null); then src=journal; "
+                "elif log=$(dmesg 2>/dev/null); then src=dmesg; else src=none; fi; "
+                f"echo \"{mark}xid $src\"; printf '%s\\n' \"$log\" | grep -F 'NVRM: Xid' || true")
+
+    def process(self, output):
+        return gpuhealth.parse_fact(list(output))
 
 
 class NvccVersion(FactBase):

@@ -83,6 +83,12 @@ SCHEMA: dict[str, Var] = {
     "nvidia_driver_version": Var(str, nullable=True, pattern=re.compile(r"latest|\d{3}\.\d+(\.\d+)?"),
                                  hint='"latest" or an exact release like "580.95.05"'),
     "allow_degraded_gpus": Var(bool),
+    # GPU health (preflight refuses, smoke records)
+    "gpu_fatal_xids": Var(list, item=int, hint="a list of Xid numbers like [48, 64, 79]"),
+    "gpu_warn_xids": Var(list, item=int, hint="a list of Xid numbers like [13, 31, 43]"),
+    "gpu_retired_pages_warn": Var(int, min=1, max=64),
+    "gpu_refuse_pcie_downtrained": Var(bool),
+    "gpu_nvlink_errors_warn": Var(int, min=0, max=1_000_000_000),
     # llama.cpp build
     "llama_cpp_repo": Var(str, check=urls.git_url_error,
                           hint="a git URL: https://, git://, ssh://, user@host:path or an absolute path"),
@@ -150,6 +156,7 @@ SCHEMA: dict[str, Var] = {
     "smoke_probe_prompt": Var(str, pattern=re.compile(r"^[^\x00]{1,4000}$", re.S), hint="a prompt of 1-4000 characters"),
     "smoke_probe_tokens": Var(int, min=1, max=256),
     "smoke_probe_tolerance": Var((int, float), min=0, max=100),
+    "smoke_gpu_sample_s": Var((int, float), min=0, max=60),
     "smoke_textfile_dir": Var(str, nullable=True, check=_safe_path_error, hint="an absolute path without spaces"),
     "smoke_report_dir": Var(str, pattern=re.compile(r"^[A-Za-z0-9._/+][A-Za-z0-9._/+-]*$"),
                             hint="a directory on the controller, relative to the repository or absolute"),
@@ -295,6 +302,10 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
         fail("server_flash_attn", f"is off, but server_cache_type_v is {v['server_cache_type_v']} "
              "and a quantized V cache needs flash attention (llama-server aborts)",
              "set server_flash_attn: on, or server_cache_type_v: f16")
+    for key in ("gpu_fatal_xids", "gpu_warn_xids"):
+        bad = [x for x in v[key] if not 1 <= x <= 255]
+        if bad:
+            fail(key, f"has {bad[0]}, not an Xid (1-255)", "list Xid numbers from NVIDIA's Xid catalog, e.g. [48, 64, 79]")
     layers = v["server_gpu_layers"]
     if isinstance(layers, str) and layers != "all":
         fail("server_gpu_layers", f"is {layers!r}", 'use "all" or a layer count')

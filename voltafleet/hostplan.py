@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 from voltafleet import checks
 from voltafleet import flags as flagmod
 from voltafleet import fingerprint as fpmod
-from voltafleet import nvidia, vram
+from voltafleet import gpuhealth, nvidia, vram
 from voltafleet.gguf_header import Header
 
 GIB = 1024 ** 3
@@ -59,6 +59,7 @@ class HostFacts:
     model_present: bool = False        # the model file is there and recorded as verified
     model_bytes: int | None = None     # Content-Length of model_url, when not present
     systemd: int = 0                   # systemd's version (RestartSteps needs >= 254)
+    gpu_health: dict | None = None     # voltafleet.gpuhealth.parse_fact of the GpuHealth fact; None: not read
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class HostPlan:
     vram_note: str | None              # the VRAM plan in words, for the log
     argv: dict = field(default_factory=dict)   # instance index -> llama-server argv
     refusals: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()     # worth an operator's look, not a reason to stop (GPU throttling, retired pages)
 
     @property
     def cuda(self) -> bool:
@@ -228,6 +230,7 @@ def host_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
                           f"{len(gpus)} GPU(s)")
         driver = next((g["driver_version"] for g in gpus if g.get("driver_version")), None)
         errors += nvidia.refusals(host_name, cfg, gpus, facts.nvcc, driver)
+        errors += gpu_health(host_name, cfg, facts)[0]
         if cfg["manage_driver"]:
             try:
                 nvidia.driver_packages(facts.os, cfg["nvidia_driver_source"], cfg["nvidia_driver_branch"],
@@ -235,6 +238,15 @@ def host_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
             except ValueError as e:
                 errors.append(f"{host_name}: {e}")
     return errors + disk_refusals(host_name, cfg, facts)
+
+
+def gpu_health(host_name: str, cfg: dict, facts: HostFacts) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of the boards (voltafleet.gpuhealth.judge) of a CUDA host whose
+    driver answers; none before the driver is installed (GPUs seen on the PCI bus only):
+    the smoke test judges them once it is."""
+    if not facts.gpus or any(g.get("pci_only") for g in facts.gpus):
+        return [], []
+    return gpuhealth.judge(host_name, cfg, facts.gpu_health)
 
 
 def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None, sources: dict | None = None):
@@ -275,6 +287,7 @@ def make_plan(host_name: str, cfg: dict, facts: HostFacts, header: Header | str 
         refusals.append(f"{host_name}: {problem.line()} Fix: {problem.fix}")
     key = API_KEY_PATH if cfg["server_api_key_file"] else None
     argv = {i.index: flagmod.server_args(cfg, files[0].dest, i.port, key, draft) for i in insts}
+    warnings = gpu_health(host_name, cfg, facts)[1] if cuda else []
     return HostPlan(host=host_name, cfg=cfg, facts=facts, instances=tuple(insts), model_files=tuple(files),
                     draft_path=draft, cuda_archs=tuple(archs), build=build, vram=plan_vram, vram_note=note,
-                    argv=argv, refusals=tuple(refusals))
+                    argv=argv, refusals=tuple(refusals), warnings=tuple(warnings))

@@ -26,6 +26,7 @@ import argparse
 import http.client
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,6 +36,27 @@ DISAGREEMENT = 0.15  # report single-stream figures that differ by more than thi
 PROMPT = ("You are a helpful assistant running on a fleet of GPU servers. "
           "Describe in a few sentences how a load balancer spreads requests over many servers.")
 OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+# Sampled on the host during the measurement; R535+ calls the last field clocks_event_reasons,
+# older drivers clocks_throttle_reasons (R580 answers both): tried in this order.
+GPU_QUERY = "index,serial,clocks.sm,clocks.mem,temperature.gpu,power.draw,"
+REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+# NVML's clock event (throttle) reason bits, named as `nvidia-smi -q` names them (lower case, _)
+THROTTLE_BITS = {0x1: "idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                 0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+                 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
+REASON_WORDS = {"sw_thermal_slowdown": "thermal slowdown", "hw_thermal_slowdown": "thermal slowdown",
+                "sw_power_cap": "power cap", "hw_power_brake_slowdown": "power brake slowdown",
+                "hw_slowdown": "hardware slowdown"}
+SLOWDOWNS = frozenset(REASON_WORDS)  # the reasons that cost tok/s (not idle, sync boost, clock settings)
+
+
+def reason_words(reasons) -> str:
+    """"thermal slowdown, power cap" for the slowdown reasons among `reasons` (HW Slowdown
+    only when no more precise hardware reason says why)."""
+    seen = [r for r in REASON_WORDS if r in reasons]
+    if len(seen) > 1 and "hw_slowdown" in seen:
+        seen.remove("hw_slowdown")
+    return ", ".join(dict.fromkeys(REASON_WORDS[r] for r in seen))
 
 
 # ---------------------------------------------------------------- client (runs on the host)
@@ -158,6 +180,71 @@ def offload_from_journal(unit: str) -> dict | None:
     return {"offloaded": int(done), "total": int(total)}
 
 
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:  # [N/A], [Not Supported]
+        return None
+
+
+def parse_gpu_sample(line: str, at: float = 0.0) -> dict | None:
+    """One line of the --query-gpu sample: {"index", "serial", "sm", "mem", "temp", "power", "reasons"}."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 7 or not parts[0].isdigit():
+        return None
+    mask = int(parts[6], 16) if parts[6].lower().startswith("0x") else 0
+    return {"at": at, "index": int(parts[0]), "serial": parts[1], "sm": _float(parts[2]), "mem": _float(parts[3]),
+            "temp": _float(parts[4]), "power": _float(parts[5]),
+            "reasons": [name for bit, name in THROTTLE_BITS.items() if mask & bit]}
+
+
+class GpuSampler(threading.Thread):
+    """nvidia-smi's clocks, temperature, power and throttle reasons of every GPU, every
+    `interval` seconds while the measurement runs (`.samples`)."""
+
+    def __init__(self, interval: float):
+        super().__init__(daemon=True)
+        self.interval, self.samples, self.stopped = interval, [], threading.Event()
+        self.fields = list(REASON_FIELDS)
+
+    def sample(self) -> None:
+        while self.fields:
+            cmd = ["nvidia-smi", "--query-gpu=" + GPU_QUERY + self.fields[0], "--format=csv,noheader,nounits"]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            except (OSError, subprocess.SubprocessError):
+                return
+            if out.returncode == 0:
+                now = time.monotonic()
+                self.samples += [s for s in (parse_gpu_sample(line, now) for line in out.stdout.splitlines()) if s]
+                return
+            self.fields.pop(0)  # a driver that does not know this field name: try the older one
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.sample()
+
+
+def gpu_summary(samples: list[dict], index: int) -> dict | None:
+    """GPU `index` over the samples: clocks under load (samples without the idle reason),
+    the highest temperature and power, every throttle reason seen. None without samples."""
+    mine = [s for s in samples if s["index"] == index]
+    if not mine:
+        return None
+    busy = [s for s in mine if "idle" not in s["reasons"]] or mine
+
+    def avg(key, rows):
+        vals = [r[key] for r in rows if r[key] is not None]
+        return round(sum(vals) / len(vals), 1) if vals else None
+
+    return {"index": index, "serial": mine[-1]["serial"], "samples": len(mine),
+            "sm_clock_mhz": avg("sm", busy), "sm_clock_min_mhz": min((s["sm"] for s in busy if s["sm"]), default=None),
+            "mem_clock_mhz": avg("mem", busy), "power_w": avg("power", busy),
+            "power_max_w": max((s["power"] for s in mine if s["power"] is not None), default=None),
+            "temperature_max_c": max((s["temp"] for s in mine if s["temp"] is not None), default=None),
+            "reasons": sorted({r for s in mine for r in s["reasons"]})}
+
+
 def measure(port: int, tokens: int, parallel: int, key: str | None, health_timeout: float,
             unit: str | None, probe_prompt: str | None = None, probe_tokens: int = 16) -> dict:
     out: dict = {"port": port}
@@ -211,12 +298,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-prompt-file", help="record the quality probe for this prompt (greedy)")
     p.add_argument("--probe-tokens", type=int, default=16)
     p.add_argument("--probe-only", action="store_true", help="only the quality probe (a converged host)")
+    p.add_argument("--gpu-sample-interval", type=float, default=1.0,
+                   help="sample every GPU with nvidia-smi this often (s) while measuring; 0: never")
     a = p.parse_args(argv)
     prompt = open(a.probe_prompt_file).read() if a.probe_prompt_file else None
     key = open(a.api_key_file).read().strip() if a.api_key_file else None
     report = {"instances": []}
+    sampler = GpuSampler(a.gpu_sample_interval) if a.gpu_sample_interval > 0 and shutil.which("nvidia-smi") else None
+    if sampler:
+        sampler.start()
     for i, port in enumerate(a.port):
         unit = f"{a.unit_prefix}{i}.service" if a.unit_prefix else None
+        first = len(sampler.samples) if sampler else 0
         try:
             if a.probe_only:
                 m = {"port": port, "health_s": wait_health(port, min(a.health_timeout, 30)),
@@ -226,7 +319,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             m = {"port": port, "error": f"{type(e).__name__}: {e}"}
         m["instance"] = i
+        if sampler:  # instance i serves GPU i (CUDA_VISIBLE_DEVICES)
+            sampler.sample()
+            m["gpu"] = gpu_summary(sampler.samples[first:], i)
         report["instances"].append(m)
+    if sampler:
+        sampler.stopped.set()
     json.dump(report, sys.stdout)
     print()
     return 0
@@ -251,10 +349,24 @@ def single_stream(m: dict) -> tuple[float, dict, str | None]:
     return low, figures, note
 
 
+def slowdown(m: dict) -> str:
+    """Why an instance's GPU ran slow, from the throttle reasons sampled while it was
+    measured: ": GPU 3 thermal slowdown (88 C, SM 1020 MHz)"; "" when none was seen."""
+    g = m.get("gpu") or {}
+    words = reason_words(g.get("reasons", []))
+    if not words:
+        return ""
+    facts = [f"{g['temperature_max_c']:.0f} C" if g.get("temperature_max_c") is not None else "",
+             f"SM {g['sm_clock_mhz']:.0f} MHz" if g.get("sm_clock_mhz") is not None else "",
+             f"{g['power_max_w']:.0f} W" if g.get("power_max_w") is not None else ""]
+    return f": GPU {g['index']} {words}" + (f" ({', '.join(f for f in facts if f)})" if any(facts) else "")
+
+
 def verdict(report: dict, cfg: dict) -> list[str]:
     """Every threshold an instance missed, as a sentence with the numbers. [] = pass.
-    Single-stream tok/s is judged on the conservative figure (see single_stream). The
-    quality probe is judged against the golden one by voltafleet.probe.compare."""
+    Single-stream tok/s is judged on the conservative figure (see single_stream); a figure
+    under its floor names the throttle reason its GPU showed (see slowdown). The quality
+    probe is judged against the golden one by voltafleet.probe.compare."""
     fails = []
     cuda = cfg["voltafleet_backend"] == "cuda"
     for m in report["instances"]:
@@ -272,12 +384,12 @@ def verdict(report: dict, cfg: dict) -> list[str]:
             fails.append(f"{who}: time to first token {m['ttft_ms']:.0f} ms > {cfg['smoke_max_ttft_ms']} ms")
         single, _, _ = single_stream(m)
         if single < cfg["smoke_min_single_tps"]:
-            fails.append(f"{who}: single-stream {single:.1f} tok/s < {cfg['smoke_min_single_tps']}")
+            fails.append(f"{who}: single-stream {single:.1f} tok/s < {cfg['smoke_min_single_tps']}{slowdown(m)}")
         if m["errors"]:
             fails.append(f"{who}: {len(m['errors'])} of {m['parallel']} parallel streams failed: {m['errors'][0]}")
         if (m["aggregate_tps"] or 0) < cfg["smoke_min_aggregate_tps"]:
             fails.append(f"{who}: {m['parallel']}-way aggregate {m['aggregate_tps'] or 0:.1f} tok/s "
-                         f"< {cfg['smoke_min_aggregate_tps']}")
+                         f"< {cfg['smoke_min_aggregate_tps']}{slowdown(m)}")
     return fails
 
 
@@ -299,25 +411,106 @@ def table(host: str, report: dict) -> str:
     return "\n".join(rows)
 
 
+def gauge(name: str, text: str, rows: list[tuple[dict, float | None]]) -> list[str]:
+    """One gauge in the textfile format; rows without a value are left out (never a made-up 0)."""
+    rows = [(labels, v) for labels, v in rows if v is not None]
+    if not rows:
+        return []
+    out = [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+    for labels, v in rows:
+        lab = ",".join(f'{k}="{_escape(x)}"' for k, x in labels.items())
+        out.append(f"{name}{{{lab}}} {int(v) if float(v).is_integer() else float(v)!r}")
+    return out
+
+
+def _escape(value) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def gpu_rows(host: str, report: dict) -> list[str]:
+    """Per-GPU gauges, labelled host, gpu (index) and serial: what the smoke client sampled
+    under load (report instances' "gpu") and the boards' health read at smoke time
+    (report["gpu_health"], voltafleet.gpuhealth)."""
+    sampled = [m["gpu"] for m in report.get("instances", []) if m.get("gpu")]
+    health = (report.get("gpu_health") or {}).get("gpus", [])
+
+    def lab(g, **extra):
+        return {"host": host, "gpu": g["index"], "serial": g.get("serial") or "", **extra}
+
+    def get(g, *path):
+        for k in path:
+            g = g.get(k) if isinstance(g, dict) else None
+        return g
+
+    def b(v):
+        return None if v is None else int(bool(v))
+
+    lines = []
+    for name, text, src, rows in (
+        ("voltafleet_gpu_sm_clock_mhz", "SM clock under load during the smoke test, MHz (mean)", sampled,
+         lambda g: [(lab(g), g.get("sm_clock_mhz"))]),
+        ("voltafleet_gpu_temperature_max_celsius", "highest GPU temperature during the smoke test", sampled,
+         lambda g: [(lab(g), g.get("temperature_max_c"))]),
+        ("voltafleet_gpu_power_max_watts", "highest power draw during the smoke test, W", sampled,
+         lambda g: [(lab(g), g.get("power_max_w"))]),
+        ("voltafleet_gpu_throttled", "1 if a slowdown reason (thermal, power) was seen during the smoke test", sampled,
+         lambda g: [(lab(g), int(bool(set(g.get("reasons", [])) & SLOWDOWNS)))]),
+        ("voltafleet_gpu_throttle_reason", "1 for each slowdown reason seen during the smoke test", sampled,
+         lambda g: [(lab(g, reason=r), 1) for r in g.get("reasons", []) if r in SLOWDOWNS]),
+        ("voltafleet_gpu_healthy", "1 if the board passed the health rules (ECC, pages, Xid, PCIe) at smoke time", health,
+         lambda g: [(lab(g), b(g.get("healthy")))]),
+        ("voltafleet_gpu_ecc_errors_volatile", "ECC errors since the driver loaded", health,
+         lambda g: [(lab(g, type="uncorrectable"), get(g, "ecc", "volatile_dbe")),
+                    (lab(g, type="corrected"), get(g, "ecc", "volatile_sbe"))]),
+        ("voltafleet_gpu_retired_pages", "pages the board retired, by cause (a V100 retires at most 64)", health,
+         lambda g: [(lab(g, cause="single_bit"), get(g, "retired", "sbe")),
+                    (lab(g, cause="double_bit"), get(g, "retired", "dbe"))]),
+        ("voltafleet_gpu_retired_pages_pending", "1 if a retired page waits for a GPU reset", health,
+         lambda g: [(lab(g), b(get(g, "retired", "pending")))]),
+        ("voltafleet_gpu_pcie_link_width", "current PCIe link width (lanes)", health,
+         lambda g: [(lab(g), get(g, "pcie", "width"))]),
+        ("voltafleet_gpu_pcie_link_width_max", "maximum PCIe link width of the board and slot (lanes)", health,
+         lambda g: [(lab(g), get(g, "pcie", "width_max"))]),
+        ("voltafleet_gpu_pcie_link_gen", "current PCIe generation", health,
+         lambda g: [(lab(g), get(g, "pcie", "gen"))]),
+        ("voltafleet_gpu_pcie_link_gen_max", "maximum PCIe generation of the board and slot", health,
+         lambda g: [(lab(g), get(g, "pcie", "gen_max"))]),
+        ("voltafleet_gpu_xid_errors", "Xid errors in the kernel log since boot, by Xid", health,
+         lambda g: [(lab(g, xid=x), n) for x, n in sorted((g.get("xids") or {}).items())]),
+        ("voltafleet_gpu_nvlink_errors", "NVLink error counters (nvidia-smi nvlink -e), by kind", health,
+         lambda g: [(lab(g, kind=k), n) for k, n in sorted((g.get("nvlink") or {}).items())]),
+    ):
+        lines += gauge(name, text, [row for g in src for row in rows(g)])
+    return lines
+
+
 def textfile(host: str, report: dict, release: str | None) -> str:
-    """The smoke figures in node_exporter's textfile-collector format."""
-    lines = ["# HELP voltafleet_smoke_passed 1 if the last smoke test passed",
-             "# TYPE voltafleet_smoke_passed gauge",
-             f'voltafleet_smoke_passed{{host="{host}",release="{release or ""}"}} {int(bool(report.get("passed")))}',
-             "# HELP voltafleet_smoke_time_seconds when the last smoke test ran",
-             "# TYPE voltafleet_smoke_time_seconds gauge",
-             f'voltafleet_smoke_time_seconds{{host="{host}"}} {report.get("epoch", 0):.0f}']
+    """The smoke figures in node_exporter's textfile-collector format, with per-GPU gauges
+    (gpu_rows) on CUDA hosts.
+
+        >>> print(textfile("gpu-01", report, "3f2a"))
+        voltafleet_smoke_passed{host="gpu-01",release="3f2a"} 1
+        voltafleet_gpu_sm_clock_mhz{host="gpu-01",gpu="3",serial="0323817105647"} 1312
+    """
+    lines = gauge("voltafleet_smoke_passed", "1 if the last smoke test passed",
+                   [({"host": host, "release": release or ""}, int(bool(report.get("passed"))))])
+    lines += gauge("voltafleet_smoke_time_seconds", "when the last smoke test ran",
+                    [({"host": host}, round(report.get("epoch", 0)))])
+    floors = report.get("thresholds") or {}
+    lines += gauge("voltafleet_smoke_min_single_tps", "the single-stream tok/s floor the smoke test judged on",
+                    [({"host": host}, floors.get("smoke_min_single_tps"))])
+    lines += gauge("voltafleet_smoke_min_aggregate_tps", "the N-way aggregate tok/s floor the smoke test judged on",
+                    [({"host": host}, floors.get("smoke_min_aggregate_tps"))])
     metrics_ = (("ttft_ms", "voltafleet_smoke_ttft_ms", "time to first token, ms"),
                 ("single", "voltafleet_smoke_single_stream_tps", "single-stream decode tok/s (conservative)"),
                 ("aggregate_tps", "voltafleet_smoke_aggregate_tps", "N-way aggregate tok/s"))
+    ok = [m for m in report.get("instances", []) if "error" not in m]
     for key, name, text in metrics_:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
-        for m in report.get("instances", []):
-            if "error" in m:
-                continue
+        for m in ok:
             value = single_stream(m)[0] if key == "single" else m.get(key) or 0
             lines.append(f'{name}{{host="{host}",instance="{m["instance"]}",port="{m["port"]}"}} {value:.3f}')
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + gpu_rows(host, report)) + "\n"
 
 
 if __name__ == "__main__":

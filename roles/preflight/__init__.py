@@ -12,7 +12,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from roles.common import (config, fleet_plan, hold_fleet_lock, host_fingerprint, is_gateway, missing_gateways,
                           report_dir, resolve_ref, run_context, sources)
-from roles.facts import FileState, FreeDisk, Gpus, HostBasics, NvccVersion
+from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
 from voltafleet import gguf_header
 from voltafleet import probe as probemod
 from voltafleet.fleetplan import ServerEntry
@@ -50,8 +50,10 @@ def host_facts(cfg: dict) -> HostFacts:
     present = host.get_fact(FileState, path=model, sidecar=model + ".verified")
     free_model = host.get_fact(FreeDisk, path=cfg["model_dir"])
     free_root = host.get_fact(FreeDisk, path=cfg["voltafleet_root"])
+    gpus = host.get_fact(Gpus) if cuda else []
+    driver = bool(gpus) and not any(g.get("pci_only") for g in gpus)  # no driver yet: the smoke test judges the boards
     return HostFacts(
-        os=basics["os"], gpus=host.get_fact(Gpus) if cuda else [],
+        os=basics["os"], gpus=gpus, gpu_health=host.get_fact(GpuHealth) if driver else None,
         nvcc=host.get_fact(NvccVersion) if cuda else None,
         free_model=free_model["free"], free_root=free_root["free"], same_fs=free_model["dev"] == free_root["dev"],
         model_present=bool(present and present.get("sidecar")),
@@ -108,6 +110,8 @@ def preflight() -> HostPlan:
     refusals = list(plan.refusals) + run_refusals(plan.cfg)
     if refusals:
         raise PreflightError("preflight refused the rollout, nothing was changed:\n  " + "\n  ".join(refusals))
+    for line in plan.warnings:
+        logger.warning(f"warning: {line}")
     if plan.vram_note:
         logger.info(f"{host.name}: VRAM plan: {plan.vram_note}")
     if run_context().phase == "preflight":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from io import StringIO
 
 from pyinfra import host, logger
@@ -26,7 +27,8 @@ from pyinfra.operations import files
 
 from roles.common import (SMOKE_CLIENT, DrainError, bin_path, changes, drain, drain_timeout, gateway_hosts, q,
                           out_of_rotation, ready, record, report_dir, restart_command, run_context, sh)
-from roles.facts import Releases, ServerInstances
+from roles.facts import GpuHealth, Releases, ServerInstances
+from voltafleet import gpuhealth
 from voltafleet import probe as probemod
 from voltafleet import rollback
 from voltafleet import smoke as smokemod
@@ -42,7 +44,8 @@ def client_command(plan: HostPlan, probe_only: bool = False) -> str:
     for inst in plan.instances:
         args += ["--port", str(inst.port)]
     args += ["--tokens", str(cfg["smoke_tokens"]), "--parallel", str(cfg["smoke_parallel"] or cfg["server_parallel"]),
-             "--health-timeout", str(cfg["smoke_health_timeout_s"]), "--unit-prefix", "llama-server@"]
+             "--health-timeout", str(cfg["smoke_health_timeout_s"]), "--unit-prefix", "llama-server@",
+             "--gpu-sample-interval", str(cfg["smoke_gpu_sample_s"] if plan.cuda else 0)]
     if cfg["server_api_key_file"]:
         args += ["--api-key-file", API_KEY_PATH]
     if cfg["smoke_probe"]:
@@ -90,6 +93,7 @@ def _smoke(host, plan: HostPlan, gold: dict | None) -> tuple[dict, list[str]]:
     """Run the client on the host; (report, failures)."""
     report = _client(host, plan)
     fails = smokemod.verdict(report, plan.cfg) + probe_verdicts(report, gold, plan.cfg["smoke_probe_tolerance"])
+    fails += gpu_check(host, plan, report)
     judged, notes = {}, []
     for m in report["instances"]:
         if "error" not in m:
@@ -151,12 +155,31 @@ def _after_pass(state, host, plan: HostPlan, report: dict) -> None:
         raise Failed("smoke", f"could not record the good snapshot: {out.stderr.strip()[:200]}")
     keep = [f.dest for f in plan.model_files]
     sh(host, q(bin_path(plan, "vf-prune-models"), cfg["model_dir"], *keep))
+    _textfile(host, plan, report)
+    ready(state, host.name, [i.index for i in plan.instances])
+
+
+def _textfile(host, plan: HostPlan, report: dict) -> None:
+    """voltafleet.prom for node_exporter, after a pass and after a failure alike (the
+    alerts read voltafleet_smoke_passed and the GPU gauges)."""
+    cfg = plan.cfg
     if cfg["smoke_textfile_dir"]:
         prom = smokemod.textfile(host.name, report, report.get("fingerprint"))
         sh(host, f"mkdir -p {shlex.quote(cfg['smoke_textfile_dir'])} && "
                  + q(bin_path(plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
                  + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
-    ready(state, host.name, [i.index for i in plan.instances])
+
+
+def gpu_check(host, plan: HostPlan, report: dict) -> list[str]:
+    """On a CUDA host, the boards' health read now (GpuHealth, judged as preflight does),
+    kept in the report for the textfile; its refusals fail the smoke test."""
+    if not plan.cuda:
+        return []
+    health = gpuhealth.summary(host.name, plan.cfg, host.get_fact(GpuHealth))
+    report["gpu_health"] = health
+    for line in health["warnings"]:
+        print(f"warning: {line}", flush=True)
+    return health["refusals"]
 
 
 def _roll_back(state, host, plan: HostPlan, failure: rollback.Failure, report: dict) -> tuple[str, str]:
@@ -220,6 +243,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
         failure = rollback.Failure("smoke", f"{type(e).__name__}: {e}", restarted)
     release = _current_release(host, plan)
     report.update(host=host.name, fingerprint=release, batch=run_context().batch, run=run_context().run,
+                  time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), epoch=time.time(),
                   flags=plan.argv[plan.instances[0].index] if plan.instances else [],
                   thresholds={k: cfg[k] for k in ("smoke_max_ttft_ms", "smoke_min_single_tps",
                                                   "smoke_min_aggregate_tps")})
@@ -232,13 +256,13 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
             probe = "recorded" if run_context().record_probe and cfg["smoke_probe"] else None
             if probe:
                 _record_golden(plan, report)
+            report["passed"] = True
             _after_pass(state, host, plan, report)
         except Exception as e:
             reason = e.reason if isinstance(e, Failed) else f"{type(e).__name__}: {e}"
             record(cfg, host.name, "failed", f"after its smoke test passed: {reason}", release=release, **common)
             host.log_styled(f"smoke passed, then: {reason}", fg="red", log_func=logger.error)
             return False
-        report["passed"] = True
         _write(plan, host.name, report)
         record(cfg, host.name, "passed", "" if cfg["smoke_enabled"] else "not measured: smoke_enabled is false",
                release=release, probe=probe or ("match" if golden(plan) is not None else None), **common)
@@ -247,6 +271,10 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
     status, reason = _roll_back(state, host, plan, failure, report)
     report.update(passed=False, failures=[failure.reason], rolled_back=status == "rolled_back")
     _write(plan, host.name, report)
+    try:
+        _textfile(host, plan, report)
+    except Exception as e:  # the record below says what failed; the textfile is a bonus
+        logger.warning(f"{host.name}: textfile not written: {e}")
     probe = next((f"diverged: {f.split('diverged: ', 1)[1]}" for f in failure.reason.split("; ")
                   if "quality probe diverged" in f), None)
     record(cfg, host.name, status, reason, release=_current_release(host, plan), probe=probe,

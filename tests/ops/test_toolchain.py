@@ -35,6 +35,8 @@ R580_NOBLE_DPKG = "\n".join(f"pkg|{st}|{p}|{v}" for st, p, v in (
     ("hi ", "cuda-drivers-580", "580.95.05-0ubuntu1"), ("hi ", "nvidia-dkms-580", "580.95.05-0ubuntu1"),
     ("hi ", "nvidia-driver-pinning-580", "580.95.05-1"), ("ii ", "nvidia-driver-580", "580.95.05-0ubuntu1"),
     ("ii ", "libnvidia-compute-580", "580.95.05-0ubuntu1"), ("ii ", "nvidia-container-toolkit", "1.17.8-1")))
+# The GpuHealth fact's answer (tests/ops/inventory.py): two healthy boards of tests/gpu_fixtures.py
+GPU_HEALTH = '@gpu:{"n": 2}'
 LOADED = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {}  Tue Sep 23 09:52:45 UTC 2025"
 
 
@@ -49,6 +51,7 @@ def host(name, os_id="ubuntu-24.04", smi=V100_SMI, nvcc=None, vars=None, extra=(
         *extra,
         ["/etc/os-release", f"os={os_id}\ncpus=64\nmem_kib=527000000\nsystemd=255\ncxx=13.2.0 x86_64-linux-gnu"],
         ["nvidia-smi --query-gpu", smi],
+        ["nvidia-smi -q", GPU_HEALTH],
         ["df -PB1", "2049 900000000000"],
         [r"cut -d\. -f1 /proc/uptime", "5"],
     ]

@@ -1,3 +1,4 @@
+from tests.gpu_fixtures import health, host_query
 from voltafleet import hostplan as plan
 from voltafleet.hostplan import HostFacts
 
@@ -12,7 +13,8 @@ def gpus(n, cap="7.0"):
 
 def facts(**kw):
     base = {"os": "debian-12", "gpus": gpus(8), "nvcc": None, "free_model": 100 * GIB,
-            "free_root": 100 * GIB, "same_fs": True, "model_present": False, "model_bytes": 15 * GIB}
+            "free_root": 100 * GIB, "same_fs": True, "model_present": False, "model_bytes": 15 * GIB,
+            "gpu_health": health(host_query(8))}
     return HostFacts(**{**base, **kw})
 
 

@@ -1,0 +1,46 @@
+"""The rolling driver's outcome for node_exporter's textfile collector on the controller,
+so that a failed rollout raises an alert (monitoring/alerts.yml, VoltafleetRolloutFailed).
+No pyinfra: the driver calls it with its fleet report.
+
+    >>> path = write_rollout_textfile("/var/lib/prometheus/node-exporter", report)   # report: rollout/__main__.py's
+    >>> print(rollout_textfile(report, now=1767225600))
+    voltafleet_rollout_passed{rollout="20260101-000000",inventory="inventory/prod.py"} 0
+    voltafleet_rollout_hosts{rollout="20260101-000000",inventory="inventory/prod.py",status="failed"} 1
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from voltafleet.rolling import STATUSES
+from voltafleet.smoke import gauge
+
+TEXTFILE = "voltafleet-rollout.prom"
+
+
+def rollout_textfile(report: dict, now: float | None = None) -> str:
+    """The fleet report (rollout id, inventory, ok, counts) as gauges; a report without
+    "ok" or "counts" is refused (KeyError), never written as a pass."""
+    lab = {"rollout": report["rollout"], "inventory": report.get("inventory", "")}
+    lines = gauge("voltafleet_rollout_passed", "1 if the last rollout passed on every host", [(lab, int(report["ok"]))])
+    lines += gauge("voltafleet_rollout_hosts", "hosts of the last rollout by outcome",
+                    [({**lab, "status": s}, report["counts"].get(s, 0)) for s in STATUSES])
+    lines += gauge("voltafleet_rollout_end_timestamp_seconds", "when the last rollout ended",
+                    [(lab, round(time.time() if now is None else now))])
+    lines += gauge("voltafleet_rollout_duration_seconds", "how long the last rollout took", [(lab, report.get("seconds"))])
+    return "\n".join(lines) + "\n"
+
+
+def write_rollout_textfile(directory: str | os.PathLike, report: dict) -> Path:
+    """Write voltafleet-rollout.prom into `directory` atomically (node_exporter never reads
+    half a file); returns its path."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".voltafleet-rollout.")
+    with os.fdopen(fd, "w") as f:
+        f.write(rollout_textfile(report))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, d / TEXTFILE)
+    return d / TEXTFILE
