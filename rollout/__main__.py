@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from voltafleet import fleetplan, outcome, refs, rolling, runctx  # noqa: E402
+from voltafleet import fleetplan, metrics, outcome, refs, rolling, runctx  # noqa: E402
 from voltafleet.lock import FleetLock, LockHeld  # noqa: E402
 from voltafleet.modelmeta import remote_size  # noqa: E402
 
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-dir", default="reports", help="where the fleet report goes (default reports/)")
     p.add_argument("--no-gateway", action="store_true",
                    help="roll without the gateway: instances restart without a drain (the gateway is down or absent)")
+    p.add_argument("--textfile-dir", default=None,
+                   help="also write voltafleet-rollout.prom here (node_exporter's textfile collector on the controller)")
     p.add_argument("--record-probe", action="store_true",
                    help="record the golden quality probe from the canary (once, when the model is pinned)")
     a = p.parse_args(argv)
@@ -226,6 +228,8 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
               **rolling.summary(every, stopped), "hosts": [r.to_dict() for r in every]}
     (report_dir / f"rollout-{rollout_id}.json").write_text(json.dumps(report, indent=2) + "\n")
     (report_dir / "rollout-latest.json").write_text(json.dumps(report, indent=2) + "\n")
+    for d in [report_dir] + ([Path(a.textfile_dir)] if a.textfile_dir else []):
+        metrics.write_rollout_textfile(d, report)  # voltafleet_rollout_passed and friends (monitoring/alerts.yml)
     print("\n" + rolling.table(every))
     say(f"{'OK' if report['ok'] else 'FAILED'} in {report['seconds']} s; report: "
         f"{report_dir / f'rollout-{rollout_id}.json'}")

@@ -163,3 +163,6 @@ def test_every_host_is_judged_on_its_own_record_of_the_run(three, tmp_path):
     plan = json.loads((run_dir / "fleet-plan.json").read_text())
     assert set(plan["commits"].values()) == {lab()["llama_cpp_ref"]}
     assert [s["host"] for s in plan["servers"]] == [h["name"] for h in lab()["hosts"]]
+    prom = (REPO / "reports" / "voltafleet-rollout.prom").read_text()
+    assert f'voltafleet_rollout_passed{{rollout="{report["rollout"]}",inventory="inventory/lab.py"}} 1' in prom
+    assert f'status="passed"}} {len(report["hosts"])}' in prom

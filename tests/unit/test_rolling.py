@@ -67,3 +67,17 @@ def test_table_and_summary_name_every_host():
     assert "rolled_back" in text and "single-stream 3 tok/s" in text and "not_run" in text
     s = summary(rs, "1 of 2 hosts failed")
     assert s["ok"] is False and s["counts"]["passed"] == 1 and s["counts"]["not_run"] == 1
+
+
+def test_the_table_and_the_json_agree_for_every_status():
+    from voltafleet.outcome import STATUSES
+
+    rs = [HostResult(f"h{i}", i, s, f"fp{i}" if i % 2 else None, ttft_ms=10.0 * i, single_tps=1.5 * i,
+                     probe="match" if i % 2 else None, detail=f"why {s}") for i, s in enumerate(STATUSES)]
+    rows = table(rs).splitlines()[1:]
+    assert len(rows) == len(STATUSES)
+    for row, r in zip(rows, rs):
+        d = r.to_dict()
+        cols = row.split()
+        assert cols[:4] == [d["host"], str(d["batch"]), d["status"], d["fingerprint"] or "-"]
+        assert row.endswith(d["detail"])
