@@ -4,6 +4,7 @@ fingerprints, the restart command, the gateway's runtime API (drain, ready) and 
 per-host outcome record the rolling driver reads."""
 from __future__ import annotations
 
+import atexit
 import shlex
 import sys
 import time
@@ -72,6 +73,7 @@ def hold_fleet_lock(state) -> None:
     if lock.warning:
         logger.warning(f"voltafleet: {lock.warning}")
     _LOCK.append(lock)
+    atexit.register(lock.release)  # a clean exit leaves no stale lock behind
 
 
 def report_dir(cfg: dict) -> Path:

@@ -181,7 +181,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
     pre_env = {**base_env, "VOLTAFLEET_PHASE": "preflight", "VOLTAFLEET_RUN": runctx.new_id()}
     if a.record_probe:
         pre_env["VOLTAFLEET_PROBE"] = "record"
-    rc, _ = pyinfra(a.inventory, None, pre_env, run_dir / "preflight.log")
+    rc, _ = pyinfra(a.inventory, servers if a.no_gateway else None, pre_env, run_dir / "preflight.log")
     if rc != 0:
         say("preflight refused the rollout: no host was changed")
         return 2
