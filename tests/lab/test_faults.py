@@ -24,7 +24,9 @@ MODELS = "/var/lib/voltafleet/models"
 def serving(h) -> dict:
     """What a host serves now: release, flags, model checksum, health of instance 0."""
     return {"release": current_release(h), "env": env_file(h),
-            "model": ssh(h, f"cat {MODELS}/*/*.gguf.verified | cut -d' ' -f1 | sort"),
+            # the checksum of the model instance 0 serves (its -m), not of every file kept
+            "model": ssh(h, "f=$(sed -n 's/.*-m \\([^ ]*\\).*/\\1/p' /etc/voltafleet/llama-server/0.env); "
+                            "sha256sum \"$f\" | cut -d' ' -f1"),
             "health": ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{h['server_port_base']}/health",
                           check=False)}
 
@@ -81,7 +83,8 @@ class Dropping(http.server.BaseHTTPRequestHandler):
 
 
 def new_model_vars(url: str, sha: str) -> dict:
-    return {"model_url": url, "model_sha256": sha}
+    # a model no golden probe was recorded for (the case is the download, not the probe)
+    return {"model_url": url, "model_sha256": sha, "smoke_probe": False}
 
 
 def test_model_with_a_wrong_checksum_is_refused_and_the_old_one_serves(case, tmp_path):
