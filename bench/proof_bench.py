@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 
-from qwen35_bench import KEEP, Server, complete, gpu_mem, prompt_ids, say
+from qwen35_bench import KEEP, Run, Server, complete, gpu_mem, prompt_ids, say
 
 
 class Sampler:
@@ -69,24 +69,18 @@ def wall_rate(recs: list) -> float | None:
     return round(sum(len(q["times_ms"]) for q in good) / (end - min(q["t_start"] for q in good)), 1)
 
 
-class Proof:
-    def __init__(self, a):
-        self.a = a
-        self.plan = json.load(open(a.plan))
-        self.port = self.plan["port"]
-        self.model = os.path.join(a.models, "q4ks.gguf")
-        self.path = os.path.join(a.res, "results.json")
-        self.results = json.load(open(self.path)) if os.path.exists(self.path) else {}
+class Proof(Run):
+    """qwen35_bench's run (plan, results.json saved after every step) with issue 19's phases."""
 
-    def save(self):
-        json.dump(self.results, open(self.path + ".tmp", "w"))
-        os.replace(self.path + ".tmp", self.path)
+    def __init__(self, a):
+        super().__init__(a)
+        self.model_path = os.path.join(a.models, "q4ks.gguf")
 
     def bindir(self, label: str) -> str:
         return self.a.cublas_bin if label == "cublas" else self.a.bin
 
     def server(self, label: str, name: str, args: list) -> Server:
-        return Server(f"{self.bindir(label)}/llama-server", args, self.model, self.port, f"/tmp/load-{label}-{name}.log")
+        return Server(f"{self.bindir(label)}/llama-server", args, self.model_path, self.port, f"/tmp/load-{label}-{name}.log")
 
     @staticmethod
     def loglines(s: Server) -> list:
@@ -126,7 +120,7 @@ class Proof:
 
     # ------------------------------------------------------------ llama-bench, batched-bench
     def llama_bench(self, label: str, key: str, args: list):
-        cmd = [f"{self.bindir(label)}/llama-bench", "-m", self.model, "-o", "json"] + args
+        cmd = [f"{self.bindir(label)}/llama-bench", "-m", self.model_path, "-o", "json"] + args
         t = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         try:
@@ -149,7 +143,7 @@ class Proof:
         out = self.results.setdefault("batched", [])
         b = self.plan["batched"]
         for run, extra in enumerate([[], [], [], b["kvu"]]):
-            cmd = [f"{self.a.bin}/llama-batched-bench", "-m", self.model] + b["args"] + extra
+            cmd = [f"{self.a.bin}/llama-batched-bench", "-m", self.model_path] + b["args"] + extra
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
             out.append({"run": run, "kvu": bool(extra), "argv": cmd[1:], "rows": rows,
