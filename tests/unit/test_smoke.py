@@ -106,3 +106,11 @@ def test_ttft_percentiles_in_table_and_textfile():
     assert "N TTFT p50/p99 ms" in out and "650/2400" in out
     prom = textfile("h1", {"instances": [m], "passed": True, "epoch": 0}, "fp")
     assert 'voltafleet_smoke_parallel_ttft_p99_ms{host="h1",instance="0",port="8080"} 2400.000' in prom
+
+
+def test_issue_9_loads_mtp_included_logged_two_splits():
+    """bench/qwen35-h200-run1.json: the VRAM ladder, the V100 argv and MTP speculation (the draft context
+    logs its own sched_reserve line) at -lv 4: all 2."""
+    res = json.loads((PROOF.parents[1] / "qwen35-h200-run1.json").read_text())
+    seen = [graph_splits("\n".join(r["log"])) for k in ("ladder", "mtp") for r in res[k]]
+    assert all(seen) and {s for x in seen for s in x} == {2}
