@@ -1,9 +1,9 @@
-"""Prepare .device/ for bench/gpu_run.sh on a lent GPU machine (no network there).
+"""Prepare .device/ for bench/gpu_run.sh (the qwen2 stand-ins of issue 3) on a GPU machine
+without network. The current proof is bench/gpu_proof.py; this keeps the older run reproducible.
 
-Carries: the llama.cpp git mirror (the lab's bare repo), gguf-py and the Qwen2 vocab from
-the same tree, voltafleet's build script (rendered by roles.llama_cpp.build_script for a
-CUDA host), the fact commands of roles/facts.py, the server flags of voltafleet.flags,
-the smoke client and the model writer.
+Carries: llama.cpp at the pin, gguf-py and the Qwen2 vocab from the same tree (bench/gpu_proof.py's
+pack_sources), voltafleet's build script with its argv (build.sh), the fact commands of
+roles/facts.py, the server flags of voltafleet.flags, the smoke client and the model writer.
 
     .venv/bin/python bench/gpu_prep.py    # then: device run with carry [".device"]
 """
@@ -15,17 +15,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import yaml  # noqa: E402
-
-from lab import fleet  # noqa: E402
+from bench.gpu_proof import COMMIT, TOOLKIT, build_script_line, group_cfg, pack_sources  # noqa: E402
 from roles import facts  # noqa: E402
-from roles.llama_cpp import build_script  # noqa: E402
 from voltafleet import fingerprint as fpmod  # noqa: E402
 from voltafleet.flags import server_args  # noqa: E402
 
 OUT = REPO / ".device"
-COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
-TOOLKIT = "13.0"   # the H200 box has nvcc 13.0
 # Planner truth-check configs: (name, ctx, parallel, K type, V type)
 CONFIGS = [("c2k-f16-np1", 2048, 1, "f16", "f16"), ("c4k-f16", 4096, 1, "f16", "f16"), ("c8k-q8-np4", 8192, 4, "q8_0", "q8_0"),
            ("c16k-q8", 16384, 1, "q8_0", "q8_0"), ("c32k-f16-np4", 32768, 4, "f16", "f16"),
@@ -33,33 +28,19 @@ CONFIGS = [("c2k-f16-np1", 2048, 1, "f16", "f16"), ("c4k-f16", 4096, 1, "f16", "
 
 
 def main():
-    shutil.rmtree(OUT, ignore_errors=True)
-    OUT.mkdir()
-    shutil.copytree(fleet.CACHE / "mirror/git/llama.cpp.git", OUT / "llama.cpp.git")
-    sdist = fleet.ensure_sdist() / "vendor/llama.cpp"
-    shutil.copytree(sdist / "gguf-py", OUT / "gguf-py")
-    shutil.copy(sdist / "models/ggml-vocab-qwen2.gguf", OUT)
+    pack_sources(OUT, vocabs=("qwen2",))
     shutil.copy(REPO / "lab/tinymodel.py", OUT)
     shutil.copy(REPO / "voltafleet/smoke.py", OUT / "voltafleet-smoke")
-
-    cfg = yaml.safe_load((REPO / "group_vars/all.yml").read_text())
-    cfg.update(voltafleet_root="/tmp/vf", llama_cpp_repo=f"file://{'/DEVICE_REPO'}/.device/llama.cpp.git",
-               llama_cpp_ref=COMMIT, cuda_toolkit_version=TOOLKIT, llama_cpp_build_jobs=16,
-               llama_cpp_targets=["llama-server", "llama-quantize", "llama-bench"], server_threads=8,
-               server_host="127.0.0.1")
-    ctx = {"cfg": cfg, "cuda_archs": [90]}
-    flags = fpmod.cmake_flags("cuda", [90], [], ("q8_0", "q8_0"), nvcc=f"/usr/local/cuda-{TOOLKIT}/bin/nvcc")
-    fp = fpmod.fingerprint(COMMIT, flags, "DEVICE_NVCC", "DEVICE_CXX", cfg["llama_cpp_targets"])
-    script = build_script(ctx, fp, "DEVICE_CXX", "DEVICE_NVCC", "h200-device")
-    (OUT / "build.sh").write_text(script + "\n")
+    line, fp = build_script_line("/DEVICE_REPO/.device", ["llama-server", "llama-quantize", "llama-bench"])
+    (OUT / "build.sh").write_text(line + "\n")
     (OUT / "fingerprint").write_text(fp + "\n")
     sm70 = fpmod.cmake_flags("cuda", [70], [], ("q8_0", "q8_0"), nvcc=f"/usr/local/cuda-{TOOLKIT}/bin/nvcc")
     (OUT / "sm70-flags").write_text(" ".join(f"'{f}'" for f in sm70) + "\n")
-
     fact_cmds = {"Gpus": facts.Gpus().command(), "NvccVersion": facts.NvccVersion().command(),
                  "NvccVersionPinned": facts.NvccVersion().command(path=f"/usr/local/cuda-{TOOLKIT}/bin/nvcc"),
                  "HostBasics": facts.HostBasics().command(), "FreeDisk": facts.FreeDisk().command(path="/tmp/vf")}
     (OUT / "facts.json").write_text(json.dumps(fact_cmds, indent=1))
+    cfg = {**group_cfg("v100_16gb"), "server_threads": 8, "llama_cpp_ref": COMMIT}
     configs = []
     for name, c, np_, k, v in CONFIGS:
         run_cfg = {**cfg, "server_ctx": c, "server_parallel": np_, "server_cache_type_k": k, "server_cache_type_v": v}

@@ -91,7 +91,7 @@ def complete(port: int, prompt, n: int, stream: bool = True, cache_prompt: bool 
     r = c.getresponse()
     if r.status != 200:
         return {"error": f"HTTP {r.status}: {r.read()[:300]!r}"}
-    first, last, final, text = None, None, {}, []
+    first, last, final, text, times = None, None, {}, [], []
     if not stream:
         final = json.loads(r.read())
         last = time.time()
@@ -110,6 +110,7 @@ def complete(port: int, prompt, n: int, stream: bool = True, cache_prompt: bool 
             if d.get("content"):
                 last = now
                 text.append(d["content"])
+                times.append(round((now - t0) * 1000, 2))
             if d.get("stop"):
                 final = d
                 break
@@ -119,7 +120,7 @@ def complete(port: int, prompt, n: int, stream: bool = True, cache_prompt: bool 
             "n": t.get("predicted_n"), "decode_tps": t.get("predicted_per_second"),
             "prompt_n": t.get("prompt_n"), "prompt_ms": t.get("prompt_ms"), "cache_n": t.get("cache_n"),
             "draft_n": t.get("draft_n"), "draft_accepted": t.get("draft_n_accepted"),
-            "text_tail": "".join(text)[-16:], "t_start": t0, "t_end": last or time.time()}
+            "text_tail": "".join(text)[-16:], "t_start": t0, "t_end": last or time.time(), "times_ms": times}
 
 
 def prompt_ids(i: int, n: int) -> list[int]:

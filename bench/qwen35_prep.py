@@ -1,7 +1,7 @@
 """Pack everything the H200 run of the real Qwen3.6-27B shape needs into one folder.
 
-The GPU box has no network: it gets the llama.cpp git mirror (the lab's bare repo of the
-pinned commit), gguf-py and models/ggml-vocab-qwen35.gguf from the same tree, the model
+The GPU box has no network: it gets llama.cpp at the pinned commit (bench/gpu_proof.py packs it from the
+llama-cpp-python sdist), gguf-py and models/ggml-vocab-qwen35.gguf from the same tree, the model
 generator (lab/qwen35gen.py), voltafleet's own build script, and every llama-server argv
 to run, rendered by voltafleet.flags.server_args from group_vars (all.yml + the V100
 group files) with only ctx / slots / KV types changed along the ladder.
@@ -17,16 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import yaml  # noqa: E402
+from bench.gpu_proof import COMMIT, PORT, build_script_line, group_cfg, pack_sources, render  # noqa: E402
 
-from lab import fleet  # noqa: E402
-from roles.llama_cpp import build_script  # noqa: E402
-from voltafleet import fingerprint as fpmod  # noqa: E402
-from voltafleet.flags import server_args  # noqa: E402
-
-COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
-TOOLKIT = "13.0"
-PORT = 18080
 # VRAM ladder: (ctx, slots, KV type); f16 and q8_0, 4K-128K pool, 1-16 slots
 LADDER = [(4096, 1, "f16"), (8192, 1, "f16"), (8192, 4, "f16"), (16384, 2, "f16"), (32768, 1, "f16"),
           (32768, 8, "f16"),
@@ -34,41 +26,14 @@ LADDER = [(4096, 1, "f16"), (8192, 1, "f16"), (8192, 4, "f16"), (16384, 2, "f16"
           (16384, 4, "q8_0"), (32768, 8, "q8_0"), (65536, 16, "q8_0"), (131072, 16, "q8_0")]
 
 
-def group_cfg(group: str) -> dict:
-    cfg = yaml.safe_load((REPO / "group_vars/all.yml").read_text())
-    cfg.update(yaml.safe_load((REPO / f"group_vars/{group}.yml").read_text()) or {})
-    cfg.update(server_host="127.0.0.1")
-    return cfg
-
-
-def render(group: str, ctx=None, np_=None, kv=None, extra=()) -> list[str]:
-    cfg = group_cfg(group)
-    if ctx:
-        cfg.update(server_ctx=ctx, server_parallel=np_, server_cache_type_k=kv, server_cache_type_v=kv)
-    cfg["server_extra_flags"] = list(cfg["server_extra_flags"]) + list(extra)
-    return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
-
-
 def main():
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/work/main/.gpuwork")
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    shutil.copytree(fleet.CACHE / "mirror/git/llama.cpp.git", out / "llama.cpp.git")
-    tree = fleet.ensure_sdist() / "vendor/llama.cpp"
-    shutil.copytree(tree / "gguf-py", out / "gguf-py", ignore=shutil.ignore_patterns("tests", "examples"))
-    shutil.copy(tree / "models/ggml-vocab-qwen35.gguf", out)
+    pack_sources(out)
     shutil.copy(REPO / "lab/qwen35gen.py", out)
     for f in ("qwen35_gpu.sh", "qwen35_bench.py"):
         shutil.copy(REPO / "bench" / f, out)
-
-    cfg = group_cfg("v100_16gb")
-    cfg.update(voltafleet_root="/tmp/vf", llama_cpp_repo="file:///DEVICE_REPO/.gpuwork/llama.cpp.git",
-               llama_cpp_ref=COMMIT, cuda_toolkit_version=TOOLKIT, llama_cpp_build_jobs=16,
-               llama_cpp_targets=["llama-server", "llama-bench"], llama_cpp_cuda_archs=[90])
-    ctx = {"cfg": cfg, "cuda_archs": [90]}
-    flags = fpmod.cmake_flags("cuda", [90], [], ("q8_0", "q8_0"), nvcc=f"/usr/local/cuda-{TOOLKIT}/bin/nvcc")
-    fp = fpmod.fingerprint(COMMIT, flags, "DEVICE_NVCC", "DEVICE_CXX", cfg["llama_cpp_targets"])
-    (out / "build.sh").write_text(build_script(ctx, fp, "DEVICE_CXX", "DEVICE_NVCC", "h200-device") + "\n")
+    line, fp = build_script_line("/DEVICE_REPO/.gpuwork", ["llama-server", "llama-bench"])
+    (out / "build.sh").write_text(line + "\n")
     (out / "fingerprint").write_text(fp + "\n")
 
     plan = {"port": PORT, "commit": COMMIT, "ladder": [], "bench": [], "reuse": [], "mtp": []}

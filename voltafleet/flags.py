@@ -51,6 +51,9 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
         args += ["--ctx-checkpoints", str(cfg["server_ctx_checkpoints"])]
     if cfg.get("server_backend_sampling"):
         args += ["--backend-sampling"]
+    if cfg.get("server_cache_ram") is not None:
+        # the host-RAM prompt cache: 0 turns it off (and the save of idle slots before a request)
+        args += ["--cache-ram", str(cfg["server_cache_ram"])]
     if cfg.get("server_spec_mtp"):
         # the model's own MTP head drafts; the preflight refuses a file without nextn layers
         args += ["--spec-type", "draft-mtp"]
@@ -154,6 +157,7 @@ MANAGED: dict[str, tuple[str | None, str]] = {
     "-ngld": ("server_gpu_layers", "the draft model follows the model's offload"),
     "-ctxcp": ("server_ctx_checkpoints", "prompt reuse on the hybrid model depends on it"),
     "-bs": ("server_backend_sampling", ""),
+    "-cram": ("server_cache_ram", "the group decides it from TTFT (bench/RESULTS.md)"),
     "--spec-type": ("server_spec_mtp", "the preflight checks the file's MTP head and the VRAM plan counts it"),
     "--spec-draft-n-max": ("server_spec_draft_max", "the VRAM plan counts a recurrent state a slot per draft token"),
     "--api-key-file": ("server_api_key_file", "the key file is installed 0600 for the service user"),

@@ -11,6 +11,8 @@ X" follows this one function. No pyinfra import: every rule is unit-tested alone
 """
 from __future__ import annotations
 
+import json
+
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -192,6 +194,12 @@ def build_spec(cfg: dict, archs: list[int], commit: str) -> BuildSpec:
                      posixpath.dirname(nvcc) if nvcc else None)
 
 
+def build_argv(script: str, root: str, fp: str, build: BuildSpec, jobs, info: dict) -> list[str]:
+    """vf-build-release's arguments for release `fp` (the roles' compile and the GPU proof)."""
+    return [script, root, fp, build.repo, build.commit, str(jobs or "auto"), build.cuda_bin or "-",
+            json.dumps(info), " ".join(build.targets), "--", *build.flags]
+
+
 # ---------------------------------------------------------------- refusals
 
 
@@ -255,7 +263,7 @@ def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None, sour
     or why it could not be read: then the host is refused unless vram_plan_required is false."""
     src = (sources or {}).get("model_url") or "group_vars"
     d = vram.decide(cfg, min(g["memory_mib"] for g in gpus), header if header is not None else "no header",
-                    source=src)
+                    source=src, archs=cuda_archs(cfg, gpus))
     return {**cfg, "server_ctx": d.ctx, "server_parallel": d.parallel}, d.plan, d.text, d.error
 
 

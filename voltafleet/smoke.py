@@ -59,6 +59,31 @@ def reason_words(reasons) -> str:
     return ", ".join(dict.fromkeys(REASON_WORDS[r] for r in seen))
 
 
+# sched_reserve at -lv 4: "graph: nodes = N, splits = S" or, when the prompt and decode graphs
+# differ, "graph (pp bs=512, tg bs=4): nodes = N / M, splits = S / T"
+SPLITS_RE = re.compile(r"sched_reserve: graph[^:]*: nodes = [\d /]+, splits = (\d+)(?: / (\d+))?")
+
+
+def graph_splits(log: str) -> list[int]:
+    """Every split count the scheduler logged (both of a "S / T" pair), in log order."""
+    return [int(n) for m in SPLITS_RE.finditer(log) for n in m.groups() if n is not None]
+
+
+def expected_splits(cuda: bool) -> int:
+    """Graph splits of a model served whole. CUDA: 2 (the token embedding stays on the CPU
+    by design: one split for its get_rows, one for the GPU); a CPU-only build: 1 backend, 1."""
+    return 2 if cuda else 1
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100): a value that was measured; None for no values."""
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    rank = max(1, -(-len(v) * p // 100))
+    return v[int(rank) - 1]
+
+
 # ---------------------------------------------------------------- client (runs on the host)
 
 
@@ -162,18 +187,27 @@ def probe(port: int, key: str | None, prompt: str, tokens: int, top: int = 5) ->
             "top": [[(t.get("id"), t.get("logprob")) for t in s.get("top_logprobs", [])] for s in steps]}
 
 
-def offload_from_journal(unit: str) -> dict | None:
-    """The last `offloaded N/M layers to GPU` line of the unit's current run."""
+def journal(unit: str) -> str | None:
+    """The unit's journal since its current run started (None when it cannot be read)."""
     try:
         since = subprocess.run(["systemctl", "show", "-P", "ActiveEnterTimestamp", unit],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         cmd = ["journalctl", "-u", unit, "-o", "cat", "--no-pager"]
         if since:
             cmd += ["--since", since]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    found = OFFLOAD_RE.findall(out)
+
+
+def offload_from_journal(unit: str) -> dict | None:
+    """The last `offloaded N/M layers to GPU` line of the unit's current run."""
+    return offload_from_log(journal(unit))
+
+
+def offload_from_log(log: str | None) -> dict | None:
+    """The last `offloaded N/M layers to GPU` line of a server log."""
+    found = OFFLOAD_RE.findall(log or "")
     if not found:
         return None
     done, total = found[-1]
@@ -249,7 +283,9 @@ def measure(port: int, tokens: int, parallel: int, key: str | None, health_timeo
             unit: str | None, probe_prompt: str | None = None, probe_tokens: int = 16) -> dict:
     out: dict = {"port": port}
     out["health_s"] = wait_health(port, health_timeout)
-    out["offload"] = offload_from_journal(unit) if unit else None
+    log = journal(unit) if unit else None
+    out["offload"] = offload_from_log(log)
+    out["splits"] = graph_splits(log or "") or None
     stream_once(port, 8, key)  # warm-up: first-request allocations are not the steady state
     before = metrics(port, key)
     single = stream_once(port, tokens, key)
@@ -281,6 +317,7 @@ def measure(port: int, tokens: int, parallel: int, key: str | None, health_timeo
     if results:
         wall = max(r["end"] for r in results) - min(r["start"] for r in results)
         out["aggregate_tps"] = sum(r["tokens"] for r in results) / wall
+        out["parallel_ttft_ms"] = sorted(r["ttft_ms"] for r in results)
         out["parallel_ttft_ms_max"] = max(r["ttft_ms"] for r in results)
     else:
         out["aggregate_tps"] = None
@@ -362,6 +399,26 @@ def slowdown(m: dict) -> str:
     return f": GPU {g['index']} {words}" + (f" ({', '.join(f for f in facts if f)})" if any(facts) else "")
 
 
+def splits_problem(splits: list[int] | None, cuda: bool, partial_allowed: bool = False) -> str | None:
+    """Why the logged graph splits show a CPU fallback, or None. A model served whole splits its
+    graph expected_splits() times; more means an op (or layers) went to the CPU. No line in the
+    log (an older build, a journal that cannot be read) is not judged here: the offload line is."""
+    if not splits or partial_allowed:
+        return None
+    want, worst = expected_splits(cuda), max(splits)
+    if worst > want:
+        return (f"the scheduler split the graph {worst} times (sched_reserve: splits = {worst}), "
+                f"{want} expected for a model served whole on {'the GPU' if cuda else 'the CPU'}: "
+                "an op or layer fell back to the CPU")
+    return None
+
+
+def ttft_summary(m: dict) -> dict:
+    """TTFT p50/p99 (ms) of an instance: the single stream's, and the N concurrent streams'."""
+    par = m.get("parallel_ttft_ms") or []
+    return {"single": m.get("ttft_ms"), "p50": percentile(par, 50), "p99": percentile(par, 99)}
+
+
 def verdict(report: dict, cfg: dict) -> list[str]:
     """Every threshold an instance missed, as a sentence with the numbers. [] = pass.
     Single-stream tok/s is judged on the conservative figure (see single_stream); a figure
@@ -380,6 +437,9 @@ def verdict(report: dict, cfg: dict) -> list[str]:
                 fails.append(f"{who}: no 'offloaded N/M layers to GPU' line in the journal")
             elif off["offloaded"] < off["total"] and not cfg["server_allow_partial_offload"]:
                 fails.append(f"{who}: only {off['offloaded']}/{off['total']} layers on the GPU")
+        why = splits_problem(m.get("splits"), cuda, cfg["server_allow_partial_offload"])
+        if why:
+            fails.append(f"{who}: {why}")
         if m["ttft_ms"] > cfg["smoke_max_ttft_ms"]:
             fails.append(f"{who}: time to first token {m['ttft_ms']:.0f} ms > {cfg['smoke_max_ttft_ms']} ms")
         single, _, _ = single_stream(m)
@@ -395,7 +455,7 @@ def verdict(report: dict, cfg: dict) -> list[str]:
 
 def table(host: str, report: dict) -> str:
     rows = [f"{'host':<14} {'inst':>4} {'port':>6} {'health s':>8} {'offload':>8} "
-            f"{'TTFT ms':>8} {'1-stream tok/s':>14} {'N':>3} {'N-way tok/s':>11}"]
+            f"{'TTFT ms':>8} {'1-stream tok/s':>14} {'N':>3} {'N-way tok/s':>11} {'N TTFT p50/p99 ms':>17}"]
     for m in report["instances"]:
         if "error" in m:
             rows.append(f"{host:<14} {m['instance']:>4} {m['port']:>6}  ERROR {m['error']}")
@@ -403,9 +463,11 @@ def table(host: str, report: dict) -> str:
         off = m.get("offload")
         offs = f"{off['offloaded']}/{off['total']}" if off else "n/a"
         single, figures, note = single_stream(m)
+        t = ttft_summary(m)
+        nttft = f"{t['p50']:.0f}/{t['p99']:.0f}" if t["p50"] is not None else "n/a"
         rows.append(f"{host:<14} {m['instance']:>4} {m['port']:>6} {m['health_s']:>8.1f} {offs:>8} "
                     f"{m['ttft_ms']:>8.0f} {single:>14.1f} {m['parallel']:>3} "
-                    f"{m['aggregate_tps'] or 0:>11.1f}")
+                    f"{m['aggregate_tps'] or 0:>11.1f} {nttft:>17}")
         if note:
             rows.append(f"{'':<14} {'':>4} {'':>6} note: {note}")
     return "\n".join(rows)
@@ -502,13 +564,20 @@ def textfile(host: str, report: dict, release: str | None) -> str:
     lines += gauge("voltafleet_smoke_min_aggregate_tps", "the N-way aggregate tok/s floor the smoke test judged on",
                     [({"host": host}, floors.get("smoke_min_aggregate_tps"))])
     metrics_ = (("ttft_ms", "voltafleet_smoke_ttft_ms", "time to first token, ms"),
+                ("p50", "voltafleet_smoke_parallel_ttft_p50_seconds", "N concurrent streams: median time to first token, s"),
+                ("p99", "voltafleet_smoke_parallel_ttft_p99_seconds", "N concurrent streams: p99 time to first token, s"),
                 ("single", "voltafleet_smoke_single_stream_tps", "single-stream decode tok/s (conservative)"),
                 ("aggregate_tps", "voltafleet_smoke_aggregate_tps", "N-way aggregate tok/s"))
     ok = [m for m in report.get("instances", []) if "error" not in m]
     for key, name, text in metrics_:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
         for m in ok:
-            value = single_stream(m)[0] if key == "single" else m.get(key) or 0
+            if key == "single":
+                value = single_stream(m)[0]
+            elif key in ("p50", "p99"):
+                value = (ttft_summary(m)[key] or 0) / 1000
+            else:
+                value = m.get(key) or 0
             lines.append(f'{name}{{host="{host}",instance="{m["instance"]}",port="{m["port"]}"}} {value:.3f}')
     return "\n".join(lines + gpu_rows(host, report)) + "\n"
 

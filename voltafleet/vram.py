@@ -13,6 +13,10 @@
                          dequantized to f16) + the KQ mask of one slot (measured, see below)
     speculation (MTP)    the nextn block's weights (skipped at load unless served), its f16
                          KV cache and compute buffer, the extra recurrent copies
+    cuBLAS pool          builds that multiply 64+ token batches through cuBLAS (Volta, and any
+                         GGML_CUDA_FORCE_CUBLAS build): the CUDA pool keeps F16-dequantized
+                         weights, the two largest distinct matrices (290 MiB for Qwen3.6-27B;
+                         FORCE_CUBLAS on an H200: 15,760-16,060 MiB peaks, bench/proof19)
     CUDA overhead        context, cuBLAS workspace: 592 MiB after load + 18 MiB after the first
                          request on an H200 (CUDA 13)
     headroom             kept free for load spikes (default 1 GiB: ../shared/DOMAIN.md)
@@ -58,6 +62,7 @@ class ModelShape:
     recurrent_bytes_per_seq: int = 0
     nextn_layers: int = 0     # MTP blocks (nextn_predict_layers), counted in n_layer
     mtp_bytes: int = 0        # their weights: on the GPU only when MTP speculation is served
+    pool_f16_bytes: int = 0   # the cuBLAS path's dequantized weights (cublas_pool_bytes)
 
     @property
     def hybrid(self) -> bool:
@@ -102,7 +107,38 @@ class ModelShape:
         elif window:
             swa = attn
         return cls(h.arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_k, head_v,
-                   int(h.get("context_length", 0)), weights, attn, swa, window, recurrent, nextn, mtp)
+                   int(h.get("context_length", 0)), weights, attn, swa, window, recurrent, nextn, mtp,
+                   cublas_pool_bytes(h.tensors, trunk))
+
+
+def cublas_pool_bytes(tensors, trunk: int) -> int:
+    """What the CUDA pool holds after prompts on a build that multiplies 64+ token batches
+    through cuBLAS: weights dequantized to F16, the two largest distinct matrix sizes among the
+    trunk's 2-D weights (not token_embd: a row lookup; not output: only the last token of a
+    sequence reaches it). Fitted on a FORCE_CUBLAS build on an H200 (bench/proof19): Qwen3.6-27B's
+    ffn (5120 x 17408) and attention query+gate (5120 x 12288) give 290 MiB; measured 292-306 MiB
+    over the after-load figure, which the CUDA overhead's 18 MiB cuBLAS workspace covers in part."""
+    sizes = set()
+    for t in tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk" and int(parts[1]) < trunk and len(t.shape) == 2 and min(t.shape) > 1 \
+                and t.name.endswith(".weight") and "conv1d" not in t.name:
+            sizes.add(t.shape[0] * t.shape[1] * 2)
+    return sum(sorted(sizes)[-2:])
+
+
+def cublas_prompt_path(cfg: dict, archs: list[int] | None) -> bool:
+    """Whether the build multiplies prompt batches (64+ tokens) of quantized weights through
+    cuBLAS on F16-dequantized copies: GGML_CUDA_FORCE_CUBLAS, or GPUs without int8 tensor cores
+    (compute capability < 7.5: Volta and older) unless GGML_CUDA_FORCE_MMQ keeps them on MMQ
+    (ggml-cuda mmq.cu, ggml_cuda_should_use_mmq, at the pinned commit)."""
+    extra = " ".join(cfg.get("llama_cpp_cmake_extra") or [])
+    if "GGML_CUDA_FORCE_CUBLAS=ON" in extra:
+        return True
+    if cfg.get("voltafleet_backend", "cuda") != "cuda" or "GGML_CUDA_FORCE_MMQ=ON" in extra:
+        return False
+    archs = archs or cfg.get("llama_cpp_cuda_archs") or []
+    return any(a < 75 for a in archs)
 
 
 def _max_of(v):
@@ -124,10 +160,11 @@ class Plan:
     overhead: int
     headroom: int
     spec: int = 0             # what MTP speculation adds (0: not served)
+    pool: int = 0             # the cuBLAS path's dequantized weights (0: MMQ builds)
 
     @property
     def needed(self) -> int:
-        return self.weights + self.kv + self.recurrent + self.compute + self.overhead + self.spec
+        return self.weights + self.kv + self.recurrent + self.compute + self.overhead + self.spec + self.pool
 
     @property
     def fits(self) -> bool:
@@ -137,7 +174,8 @@ class Plan:
         m = lambda b: f"{b / MIB:,.0f}"  # noqa: E731
         return (f"-c {self.ctx} -np {self.parallel} K {self.cache_k} V {self.cache_v}: weights {m(self.weights)} + "
                 f"KV {m(self.kv)} + recurrent {m(self.recurrent)} + compute {m(self.compute)} + "
-                + (f"MTP speculation {m(self.spec)} + " if self.spec else "") + "CUDA "
+                + (f"MTP speculation {m(self.spec)} + " if self.spec else "")
+                + (f"cuBLAS pool {m(self.pool)} + " if self.pool else "") + "CUDA "
                 f"{m(self.overhead)} = {m(self.needed)} MiB, + headroom {m(self.headroom)} = "
                 f"{m(self.needed + self.headroom)} MiB of {self.gpu_mib:,} MiB: "
                 + ("fits" if self.fits else f"short by {m(self.needed + self.headroom - self.gpu_mib * MIB)} MiB"))
@@ -193,20 +231,20 @@ def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int) -> int:
 
 
 def plan(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, gpu_mib: int,
-         headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0) -> Plan:
+         headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, cublas: bool = False) -> Plan:
     return Plan(ctx, parallel, cache_k, cache_v, gpu_mib, m.weights_gpu,
                 kv_bytes(m, ctx, parallel, cache_k, cache_v), m.recurrent_bytes_per_seq * parallel,
                 compute_bytes(m, ctx, parallel, cache_k, cache_v), overhead_mib * MIB, headroom_mib * MIB,
-                spec_bytes(m, ctx, parallel, spec_draft_max))
+                spec_bytes(m, ctx, parallel, spec_draft_max), m.pool_f16_bytes if cublas else 0)
 
 
 def choose(m: ModelShape, ctx: int | None, parallel: int | None, cache_k: str, cache_v: str, gpu_mib: int,
-           headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0) -> Plan:
+           headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, cublas: bool = False) -> Plan:
     """The set values, or for unset ones the largest of the ladder (ctx first, then slots)
     that fits. The plan returned may not fit: the caller refuses it with its numbers."""
     ctxs = [ctx] if ctx else [c for c in CTX_LADDER if not m.n_ctx_train or c <= m.n_ctx_train] or [CTX_LADDER[-1]]
     slots = [parallel] if parallel else list(SLOT_LADDER)
-    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max)
+    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max, cublas)
                   for c in ctxs for s in slots]
     return next((p for p in candidates if p.fits), candidates[-1])
 
@@ -221,9 +259,10 @@ class Decision:
     plan: Plan | None = None
 
 
-def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group_vars") -> Decision:
+def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group_vars",
+           archs: list[int] | None = None) -> Decision:
     """Pure preflight decision. `header` is the model's parsed GGUF header, or the error text
-    from reading it. Rules:
+    from reading it; `archs` the build's CUDA archs (else llama_cpp_cuda_archs). Rules:
       * no header: refuse (vram_plan_required: true, the default), naming the error and the
         fix; with vram_plan_required: false and server_ctx + server_parallel set, serve them
         unchecked (logged as such); with either unset there is nothing to plan from: refuse.
@@ -252,10 +291,13 @@ def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group
                 "(block_count 65, nextn_predict_layers 1 for Qwen3.6-27B)"))
         draft = int(cfg.get("server_spec_draft_max", 3))
     p = choose(m, ctx, np_, cfg["server_cache_type_k"], cfg["server_cache_type_v"], gpu_mib,
-               cfg["vram_headroom_mib"], cfg["vram_cuda_overhead_mib"], draft)
+               cfg["vram_headroom_mib"], cfg["vram_cuda_overhead_mib"], draft, cublas_prompt_path(cfg, archs))
     if p.fits:
         return Decision(p.ctx, p.parallel, p.describe(), None, p)
     fix = "lower server_ctx or server_parallel, use q8_0 KV (server_cache_type_k/v), or a smaller quant"
+    if p.pool:
+        fix += ', or build with llama_cpp_cmake_extra: ["-DGGML_CUDA_FORCE_MMQ=ON"] (no dequantized weights)'
+
     if draft:
         fix = "set server_spec_mtp: false or lower server_spec_draft_max, or " + fix
     return Decision(p.ctx, p.parallel, p.describe(), f"the model does not fit one GPU: {p.describe()}. Fix: {fix}", p)

@@ -12,7 +12,6 @@ Layout on a host (voltafleet_root, default /opt/voltafleet):
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 from pathlib import Path
@@ -23,6 +22,7 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, 
 
 from roles.common import bin_path, connector_args, fleet_plan, host_fingerprint, live, sh
 from roles.facts import HostBasics, NvccVersion, Releases
+from voltafleet import hostplan
 from voltafleet.hostplan import HostPlan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,12 +46,11 @@ def builder_of(fp: str) -> str:
 
 def build_command(plan: HostPlan, fp: str, toolkit: str | None, cxx: str) -> str:
     """The command that compiles release `fp` on a host (also run as is on the GPU box)."""
-    b, cfg = plan.build, plan.cfg
-    info = json.dumps({"fingerprint": fp, "commit": b.commit, "flags": list(b.flags), "toolkit": toolkit,
-                       "compiler": cxx, "built_on": plan.host, "repo": b.repo})
-    args = [bin_path(plan, "vf-build-release"), plan.root, fp, b.repo, b.commit,
-            str(cfg["llama_cpp_build_jobs"] or "auto"), b.cuda_bin or "-", info, " ".join(b.targets),
-            "--", *b.flags]
+    b = plan.build
+    info = {"fingerprint": fp, "commit": b.commit, "flags": list(b.flags), "toolkit": toolkit,
+            "compiler": cxx, "built_on": plan.host, "repo": b.repo}
+    args = hostplan.build_argv(bin_path(plan, "vf-build-release"), plan.root, fp, b,
+                               plan.cfg["llama_cpp_build_jobs"], info)
     return " ".join(shlex.quote(a) for a in args)
 
 

@@ -1,0 +1,223 @@
+"""The GPU proof at HEAD in one command: pack, run on a GPU machine, report.
+
+    .venv/bin/python bench/gpu_proof.py pack [DEST]      # sources + every argv into DEST (< 64 MiB)
+    bash DEST/gpu_proof.sh                                 # on the GPU machine (no network needed)
+    .venv/bin/python bench/gpu_proof.py report RESULTS.json  # the tables of bench/RESULTS.md
+    .venv/bin/python bench/gpu_proof.py all                # a GPU host with this checkout: all three
+
+The pack holds llama.cpp at the pinned commit (a one-commit bare git repository made from the
+llama-cpp-python sdist's vendor/llama.cpp: `pip download`, sha256 pinned in lab/fleet.py),
+its gguf-py and qwen35 vocabulary (for lab/qwen35gen.py, which writes the shape-exact
+Qwen3.6-27B Q4_K_S file on the GPU machine in seconds), voltafleet's own build script
+(roles/llama_cpp/files/vf-build-release.sh) with the argv voltafleet.hostplan renders for it,
+and every llama-server argv of the run rendered by voltafleet.flags.server_args from
+group_vars. On a lent machine where a command may run 10 minutes, `gpu_proof.sh` detaches
+the run and each call waits for it again (the results stay in $RES).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+from lab.fleet import SDIST_NAME, SDIST_SHA256, SDIST_VERSION  # noqa: E402
+from voltafleet import hostplan  # noqa: E402
+from voltafleet.flags import server_args  # noqa: E402
+
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+TOOLKIT = "13.0"        # the H200 machine's nvcc; nvcc 13 cannot build sm_70 (the V100 groups use 12.x)
+ARCH = 90
+PORT = 18080
+PACK_TOKEN = "@PACK@"   # replaced on the GPU machine by the pack's own path
+TARGETS = ["llama-server", "llama-bench", "llama-batched-bench"]
+SDIST_CACHE = REPO / ".voltafleet" / "sdist"
+LIMIT = 64 << 20        # what one device call carries
+
+
+def group_cfg(group: str) -> dict:
+    """all.yml + the group's file, bound to 127.0.0.1 (what a host of the group gets)."""
+    cfg = yaml.safe_load((REPO / "group_vars/all.yml").read_text())
+    cfg.update(yaml.safe_load((REPO / f"group_vars/{group}.yml").read_text()) or {})
+    cfg.update(server_host="127.0.0.1")
+    return cfg
+
+
+def render(group: str, ctx=None, np_=None, kv=None, extra=()) -> list[str]:
+    """The group's llama-server argv (MODEL for the model), -c/-np/KV types changed if given."""
+    cfg = group_cfg(group)
+    if ctx:
+        cfg.update(server_ctx=ctx, server_parallel=np_)
+    if kv:
+        cfg.update(server_cache_type_k=kv, server_cache_type_v=kv)
+    cfg["server_extra_flags"] = list(cfg["server_extra_flags"]) + list(extra)
+    return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
+
+
+def build_plan(pack_dir: str = PACK_TOKEN, targets=TARGETS, jobs: int = 16) -> dict:
+    """vf-build-release's argv for the GPU machine, as voltafleet renders it for a host (the
+    v100_16gb group's variables but its CMake extras: a build of the default kernel paths)."""
+    cfg = {**group_cfg("v100_16gb"), "llama_cpp_cmake_extra": []}
+    cfg.update(cuda_toolkit_version=TOOLKIT, llama_cpp_targets=list(targets),
+               llama_cpp_repo=f"file://{pack_dir}/llama.cpp.git")
+    spec = hostplan.build_spec(cfg, [ARCH], COMMIT)
+    fp = spec.fingerprint("DEVICE_NVCC", "DEVICE_CXX")
+    info = {"fingerprint": fp, "commit": COMMIT, "flags": list(spec.flags), "toolkit": TOOLKIT,
+            "built_on": "gpu-proof", "repo": spec.repo}
+    argv = hostplan.build_argv(f"{pack_dir}/vf-build-release.sh", "/tmp/vf", fp, spec, jobs, info)
+    return {"fingerprint": fp, "argv": argv, "nvcc": f"{spec.cuda_bin}/nvcc"}
+
+
+def run_plan() -> dict:
+    """Every measurement of the run, with the exact argv (issue 19)."""
+    seed = "-m MODEL -ngl 99 -c 8192 -ctk q8_0 -ctv q8_0 -np 4 -t 8 --host 127.0.0.1".split() + ["--port", str(PORT)]
+    g16, g32 = group_cfg("v100_16gb"), group_cfg("v100_32gb")
+    bench_common = ["-ngl", "99", "-fa", "1", "-ctk", g16["server_cache_type_k"], "-ctv",
+                    g16["server_cache_type_v"], "-t", str(g16["server_threads"])]
+    # VRAM: one long prompt per slot at once, after which the CUDA pool holds its peak
+    vram = [{"name": f"v16-np{n}", "args": render("v100_16gb", 8192, n), "parallel": n, "prompt": 1536}
+            for n in (2, 3, 4)]
+    vram.append({"name": "v16-np2-ub256", "args": render("v100_16gb", 8192, 2, extra=("-ub 256",)), "parallel": 2,
+                 "prompt": 1536})
+    cr0 = "--cache-ram 0"
+
+    def serve(name, args, streams, multi):
+        return {"name": name, "args": args, "streams": streams, "tokens": 128, "prompt": 128, "multi": multi}
+
+    def v32(*extra):
+        return render("v100_32gb", extra=extra)
+
+    def v32_nobs(*extra):
+        cfg = group_cfg("v100_32gb")
+        cfg.update(server_backend_sampling=False)
+        cfg["server_extra_flags"] = list(extra)
+        return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
+
+    def v16(*extra, bs=True, np_=None):
+        cfg = group_cfg("v100_16gb")
+        cfg.update(server_backend_sampling=bs)
+        if np_:
+            cfg.update(server_parallel=np_)
+        cfg["server_extra_flags"] = list(extra)
+        return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
+
+    m32 = {"conversations": 20, "turns": 3, "first": 512, "turn": 64, "reply": 32}
+    m16 = {"conversations": 4, "turns": 3, "first": 512, "turn": 64, "reply": 32}
+    return {
+        "port": PORT, "commit": COMMIT, "runs": 3,
+        "vram": vram,
+        "llama_bench": {"args": bench_common + ["-p", "128,512", "-n", "0", "-ub", "512", "-r", "3"]},
+        "batched": {"args": ["-ngl", "99", "-fa", "on"] + bench_common[4:] + [
+            "-c", "262144", "-b", "2048", "-ub", "512", "-npp", "128", "-ntg", "128",
+            "-npl", "1,2,4,8,16,32", "--output-format", "jsonl"], "kvu": ["-kvu"]},
+        "tg": {"args": bench_common + ["-p", "0", "-n", "128", "-r", "3"]},
+        "serve": [
+            serve("v32-ship", v32(), [1, 4, 16], m32),
+            serve("seed-stage3", seed, [1, 4, 16], None),
+            serve("v32-nobs", v32_nobs(), [1, 4, 16], m32),
+            serve("v32-cr0", v32(cr0), [1, 4, 16], m32),
+            serve("v32-nobs-cr0", v32_nobs(cr0), [1, 4, 16], None),
+            serve("v32-cr0-kvu", v32(cr0, "--kv-unified"), [1, 4, 16], None),
+            serve("v16-ship", v16(), [1, 4], m16),
+            serve("v16-nobs", v16(bs=False), [1, 4], m16),
+            serve("v16-cr0", v16(cr0), [1, 4], m16),
+            serve("v16-np4", v16(np_=4), [1, 4], None),
+        ],
+        "g32": {k: g32[k] for k in ("server_ctx", "server_parallel")},
+    }
+
+
+# ---------------------------------------------------------------- pack
+
+
+def sdist_checkout(cache: Path = SDIST_CACHE, sha256: str = SDIST_SHA256) -> Path:
+    """vendor/llama.cpp of the pinned llama-cpp-python sdist (pip download, sha256 checked)."""
+    tarball = cache / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+    if not tarball.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "-d", str(cache), f"{SDIST_NAME}=={SDIST_VERSION}"], check=True)
+    got = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    if got != sha256:
+        raise SystemExit(f"{tarball}: sha256 {got} != pinned {sha256}")
+    src = cache / f"llama_cpp_python-{SDIST_VERSION}"
+    if not (src / "vendor/llama.cpp/CMakeLists.txt").exists():
+        subprocess.run(["tar", "xzf", str(tarball), "-C", str(cache)], check=True)
+    return src / "vendor/llama.cpp"
+
+
+def build_script_line(pack_dir: str, targets) -> tuple[str, str]:
+    """(a shell line that runs vf-build-release.sh from pack_dir, the fingerprint): for the
+    older pipelines (bench/gpu_run.sh, bench/qwen35_gpu.sh), which run it as build.sh."""
+    b = build_plan(pack_dir, targets)
+    return "bash " + " ".join(shlex.quote(a) for a in b["argv"]), b["fingerprint"]
+
+
+def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT, vocabs=("qwen35",)) -> None:
+    """llama.cpp at the pin (a one-commit bare repository), gguf-py, the qwen35 vocabulary and
+    voltafleet's build script, into a fresh dest."""
+    checkout = checkout or sdist_checkout()
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    if head != commit:
+        raise SystemExit(f"{checkout} is at {head}, the pin is {commit}")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    bare = dest / "llama.cpp.git"
+    subprocess.run(["git", "clone", "-q", "--bare", "--depth", "1", f"file://{checkout}", str(bare)], check=True)
+    for key in ("uploadpack.allowAnySHA1InWant", "uploadpack.allowReachableSHA1InWant"):
+        subprocess.run(["git", "-C", str(bare), "config", key, "true"], check=True)
+    shutil.rmtree(bare / "hooks", ignore_errors=True)
+    shutil.copytree(checkout / "gguf-py", dest / "gguf-py", ignore=shutil.ignore_patterns("tests", "examples"))
+    for vocab in vocabs:
+        shutil.copy(checkout / f"models/ggml-vocab-{vocab}.gguf", dest)
+    shutil.copy(REPO / "roles/llama_cpp/files/vf-build-release.sh", dest)
+
+
+def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict:
+    """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json)."""
+    pack_sources(dest, checkout, commit)
+    for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py"):
+        shutil.copy(REPO / f, dest)
+    plan = {"build": build_plan(), **run_plan()}
+    (dest / "plan.json").write_text(json.dumps(plan, indent=1))
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    size = sum((dest / f).stat().st_size for f in files)
+    if size > LIMIT:
+        raise SystemExit(f"{dest}: {size / 2**20:.1f} MiB, more than a device call carries")
+    return {"dest": str(dest), "bytes": size, "files": files, "fingerprint": plan["build"]["fingerprint"]}
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0] if argv else "pack"
+    if cmd == "pack":
+        m = pack(Path(argv[1]) if len(argv) > 1 else REPO / ".gpuproof")
+        print(f"packed {m['dest']}: {m['bytes'] / 2**20:.1f} MiB, release {m['fingerprint']}")
+        print(f"on the GPU machine: bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
+        return 0
+    if cmd == "report":
+        from bench import proof_report
+        print(proof_report.report(json.loads(Path(argv[1]).read_text())))
+        return 0
+    if cmd == "all":
+        dest = REPO / ".gpuproof"
+        pack(dest)
+        res = REPO / ".gpuproof-results"
+        subprocess.run(["bash", str(dest / "gpu_proof.sh")], env={**os.environ, "RES": str(res), "WAIT": "0"},
+                       check=True)
+        return main(["report", str(res / "results.json")])
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The GPU proof on a GPU machine (bench/gpu_proof.py packs this folder; no network needed).
+# Start or attach: the first call starts the run detached (setsid); every call waits up to
+# WAIT seconds (0: until it ends) and copies what $RES holds into $OUT when OUT is set.
+#   facts -> CUDA build through vf-build-release.sh with voltafleet's argv -> the shape-exact
+#   Qwen3.6-27B Q4_K_S -> a FORCE_CUBLAS variant (the Volta path for 64+ token batches) ->
+#   proof_bench.py: VRAM, llama-bench, llama-batched-bench, the servers
+set -u
+W=$(cd "$(dirname "$0")" && pwd)
+RES=${RES:-/tmp/proof}
+mkdir -p "$RES"
+
+if [ "${1:-}" = __run ]; then
+  export PYTHONUNBUFFERED=1
+  log() { echo "[$(date +%T)] $*" | tee -a "$RES/progress.txt"; }
+  log "facts"
+  { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; command -v nvcc
+    nvcc --version; g++ --version | head -1; cmake --version | head -1; nproc; command -v ccache; } > "$RES/facts.txt" 2>&1
+  NVCC=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['build']['nvcc'])" "$W/plan.json")
+  if [ ! -x "$NVCC" ]; then  # the image's toolkit under the path the plan names
+    real=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    ln -sfn "$real" "$(dirname "$(dirname "$NVCC")")"
+  fi
+  FP=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['build']['fingerprint'])" "$W/plan.json")
+  log "build $FP (background)"
+  python3 - "$W" > /tmp/build-argv.txt <<'PY'
+import json, sys
+w = sys.argv[1]
+for a in json.load(open(f"{w}/plan.json"))["build"]["argv"]:
+    print(a.replace("@PACK@", w).replace("\n", " "))
+PY
+  mapfile -t ARGV < /tmp/build-argv.txt
+  ( t0=$(date +%s); bash "${ARGV[@]}" > "$RES/build.txt" 2>&1
+    echo "build rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build.txt" ) &
+  BUILD=$!
+  mkdir -p /tmp/models
+  PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/q4ks.gguf --ftype q4_k_s \
+    >> "$RES/progress.txt" 2>&1
+  log "model written"
+  wait $BUILD
+  BIN=/tmp/vf/releases/$FP/bin
+  if [ ! -x "$BIN/llama-server" ]; then
+    log "build failed"; tail -60 "/tmp/vf/build/$FP.log" >> "$RES/build.txt" 2>/dev/null; echo failed > "$RES/DONE"; exit 1
+  fi
+  "$BIN/llama-server" --version >> "$RES/build.txt" 2>&1
+  log "build ok: $(grep 'build rc' "$RES/build.txt")"
+  # FORCE_CUBLAS: only mmq.cu (the kernel choice) and ggml-cuda.cu (the feature list) read the
+  # macro at this commit, so defining it there and rebuilding those two objects in the same tree
+  # gives the binary -DGGML_CUDA_FORCE_CUBLAS=ON would, without recompiling every kernel.
+  ( src=/tmp/vf/src/llama.cpp; t0=$(date +%s)
+    for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_CUBLAS' "$src/$f"; done
+    PATH=$(dirname "$NVCC"):$PATH cmake --build "/tmp/vf/build/$FP" --target llama-server llama-bench -j 16 > "$RES/build-cublas.txt" 2>&1
+    echo "cublas rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-cublas.txt"
+    mkdir -p /tmp/cublas/bin && cp "/tmp/vf/build/$FP/bin/llama-server" "/tmp/vf/build/$FP/bin/llama-bench" /tmp/cublas/bin/
+    git -C "$src" checkout -- ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu ) &
+  CUBLAS=$!
+  B=(python3 "$W/proof_bench.py" --plan "$W/plan.json" --bin "$BIN" --cublas-bin /tmp/cublas/bin --models /tmp/models --res "$RES")
+  "${B[@]}" --phases "${PHASES1:-vram:default}" 2>&1 | tee -a "$RES/progress.txt"
+  wait $CUBLAS
+  log "$(tail -1 "$RES/build-cublas.txt")"
+  "${B[@]}" --phases "${PHASES2:-vram:cublas,pp:default,pp:cublas,tg,batched,serve}" 2>&1 | tee -a "$RES/progress.txt"
+  ( cd /tmp && tar czf "$RES/logs.tgz" load-*.log 2>/dev/null )
+  log "done"
+  echo ok > "$RES/DONE"
+  exit 0
+fi
+
+if [ ! -e "$RES/STARTED" ]; then
+  date > "$RES/STARTED"
+  setsid bash "$0" __run > "$RES/pipeline.txt" 2>&1 < /dev/null &
+fi
+WAIT=${WAIT:-540}
+t0=$(date +%s)
+while [ ! -e "$RES/DONE" ] && { [ "$WAIT" = 0 ] || [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; }; do sleep 5; done
+if [ -n "${OUT:-}" ]; then
+  for f in results.json progress.txt build.txt build-cublas.txt facts.txt logs.tgz pipeline.txt DONE; do
+    [ -e "$RES/$f" ] && cp "$RES/$f" "$OUT/"
+  done
+fi
+tail -25 "$RES/progress.txt" 2>/dev/null
+[ -e "$RES/DONE" ] && echo "DONE: $(cat "$RES/DONE")" || echo "still running"

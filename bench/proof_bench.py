@@ -1,0 +1,227 @@
+"""The GPU proof's measurements (issue 19), run on the GPU machine by gpu_proof.sh; stdlib only.
+
+Phases (each appends raw records to RES/results.json, saved after every step):
+  vram:LABEL   the v100_16gb argv at 2/3/4 slots: process memory after load, its peak while one
+               1,536-token prompt per slot runs at once (sampled every 0.1 s), and after
+  pp:LABEL     llama-bench prompt processing (every repetition's tok/s)
+  tg           llama-bench tg128 (the single-stream ceiling)
+  batched      llama-batched-bench, 1-32 parallel sequences, 3 runs (+ 1 with a unified KV cache)
+  serve        each server config: after a warm-up, 3 rounds of 1 and N concurrent streams
+               (TTFT and every token's arrival time kept), then multi-turn conversations
+
+    python3 proof_bench.py --plan plan.json --bin BIN [--cublas-bin BIN] --models DIR --res DIR --phases ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import threading
+import time
+
+from qwen35_bench import KEEP, Run, Server, complete, gpu_mem, prompt_ids, say
+
+
+class Sampler:
+    """The process's GPU memory every 0.1 s while a workload runs: the peak."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self.stop_ = pid, 0, False
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop_:
+            m = gpu_mem(self.pid).get("proc_mib") or 0
+            self.peak = max(self.peak, m)
+            time.sleep(0.1)
+
+    def stop(self) -> int:
+        self.stop_ = True
+        self.t.join()
+        return self.peak
+
+
+def concurrent(port: int, jobs: list) -> list:
+    """Run each job (a function of no arguments) in its own thread, all released at once."""
+    out = [None] * len(jobs)
+    barrier = threading.Barrier(len(jobs))
+
+    def go(i):
+        barrier.wait()
+        try:
+            out[i] = jobs[i]()
+        except Exception as e:  # noqa: BLE001
+            out[i] = {"error": repr(e)}
+    th = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
+    [t.start() for t in th]
+    [t.join() for t in th]
+    return out
+
+
+def wall_rate(recs: list) -> float | None:
+    """Tokens of a round over its wall time, first request to last token (for the progress log)."""
+    good = [q for q in recs if q.get("times_ms")]
+    if not good:
+        return None
+    end = max(q["t_start"] + q["times_ms"][-1] / 1000 for q in good)
+    return round(sum(len(q["times_ms"]) for q in good) / (end - min(q["t_start"] for q in good)), 1)
+
+
+class Proof(Run):
+    """qwen35_bench's run (plan, results.json saved after every step) with issue 19's phases."""
+
+    def __init__(self, a):
+        super().__init__(a)
+        self.model_path = os.path.join(a.models, "q4ks.gguf")
+
+    def bindir(self, label: str) -> str:
+        return self.a.cublas_bin if label == "cublas" else self.a.bin
+
+    def server(self, label: str, name: str, args: list) -> Server:
+        return Server(f"{self.bindir(label)}/llama-server", args, self.model_path, self.port, f"/tmp/load-{label}-{name}.log")
+
+    @staticmethod
+    def loglines(s: Server) -> list:
+        return [line for line in s.log().splitlines() if KEEP.search(line) or "system_info" in line
+                or "FORCE" in line][:120]
+
+    # ------------------------------------------------------------ VRAM
+    def vram(self, label: str):
+        out = self.results.setdefault("vram", [])
+        runs = 3 if label == "cublas" else 1
+        for item in self.plan["vram"]:
+            if label != "cublas" and item["name"] not in ("v16-np2", "v16-np4"):
+                continue
+            for run in range(1 if "ub" in item["name"] else runs):
+                s = self.server(label, item["name"], item["args"])
+                r = {"build": label, "name": item["name"], "run": run, "args": s.args, "healthy": s.ok}
+                try:
+                    time.sleep(1)
+                    r["mem_load"] = gpu_mem(s.p.pid).get("proc_mib")
+                    if s.ok:
+                        n = item["parallel"]
+                        sampler = Sampler(s.p.pid)
+                        reqs = concurrent(self.port, [
+                            (lambda i=i: complete(self.port, prompt_ids(500 + 10 * run + i, item["prompt"]), 8))
+                            for i in range(n)])
+                        time.sleep(0.5)
+                        r["mem_peak"] = sampler.stop()
+                        r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
+                        r["requests"] = [{k: q.get(k) for k in ("prompt_n", "prompt_ms", "ttft_ms", "error")}
+                                         for q in reqs]
+                finally:
+                    s.stop()
+                r["buffers"], r["log"] = s.buffers(), self.loglines(s)
+                out.append(r)
+                self.save()
+                say("vram", label, item["name"], run, r.get("mem_load"), r.get("mem_peak"), r.get("mem_after"))
+
+    # ------------------------------------------------------------ llama-bench, batched-bench
+    def llama_bench(self, label: str, key: str, args: list):
+        cmd = [f"{self.bindir(label)}/llama-bench", "-m", self.model_path, "-o", "json"] + args
+        t = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        try:
+            rows = json.loads(p.stdout)
+        except json.JSONDecodeError:
+            rows = {"error": (p.stderr or p.stdout)[-2000:]}
+        self.results.setdefault("llama_bench", []).append(
+            {"build": label, "what": key, "argv": cmd[1:], "seconds": time.time() - t, "rows": rows})
+        self.save()
+        say("llama-bench", label, key, [(r.get("n_prompt"), r.get("n_gen"), r.get("samples_ts"))
+                                         for r in rows] if isinstance(rows, list) else rows)
+
+    def pp(self, label: str):
+        self.llama_bench(label, "pp", self.plan["llama_bench"]["args"])
+
+    def tg(self):
+        self.llama_bench("default", "tg", self.plan["tg"]["args"])
+
+    def batched(self):
+        out = self.results.setdefault("batched", [])
+        b = self.plan["batched"]
+        for run, extra in enumerate([[], [], [], b["kvu"]]):
+            cmd = [f"{self.a.bin}/llama-batched-bench", "-m", self.model_path] + b["args"] + extra
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+            out.append({"run": run, "kvu": bool(extra), "argv": cmd[1:], "rows": rows,
+                        "log": [line for line in p.stderr.splitlines() if "graph" in line or "error" in line.lower()][:20]})
+            self.save()
+            say("batched", run, extra, [(r.get("pl"), round(r.get("speed_tg", 0))) for r in rows])
+
+    # ------------------------------------------------------------ serving
+    def round_(self, k: int, tokens: int, plen: int, tag: int) -> list:
+        recs = concurrent(self.port, [(lambda i=i: complete(self.port, prompt_ids(tag * 100 + i, plen), tokens))
+                                      for i in range(k)])
+        return [{key: r.get(key) for key in ("ttft_ms", "t_start", "times_ms", "n", "decode_tps", "prompt_n",
+                                              "prompt_ms", "cache_n", "error")} for r in recs]
+
+    def conversation(self, conv: int, m: dict, rep: int) -> list:
+        prompt = prompt_ids(5000 + 100 * rep + conv, m["first"])
+        turns = []
+        for t in range(m["turns"]):
+            r = complete(self.port, prompt, m["reply"], cache_prompt=True)
+            turns.append({k: r.get(k) for k in ("ttft_ms", "prompt_n", "prompt_ms", "cache_n", "n", "decode_tps",
+                                                 "error")} | {"turn": t, "prompt_len": len(prompt)})
+            prompt = prompt + prompt_ids(7000 + conv, m["reply"]) + prompt_ids(9000 + 1000 * t + conv, m["turn"])
+        return turns
+
+    def serve(self, names=None):
+        out = self.results.setdefault("serve", [])
+        for item in self.plan["serve"]:
+            if names and item["name"] not in names:
+                continue
+            s = self.server("default", item["name"], item["args"])
+            r = {"name": item["name"], "args": s.args, "healthy": s.ok, "load_s": s.load_s, "rounds": [], "multi": []}
+            try:
+                if s.ok:
+                    self.round_(1, 8, 32, 9900)  # warm-up
+                    for rep in range(self.plan["runs"]):
+                        for k in item["streams"]:
+                            recs = self.round_(k, item["tokens"], item["prompt"], 1000 * (rep + 1) + k)
+                            r["rounds"].append({"rep": rep, "streams": k, "recs": recs})
+                            self.save()
+                    m = item.get("multi")
+                    for rep in range(self.plan["runs"] if m else 0):
+                        convs = concurrent(self.port, [(lambda c=c: self.conversation(c, m, rep))
+                                                       for c in range(m["conversations"])])
+                        r["multi"].append({"rep": rep, **m, "convs": convs})
+                    r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
+            finally:
+                s.stop()
+            r["log"] = self.loglines(s)
+            out.append(r)
+            self.save()
+            say("serve", item["name"], s.ok, [(x["streams"], wall_rate(x["recs"])) for x in r["rounds"]])
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k in ("plan", "bin", "models", "res"):
+        ap.add_argument(f"--{k}", required=True)
+    ap.add_argument("--cublas-bin")
+    ap.add_argument("--phases", required=True)
+    a = ap.parse_args()
+    run = Proof(a)
+    for ph in a.phases.split(","):
+        name, _, arg = ph.partition(":")
+        t = time.time()
+        say("phase", ph)
+        try:
+            fn = getattr(run, name)
+            if name == "serve":
+                fn(arg.split("+") if arg else None)
+            elif arg:
+                fn(arg)
+            else:
+                fn()
+        except Exception as e:  # noqa: BLE001
+            run.results.setdefault("errors", []).append(f"{ph}: {e!r}")
+            say("phase", ph, "error", repr(e))
+        run.results.setdefault("phase_seconds", {})[ph] = round(time.time() - t, 1)
+        run.save()
+
+
+if __name__ == "__main__":
+    main()
