@@ -261,7 +261,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
             probe = "recorded" if run_context().record_probe and cfg["smoke_probe"] else None
             if probe:
                 _record_golden(plan, report)
-            report["passed"] = True
+            report.update(passed=True, failures=[])
             _after_pass(state, host, plan, report)
         except Exception as e:
             reason = e.reason if isinstance(e, Failed) else f"{type(e).__name__}: {e}"
