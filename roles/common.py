@@ -11,6 +11,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from gevent.lock import Semaphore
 from pyinfra import host, inventory, logger
 from pyinfra.api import FunctionCommand, OperationError
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
@@ -24,6 +25,7 @@ from voltafleet.fleetplan import FleetPlan
 from voltafleet.groupvars import SOURCES_KEY
 from voltafleet.hostplan import BuildSpec
 from voltafleet.lock import FleetLock, LockHeld
+from voltafleet.once import Once
 from voltafleet.runctx import RunContext
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +39,12 @@ class ConfigRefused(PyinfraError):
 
 class RefError(PyinfraError):
     pass
+
+
+def once_per_run(fn):
+    """fn(*key) computed once per run and key, however many host greenlets ask at once
+    (voltafleet.once.Once with a gevent lock); `.calls` counts the real calls."""
+    return Once(fn, Semaphore)
 
 
 # ---------------------------------------------------------------- the run
@@ -182,9 +190,12 @@ def resolve_ref(repo: str, ref: str) -> str:
     if plan and plan.commit(repo, ref):
         return plan.commit(repo, ref)
     try:
-        return refs.resolve(repo, ref)
+        return _resolve(repo, ref)
     except refs.RefError as e:
         raise RefError(str(e)) from None
+
+
+_resolve = once_per_run(refs.resolve)  # one `git ls-remote` per (repo, ref) and run, not one per greenlet
 
 
 def host_build(h) -> BuildSpec:
@@ -248,7 +259,10 @@ def drain(state, server_name: str, index: int, timeout_s: float) -> int:
     name = gw.backend_name(server_name, index)
     gateways = gateway_hosts(state)
     for g in gateways:
-        _run(g, gw.set_state(server_name, index, "drain"), f"drain {name}")
+        try:
+            _run(g, gw.set_state(server_name, index, "drain"), f"drain {name}")
+        finally:
+            _changed_gateway(g)
         status = gw.server_states(_run(g, gw.runtime("show stat"), "show stat")).get(name)
         if status is None:
             raise DrainError(f"gateway {g.name} does not list backend {name}: it cannot be drained, so it is "
@@ -269,11 +283,25 @@ def drain(state, server_name: str, index: int, timeout_s: float) -> int:
     return open_streams
 
 
+# {server: status} of each gateway, read once per run stage (prepare, execute) for every
+# server host of the fleet, and read again after this run's own drain or ready changed it.
+_gateway_states = once_per_run(lambda g, executing: g.get_fact(HAProxyServers))
+
+
+def gateway_states(g) -> dict:
+    """Gateway g's {server: status} (HAProxyServers), shared by every server host of the run."""
+    return _gateway_states(g, g.state.is_executing)
+
+
+def _changed_gateway(g) -> None:
+    _gateway_states.forget(lambda key: key[0] is not g)
+
+
 def out_of_rotation(state, server_name: str, indexes) -> bool:
     """True when a gateway holds one of these instances drained or in maintenance."""
     names = {gw.backend_name(server_name, i) for i in indexes}
     for g in gateway_hosts(state):
-        servers = g.get_fact(HAProxyServers)
+        servers = gateway_states(g)
         if any(servers.get(n, "").startswith(("DRAIN", "MAINT")) for n in names):
             return True
     return False
@@ -282,8 +310,11 @@ def out_of_rotation(state, server_name: str, indexes) -> bool:
 def ready(state, server_name: str, indexes) -> None:
     """Put instances back in rotation on every gateway (health checks still apply)."""
     for g in gateway_hosts(state):
-        for i in indexes:
-            _run(g, gw.set_state(server_name, i, "ready"), f"ready {gw.backend_name(server_name, i)}")
+        try:
+            for i in indexes:
+                _run(g, gw.set_state(server_name, i, "ready"), f"ready {gw.backend_name(server_name, i)}")
+        finally:
+            _changed_gateway(g)
 
 
 def drain_timeout(cfg: dict) -> float:

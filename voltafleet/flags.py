@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 
 from voltafleet.errors import Problem
 
@@ -86,8 +88,10 @@ def _help_entries(help_text: str):
         yield names, desc
 
 
-def parse_help(help_text: str) -> tuple[set[str], dict[str, str]]:
-    """(every flag name the binary accepts, {removed flag: the binary's own advice})."""
+@lru_cache(maxsize=16)
+def parse_help(help_text: str) -> tuple[frozenset[str], MappingProxyType]:
+    """(every flag name the binary accepts, {removed flag: the binary's own advice}), read-only:
+    parsed once per --help text (every host and every check of a run shares it)."""
     known: set[str] = set()
     removed: dict[str, str] = {}
     for names, desc in _help_entries(help_text):
@@ -95,7 +99,7 @@ def parse_help(help_text: str) -> tuple[set[str], dict[str, str]]:
         if "has been removed" in desc:
             for n in names:
                 removed[n] = re.sub(r"\s*\(env: [^)]*\)", "", " ".join(desc.split()))
-    return known, removed
+    return frozenset(known), MappingProxyType(removed)
 
 
 def flag_names(args: list[str]) -> list[str]:
@@ -169,16 +173,19 @@ _BAD_ARG_CHARS = set("`$;&|<>'\"\\!#")
 _DATA = Path(__file__).resolve().parent / "data"
 
 
-def managed_names(help_text: str) -> dict[str, str]:
-    """{every name of a managed flag, aliases from --help included: its MANAGED key}."""
+@lru_cache(maxsize=16)
+def managed_names(help_text: str) -> MappingProxyType:
+    """{every name of a managed flag, aliases from --help included: its MANAGED key}, read-only,
+    once per --help text."""
     out = {name: name for name in MANAGED}
     for names, _ in _help_entries(help_text):
         hit = next((n for n in names if n in MANAGED), None)
         if hit:
             out.update({n: hit for n in names})
-    return out
+    return MappingProxyType(out)
 
 
+@lru_cache(maxsize=64)
 def pinned_help(ref: str) -> str | None:
     """The --help text of llama-server at commit `ref`, when voltafleet ships it
     (voltafleet/data/llama-server-help-<first 12 hex>.txt); None for a tag, a branch or
@@ -189,6 +196,7 @@ def pinned_help(ref: str) -> str | None:
     return path.read_text() if path.exists() else None
 
 
+@lru_cache(maxsize=1)
 def default_help() -> str:
     """The newest shipped --help, for alias names when the pinned commit's is not shipped."""
     return sorted(_DATA.glob("llama-server-help-*.txt"), key=lambda p: p.stat().st_mtime)[-1].read_text()

@@ -6,6 +6,7 @@ merge them per host and validate the result before pyinfra connects anywhere.
 """
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,26 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# (path, mtime_ns, size) -> the parsed file: each group_vars file is parsed once per process,
+# not once per host of the inventory (callers get their own copy).
+_PARSED: dict[tuple, dict] = {}
+
+
 def read_yaml(path: Path) -> dict:
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    key = (str(path), st.st_mtime_ns, st.st_size) if st else None
+    if key not in _PARSED:
+        data = _parse_yaml(path)
+        if key is None:
+            return data
+        _PARSED[key] = data
+    return copy.deepcopy(_PARSED[key])
+
+
+def _parse_yaml(path: Path) -> dict:
     rel = str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
     if not path.exists():
         raise ConfigError("no such file", "create it or correct the path", rel)

@@ -20,7 +20,7 @@ from gevent.lock import Semaphore
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 
-from roles.common import bin_path, connector_args, fleet_plan, host_fingerprint, live, sh
+from roles.common import bin_path, connector_args, fleet_plan, host_fingerprint, live, once_per_run, sh
 from roles.facts import HostBasics, NvccVersion, Releases
 from voltafleet import hostplan
 from voltafleet.hostplan import HostPlan
@@ -35,13 +35,26 @@ def builder_of(fp: str) -> str:
     plan = fleet_plan()
     if plan and fp in plan.builders:  # decided once per rollout, from every host's preflight
         return plan.builders[fp]
-    state = host.state
+    key = (host.state, host.state.is_executing)
+    if fp not in run_builders(*key):  # a fingerprint that appeared since (a compiler installed by now)
+        run_builders.forget(lambda k: k != key)
+    return run_builders(*key).get(fp, host.name)
+
+
+@once_per_run
+def run_builders(state, executing: bool) -> dict[str, str]:
+    """{fingerprint: the first host (inventory order) of this run that has it}, over the hosts
+    of the shared strategy, from their live facts: decided once per run stage (prepare,
+    execute: the toolchain role may bring a host its compiler in between), one pass over the
+    fleet, not one per host."""
+    out: dict[str, str] = {}
     for other in state.inventory:
         if other not in state.active_hosts or other.data.get("llama_cpp_build_strategy") != "shared":
             continue
-        if other is host or host_fingerprint(other) == fp:
-            return other.name
-    return host.name
+        fp = host_fingerprint(other)
+        if fp is not None:
+            out.setdefault(fp, other.name)
+    return out
 
 
 def build_command(plan: HostPlan, fp: str, toolkit: str | None, cxx: str) -> str:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from functools import lru_cache
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 
 from roles.common import (config, fleet_plan, hold_fleet_lock, host_fingerprint, is_gateway, missing_gateways,
-                          report_dir, resolve_ref, run_context, sources)
+                          once_per_run, report_dir, resolve_ref, run_context, sources)
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
 from voltafleet import gguf_header
 from voltafleet import probe as probemod
@@ -24,18 +23,20 @@ class PreflightError(PyinfraError):
     pass
 
 
-@lru_cache(maxsize=None)
+@once_per_run
 def _model_size(url: str) -> int | None:
-    """The model's size: the fleet plan's (one HEAD per rollout), else one HEAD per run."""
+    """The model's size: the fleet plan's (one HEAD per rollout), else one HEAD per run
+    (however many hosts ask at once)."""
     plan = fleet_plan()
     if plan and url in plan.model_bytes:
         return plan.model_bytes[url]
     return remote_size(url)
 
 
-@lru_cache(maxsize=None)
+@once_per_run
 def model_header(url: str):
-    """The model's GGUF header, read once per rollout over HTTP Range; an error text if not."""
+    """The model's GGUF header, read once per run over HTTP Range (the other hosts wait for
+    it); an error text if not."""
     try:
         return gguf_header.read_url(url)
     except Exception as e:  # reported by the plan with the fix
