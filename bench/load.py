@@ -1,15 +1,20 @@
-"""A bounded load of streamed completions through the gateway (loopback only), for tests
-and for the numbers of a rollout: requests served, failed, p50/p95 time to first token.
+"""A bounded load of completions through the gateway (loopback only) from pooled keep-alive
+clients, as users send it: one httpx.Client (a connection pool, connections reused) or the
+OpenAI Python SDK (`max_retries=0`), streamed and non-streamed requests in turn. For tests
+and for the numbers of a rollout: requests served, failed, cut, refused busy, and TTFT
+percentiles.
 
-    .venv/bin/python bench/load.py --url http://127.0.0.1:18800 --clients 4 --seconds 60 \
-        [--during "python -m rollout inventory/lab.py --batch 1"]
+    .venv/bin/python bench/load.py --url http://127.0.0.1:18800 --clients 8 --seconds 60 \
+        [--client httpx|openai] [--during "python -m rollout inventory/lab.py --batch 1"]
 
-Every loop is bounded: at most --max-requests in all and --seconds of wall time.
+Outcomes are told apart: `cut` is a stream that started and broke (an instance that crashed
+mid-stream); `busy` a deliberate 503 from the gateway (no free slot within its queue
+timeout, with Retry-After); `failed` anything else (a connection closed without a response,
+an HTTP error). Every loop is bounded: at most --max-requests in all and --seconds of wall time.
 """
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import statistics
 import subprocess
@@ -18,67 +23,121 @@ import threading
 import time
 from urllib.parse import urlparse
 
+import httpx
+
 ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
+PROMPT = "Tell me about load balancers."
 
 
 class Load:
-    """Clients streaming /completion requests until stop() (or the bounds)."""
+    """`clients` threads sending completions until stop() (or the bounds), over one pool."""
 
     def __init__(self, url: str, clients: int = 4, tokens: int = 32, seconds: float = 120,
-                 max_requests: int = 5000, key: str | None = None):
+                 max_requests: int = 5000, key: str | None = None, client: str = "httpx",
+                 body: dict | None = None, headers: dict | None = None):
         u = urlparse(url)
         if u.hostname not in ALLOWED_HOSTS:
             raise ValueError(f"load only goes to this machine's loopback, not {u.hostname}")
-        self.host, self.port = u.hostname, u.port or 80
+        if client not in ("httpx", "openai"):
+            raise ValueError(f"client {client!r}: httpx or openai")
+        self.url, self.kind = url.rstrip("/"), client
         self.clients, self.tokens, self.seconds, self.max_requests, self.key = clients, tokens, seconds, max_requests, key
+        self.body, self.headers = body or {}, headers or {}
         self.results: list[dict] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.n = 0
+        auth = {"Authorization": f"Bearer {key}"} if key else {}
+        # one pool for every thread, as an application shares one client: connections are reused
+        self.http = httpx.Client(base_url=self.url, headers=auth, timeout=httpx.Timeout(120, connect=10),
+                                 limits=httpx.Limits(max_connections=clients, max_keepalive_connections=clients))
+        self.sdk = None
+        if client == "openai":
+            from openai import OpenAI
 
-    def one(self) -> dict:
+            self.sdk = OpenAI(base_url=self.url + "/v1", api_key=key or "none", max_retries=0, timeout=120,
+                              http_client=self.http)
+
+    # ---------------------------------------------------------------- one request
+
+    def one(self, stream: bool) -> dict:
         t0 = time.monotonic()
-        rec = {"start": time.time(), "ok": False, "ttft_ms": None, "tokens": 0, "error": None}
+        rec = {"start": time.time(), "ok": False, "ttft_ms": None, "tokens": 0, "error": None, "outcome": "failed",
+               "stream": stream}
         try:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-            headers = {"Content-Type": "application/json"}
-            if self.key:
-                headers["Authorization"] = f"Bearer {self.key}"
-            body = {"prompt": "Tell me about load balancers.", "n_predict": self.tokens, "stream": True,
-                    "ignore_eos": True, "temperature": 0, "cache_prompt": False}
-            conn.request("POST", "/completion", json.dumps(body), headers)
-            r = conn.getresponse()
-            if r.status != 200:
-                rec["error"] = f"HTTP {r.status}"
-                return rec
-            stopped = False
-            for raw in r:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                chunk = json.loads(line[5:])
-                if chunk.get("content") and rec["ttft_ms"] is None:
-                    rec["ttft_ms"] = (time.monotonic() - t0) * 1000
-                if chunk.get("content"):
-                    rec["tokens"] += 1
-                if chunk.get("stop"):
-                    stopped = True
-                    break
-            rec["ok"] = stopped
-            if not stopped:
-                rec["error"] = "stream ended early"
-        except Exception as e:  # counted as a failed request
-            rec["error"] = f"{type(e).__name__}: {e}"
+            (self._sdk if self.sdk else self._httpx)(rec, t0, stream)
+        except Exception as e:  # counted: failed, cut or busy
+            rec["error"] = f"{type(e).__name__}: {e}"[:200]
+            if rec["outcome"] != "busy":
+                rec["outcome"] = "cut" if rec["tokens"] else "failed"
         finally:
             rec["end"] = time.time()
         return rec
 
+    def _httpx(self, rec: dict, t0: float, stream: bool) -> None:
+        body = {"prompt": PROMPT, "n_predict": self.tokens, "stream": stream, "ignore_eos": True,
+                "temperature": 0, **self.body}
+        if not stream:
+            r = self.http.post("/completion", json=body, headers=self.headers)
+            self._status(rec, r)
+            rec["ttft_ms"] = (time.monotonic() - t0) * 1000
+            rec["tokens"] = r.json().get("tokens_predicted", 0)
+            rec["ok"], rec["outcome"] = True, "ok"
+            return
+        with self.http.stream("POST", "/completion", json=body, headers=self.headers) as r:
+            if r.status_code != 200:
+                r.read()
+            self._status(rec, r)
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                chunk = json.loads(line[5:])
+                if chunk.get("content"):
+                    rec["ttft_ms"] = rec["ttft_ms"] or (time.monotonic() - t0) * 1000
+                    rec["tokens"] += 1
+                if chunk.get("stop"):
+                    rec["ok"], rec["outcome"] = True, "ok"
+                    return
+        raise RuntimeError("stream ended before its last chunk")
+
+    def _sdk(self, rec: dict, t0: float, stream: bool) -> None:
+        from openai import APIStatusError
+
+        try:
+            out = self.sdk.completions.create(model="voltafleet", prompt=PROMPT, max_tokens=self.tokens, temperature=0,
+                                              stream=stream, extra_body={"ignore_eos": True, **self.body},
+                                              extra_headers=self.headers)
+            if not stream:
+                rec["ttft_ms"] = (time.monotonic() - t0) * 1000
+                rec["tokens"] = out.usage.completion_tokens if out.usage else 0
+            else:
+                for chunk in out:
+                    if chunk.choices and chunk.choices[0].text:
+                        rec["ttft_ms"] = rec["ttft_ms"] or (time.monotonic() - t0) * 1000
+                        rec["tokens"] += 1
+        except APIStatusError as e:
+            if e.status_code == 503:
+                rec["outcome"], rec["retry_after"] = "busy", e.response.headers.get("retry-after")
+            raise
+        rec["ok"], rec["outcome"] = True, "ok"
+
+    def _status(self, rec: dict, r) -> None:
+        if r.status_code == 503:
+            rec["outcome"], rec["retry_after"] = "busy", r.headers.get("retry-after")
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}")
+
+    # ---------------------------------------------------------------- the load
+
     def _client(self, deadline: float) -> None:
         while not self.stopping.is_set() and time.monotonic() < deadline:
             with self.lock:
-                if len(self.results) >= self.max_requests:
+                if self.n >= self.max_requests:
                     return
-            rec = self.one()
+                self.n += 1
+                stream = self.n % 2 == 1  # streamed and non-streamed in turn
+            rec = self.one(stream)
             with self.lock:
                 self.results.append(rec)
 
@@ -90,22 +149,27 @@ class Load:
             t.start()
         return self
 
+    def wait(self, timeout: float | None = None) -> None:
+        for t in self.threads:
+            t.join(timeout=timeout)
+
     def stop(self) -> dict:
         self.stopping.set()
-        for t in self.threads:
-            t.join(timeout=90)
+        self.wait(timeout=150)
+        self.http.close()
         return summary(self.results)
 
 
 def summary(results: list[dict]) -> dict:
     ok = [r for r in results if r["ok"]]
-    ttft = sorted(r["ttft_ms"] for r in ok if r["ttft_ms"] is not None)
+    ttft = sorted(r["ttft_ms"] for r in ok if r["ttft_ms"] is not None and r.get("stream", True))
 
     def pct(p):
         return round(ttft[min(len(ttft) - 1, int(p / 100 * len(ttft)))], 1) if ttft else None
 
-    return {"requests": len(results), "served": len(ok), "failed": len(results) - len(ok),
-            "ttft_p50_ms": pct(50), "ttft_p95_ms": pct(95),
+    count = {k: sum(r.get("outcome") == k for r in results) for k in ("failed", "cut", "busy")}
+    return {"requests": len(results), "served": len(ok), **count,
+            "ttft_p50_ms": pct(50), "ttft_p95_ms": pct(95), "ttft_p99_ms": pct(99),
             "ttft_mean_ms": round(statistics.mean(ttft), 1) if ttft else None,
             "errors": sorted({r["error"] for r in results if r["error"]})[:5]}
 
@@ -114,25 +178,27 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:18800")
     p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--client", default="httpx", choices=["httpx", "openai"])
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--max-requests", type=int, default=5000)
     p.add_argument("--during", help="a command to run while the load runs (e.g. a rolling rollout)")
     a = p.parse_args()
-    load = Load(a.url, a.clients, a.tokens, a.seconds, a.max_requests).start()
+    load = Load(a.url, a.clients, a.tokens, a.seconds, a.max_requests, client=a.client).start()
     rc = 0
     t0 = time.monotonic()
     if a.during:
         rc = subprocess.run(a.during, shell=True).returncode
     else:
-        time.sleep(a.seconds)
+        load.wait(timeout=a.seconds + 150)
     s = load.stop()
     s["seconds"] = round(time.monotonic() - t0, 1)
     s["during_rc"] = rc
     print(json.dumps(s, indent=1))
-    print(f"served {s['served']}, failed {s['failed']}, TTFT p50 {s['ttft_p50_ms']} ms, p95 {s['ttft_p95_ms']} ms "
+    print(f"{a.client}, {a.clients} clients: served {s['served']}, failed {s['failed']}, cut {s['cut']}, "
+          f"busy {s['busy']}, TTFT p50 {s['ttft_p50_ms']} ms, p95 {s['ttft_p95_ms']} ms, p99 {s['ttft_p99_ms']} ms "
           f"over {s['seconds']} s" + (f" (during: exit {rc})" if a.during else ""))
-    return 0 if s["failed"] == 0 else 1
+    return 0 if s["failed"] == 0 and s["cut"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ FIXED = {
     "server_instances": None,
     "server_port_base": 8080,
     "server_host": "0.0.0.0",
+    "server_allow_unauthenticated": True,  # the tests that check the refusal set it false
+    "server_slots_endpoint": False,
     "server_ctx": None,
     "server_parallel": None,
     "server_cache_type_k": "q8_0",

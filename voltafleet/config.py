@@ -144,6 +144,13 @@ SCHEMA: dict[str, Var] = {
     "gateway_check_interval_ms": Var(int, min=100, max=60000),
     "gateway_maxconn": Var(int, min=16, max=1000000),
     "gateway_drain_timeout_s": Var(int, nullable=True, min=0, max=3600),
+    "gateway_queue_timeout_s": Var(int, min=1, max=3600),
+    "gateway_retry_after_s": Var(int, min=1, max=3600),
+    "gateway_keepalive_timeout_s": Var(int, min=1, max=3600),
+    "gateway_affinity": Var(bool),
+    "gateway_hash_balance_factor": Var(int, min=101, max=1000),
+    "server_slots_endpoint": Var(bool),
+    "server_allow_unauthenticated": Var(bool),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),
@@ -307,6 +314,12 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
         bad = [x for x in v[key] if not 1 <= x <= 255]
         if bad:
             fail(key, f"has {bad[0]}, not an Xid (1-255)", "list Xid numbers from NVIDIA's Xid catalog, e.g. [48, 64, 79]")
+    if not v["server_api_key_file"] and not v["server_allow_unauthenticated"] \
+            and not urls.is_loopback(v["server_host"]):
+        fail("server_host", f"is {v['server_host']} without an API key: every llama-server would answer anyone "
+             "who reaches the port, not only the gateway",
+             "set server_api_key_file (a 0600 file holding the key), or bind an address only the gateway reaches "
+             "and set server_allow_unauthenticated: true to say so")
     layers = v["server_gpu_layers"]
     if isinstance(layers, str) and layers != "all":
         fail("server_gpu_layers", f"is {layers!r}", 'use "all" or a layer count')

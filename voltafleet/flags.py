@@ -44,6 +44,7 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
         "--host", cfg["server_host"],
         "--port", str(port),
         "--metrics",
+        *([] if cfg.get("server_slots_endpoint") else ["--no-slots"]),  # /slots shows users' prompts
         # llama.cpp logs its library's info lines (`offloaded N/M layers to GPU`, buffer
         # sizes) at trace level: 4 keeps them in the journal for the offload check.
         "--log-verbosity", "4",
@@ -166,6 +167,8 @@ MANAGED: dict[str, tuple[str | None, str]] = {
     "--spec-draft-n-max": ("server_spec_draft_max", "the VRAM plan counts a recurrent state a slot per draft token"),
     "--api-key-file": ("server_api_key_file", "the key file is installed 0600 for the service user"),
     "--api-key": ("server_api_key_file", "a key on the command line shows in `ps`"),
+    "--slots": ("server_slots_endpoint", "/slots shows users' prompts: off unless asked for"),
+    "--props": (None, "POST /props changes a serving instance's global properties: kept off"),
 }
 # Characters that have no business in a llama-server argument: a shell, systemd's
 # EnvironmentFile or the word splitting of $LLAMA_SERVER_ARGS would read them.

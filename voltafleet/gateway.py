@@ -22,18 +22,19 @@ class Backend:
     name: str
     address: str
     port: int
+    slots: int = 0       # the instance's -np: HAProxy sends it no more concurrent requests (0: no cap)
 
 
 def backend_name(host: str, index: int) -> str:
     return f"{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{index}"
 
 
-def backends(servers: list[tuple[str, str, list[int]]]) -> list[Backend]:
-    """servers: (host name, address the gateway reaches it at, its instance ports)."""
+def backends(servers: list[tuple]) -> list[Backend]:
+    """servers: (host name, address the gateway reaches it at, its instance ports[, slots])."""
     out = []
-    for name, address, ports in servers:
+    for name, address, ports, *slots in servers:
         for index, port in enumerate(ports):
-            out.append(Backend(backend_name(name, index), address, port))
+            out.append(Backend(backend_name(name, index), address, port, int(slots[0] or 0) if slots else 0))
     return out
 
 
@@ -77,11 +78,11 @@ def server_states(stat_csv: str) -> dict[str, str]:
     return out
 
 
-SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+):(\d+)\b")
+SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+):(\d+)\b(?:.*\bmaxconn\s+(\d+))?")
 
 
-def configured_servers(config_text: str) -> list[tuple[str, str, int]]:
-    """[(name, address, port)] of the llama backend's `server` lines in an HAProxy configuration."""
+def configured_servers(config_text: str) -> list[tuple[str, str, int, int]]:
+    """[(name, address, port, maxconn)] of the llama backend's `server` lines in an HAProxy configuration."""
     out, inside = [], False
     for line in config_text.splitlines():
         if re.match(r"^\S", line):
@@ -89,12 +90,11 @@ def configured_servers(config_text: str) -> list[tuple[str, str, int]]:
             continue
         m = SERVER_LINE.match(line)
         if inside and m:
-            out.append((m.group(1), m.group(2), int(m.group(3))))
+            out.append((m.group(1), m.group(2), int(m.group(3)), int(m.group(4) or 0)))
     return out
 
 
-def fleet_backends(planned: list[tuple[str, str, list[int]]], unplanned: list[str],
-                   live: list[tuple[str, str, int]]) -> list[Backend]:
+def fleet_backends(planned: list[tuple], unplanned: list[str], live: list[tuple]) -> list[Backend]:
     """The gateway's backends: every planned server host's instances, and for a host of the
     inventory whose instances this run does not know (unreachable, or left out by --limit),
     the backends the live configuration already has for it: it never vanishes from the
@@ -102,5 +102,17 @@ def fleet_backends(planned: list[tuple[str, str, list[int]]], unplanned: list[st
     out = backends(planned)
     for name in unplanned:
         prefix = backend_name(name, 0)[:-1]  # "<host>-"
-        out += [Backend(n, a, p) for n, a, p in live if n.startswith(prefix) and n[len(prefix):].isdigit()]
+        out += [Backend(n, a, p, c) for n, a, p, c in live if n.startswith(prefix) and n[len(prefix):].isdigit()]
     return out
+
+
+def busy_page(retry_after_s: int) -> str:
+    """HAProxy's raw 503 answer when no instance has a free slot within the queue timeout:
+    fast, with Retry-After, and never forwarded to a llama-server."""
+    body = '{"error": {"code": 503, "type": "unavailable_error", "message": "every instance of the fleet is busy: retry later"}}\n'
+    return ("HTTP/1.1 503 Service Unavailable\r\n"
+            "Content-Type: application/json\r\n"
+            f"Retry-After: {int(retry_after_s)}\r\n"
+            "Cache-Control: no-cache\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            "\r\n" + body)

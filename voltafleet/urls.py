@@ -110,3 +110,15 @@ def server_host_error(host: str) -> str | None:
     if HOSTNAME.fullmatch(host) and not re.fullmatch(r"[0-9.]+", host):
         return None
     return f"is {host!r}, not an IP address or a host name{_shown(host)}"
+
+
+def is_loopback(host: str) -> bool:
+    """An address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -12,6 +12,7 @@ The rolling rollout drains instances through the runtime API (roles/common: drai
 from __future__ import annotations
 
 import shlex
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
@@ -27,6 +28,7 @@ from voltafleet import hostplan
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "haproxy.cfg.j2"
 LIVE = "/etc/haproxy/haproxy.cfg"
 STAGED = "/etc/haproxy/haproxy.cfg.voltafleet"
+ERRORFILE = "/etc/haproxy/voltafleet-503.http"
 
 
 def server_backends(state) -> list[gw.Backend]:
@@ -36,7 +38,7 @@ def server_backends(state) -> list[gw.Backend]:
     leaves out) the backends the live configuration already has for it."""
     plan = fleet_plan()
     if plan is not None:
-        return gw.backends([(s.host, s.address, list(s.ports)) for s in plan.servers])
+        return gw.backends([(s.host, s.address, list(s.ports), s.slots) for s in plan.servers])
     planned, unplanned = [], []
     for h in state.inventory:
         if is_gateway(h):
@@ -47,7 +49,8 @@ def server_backends(state) -> list[gw.Backend]:
         cfg = host_config(h)
         gpus = h.get_fact(Gpus) if cfg["voltafleet_backend"] == "cuda" else []
         address = cfg["server_address"] or h.data.get("ssh_hostname") or h.name
-        planned.append((h.name, address, [i.port for i in hostplan.instances(cfg, gpus)]))
+        # slots: the instance's -np (unset, the VRAM plan picks it: known in a rollout's fleet plan)
+        planned.append((h.name, address, [i.port for i in hostplan.instances(cfg, gpus)], cfg["server_parallel"]))
     live = host.get_fact(HAProxyBackends, path=LIVE) if unplanned else []
     return gw.fleet_backends(planned, unplanned, live)
 
@@ -89,6 +92,11 @@ def gateway() -> None:
         mode="644", jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True},
         backends=backends, bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
         stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
-        maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE)
+        maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE,
+        queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
+        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
+        errorfile=ERRORFILE)
+    files.put(name="503 page: no free slot (Retry-After)", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"])),
+              dest=ERRORFILE, mode="644")
     installed(name="Validate (haproxy -c), then install and reload", staged=STAGED, live=LIVE, staged_op=staged)
     systemd.service(name="HAProxy running and enabled", service="haproxy", running=True, enabled=True)

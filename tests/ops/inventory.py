@@ -83,4 +83,6 @@ fleet = load_or_exit({_group: [_host(h) for h in _s.get("hosts", [_s])]}, origin
                          "vram_plan_required": False,
                          # no llama-server answers here: no golden probe to compare with (tests/lab probes)
                          "smoke_probe": False,
+                         # no API key file in these scenarios: the servers' network is taken as closed
+                         "server_allow_unauthenticated": True,
                      })[_group]

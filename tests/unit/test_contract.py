@@ -184,8 +184,11 @@ backend other
 
 def test_a_host_missing_from_a_run_keeps_its_backends():
     live = configured_servers(HAPROXY)
-    assert live == [("h1-0", "10.0.0.1", 8080), ("h1-1", "10.0.0.1", 8081), ("h2-0", "10.0.0.2", 8080)]
+    assert live == [("h1-0", "10.0.0.1", 8080, 0), ("h1-1", "10.0.0.1", 8081, 0), ("h2-0", "10.0.0.2", 8080, 0)]
     got = fleet_backends([("h1", "10.0.0.1", [8080, 8081])], ["h2"], live)
     assert [(b.name, b.port) for b in got] == [("h1-0", 8080), ("h1-1", 8081), ("h2-0", 8080)]
     # a host named like a prefix of another keeps only its own
-    assert [b.name for b in fleet_backends([], ["h1"], live + [("h1x-0", "x", 1)])] == ["h1-0", "h1-1"]
+    assert [b.name for b in fleet_backends([], ["h1"], live + [("h1x-0", "x", 1, 0)])] == ["h1-0", "h1-1"]
+    # a kept backend keeps its slot cap
+    assert configured_servers("backend llama\n    server h3-0 10.0.0.3:8080 check maxconn 4\n") == [
+        ("h3-0", "10.0.0.3", 8080, 4)]

@@ -31,3 +31,80 @@ def test_sessions_and_states_from_show_stat():
     assert current_sessions(STAT, "vf-lab-1-1") == 0
     assert current_sessions(STAT, "nope") is None
     assert server_states(STAT) == {"vf-lab-1-0": "UP", "vf-lab-1-1": "DRAIN"}
+
+
+# ---------------------------------------------------------------- issue 18: the configuration
+
+
+def render(**over):
+    import jinja2
+
+    from voltafleet.gateway import backends
+    from tests.fixture_vars import all_yml_vars
+
+    cfg = all_yml_vars()
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader("templates"), trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    args = dict(backends=backends([("h1", "10.0.0.1", [8080, 8081], 4), ("h2", "10.0.0.2", [8080], None)]),
+                bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
+                stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
+                maxconn=cfg["gateway_maxconn"], admin_socket="/run/haproxy/admin.sock", state_file="/x",
+                queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
+                affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
+                errorfile="/etc/haproxy/voltafleet-503.http")
+    return env.get_template("haproxy.cfg.j2").render(**{**args, **over})
+
+
+def test_an_instance_never_gets_more_requests_than_its_slots():
+    text = render()
+    assert "server h1-0 10.0.0.1:8080 check maxconn 4\n" in text and "server h1-1 10.0.0.1:8081 check maxconn 4\n" in text
+    assert "server h2-0 10.0.0.2:8080 check\n" in text  # slots unknown: no cap rather than a wrong one
+    assert "timeout queue 30s" in text and "errorfile 503 /etc/haproxy/voltafleet-503.http" in text
+
+
+def test_the_busy_answer_is_fast_and_says_when_to_retry():
+    from voltafleet.gateway import busy_page
+
+    page = busy_page(7)
+    head, body = page.split("\r\n\r\n", 1)
+    assert head.startswith("HTTP/1.1 503 ") and "\r\nRetry-After: 7" in head
+    assert f"Content-Length: {len(body)}" in head and '"code": 503' in body
+
+
+def test_the_server_side_closes_after_each_response_the_client_side_stays_open():
+    text = render()
+    assert "option http-server-close" in text and "timeout http-keep-alive 75s" in text
+    assert "option log-separate-errors" in text and "no option dontlognull" in text
+
+
+def test_affinity_is_a_bounded_consistent_hash_and_switchable():
+    text = render()
+    assert "balance hash var(txn.affinity)" in text and "hash-type consistent" in text
+    assert "hash-balance-factor 125" in text and "req.hdr(x-session-id)" in text
+    off = render(affinity=False)
+    assert "balance leastconn" in off and "balance hash" not in off
+
+
+def test_stats_and_exporter_bind_to_loopback_by_default():
+    assert "bind 127.0.0.1:8404\n" in render()
+
+
+def test_a_listening_server_without_a_key_is_refused_unless_said(cfg):
+    from voltafleet.config import ConfigError, validate_values
+
+    base = {**cfg, "model_sha256": "a" * 64, "server_allow_unauthenticated": False, "server_api_key_file": None}
+    with pytest.raises(ConfigError, match=r"(?s)server_host: is 0.0.0.0 without an API key.*Fix: set server_api_key_file"):
+        validate_values("h1", {**base, "server_host": "0.0.0.0"}, {})
+    validate_values("h1", {**base, "server_host": "127.0.0.1"}, {})                              # loopback only
+    validate_values("h1", {**base, "server_host": "0.0.0.0", "server_allow_unauthenticated": True}, {})
+
+
+def test_slots_endpoint_is_off_and_props_writes_cannot_be_turned_on(cfg):
+    from voltafleet.flags import extra_flag_errors, server_args
+
+    args = server_args({**cfg, "server_ctx": 4096, "server_parallel": 2}, "/m.gguf", 8080, None)
+    assert "--no-slots" in args
+    assert "--no-slots" not in server_args({**cfg, "server_ctx": 4096, "server_parallel": 2,
+                                            "server_slots_endpoint": True}, "/m.gguf", 8080, None)
+    assert any("server_slots_endpoint" in fix for _, fix in extra_flag_errors(["--slots"], cfg["llama_cpp_ref"]))
+    assert extra_flag_errors(["--props"], cfg["llama_cpp_ref"])

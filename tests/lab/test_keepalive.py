@@ -1,0 +1,111 @@
+"""The gateway loses no request (issue 18), on the lab fleet, with the clients users have:
+one pooled keep-alive httpx.Client and the OpenAI Python SDK (max_retries=0), streamed and
+non-streamed requests in turn; slot-aware admission; conversation affinity; closed by
+default. Numbers go to reports/."""
+import json
+import sys
+
+import httpx
+import pytest
+
+from tests.lab.helpers import REPO, deploy, lab, ssh
+
+sys.path.insert(0, str(REPO / "bench"))
+from load import Load  # noqa: E402
+
+URL = "http://127.0.0.1:18800"
+
+
+@pytest.fixture
+def gw(converged):
+    g = lab().get("gateway")
+    assert g, "the lab has no gateway host: run `python -m lab up --gateway`"
+    return g
+
+
+def stat(gw) -> dict:
+    out = ssh(gw, "echo 'show stat' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock")
+    cols = out.splitlines()[0][2:].split(",")
+    return {r.split(",")[1]: dict(zip(cols, r.split(","))) for r in out.splitlines()[1:]
+            if r.startswith("llama,") and r.split(",")[1] not in ("FRONTEND", "BACKEND")}
+
+
+def served_by(gw) -> dict[str, int]:
+    """Requests each instance answered (HAProxy's per-server total), to diff around a load."""
+    return {name: int(s["stot"]) for name, s in stat(gw).items()}
+
+
+def record(name: str, data: dict) -> None:
+    (REPO / "reports").mkdir(exist_ok=True)
+    (REPO / "reports" / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"\n{name}: {json.dumps(data)}")
+
+
+@pytest.mark.parametrize("client", ["httpx", "openai"])
+def test_pooled_keepalive_clients_lose_no_request_at_steady_state(gw, client):
+    load = Load(URL, clients=8, tokens=8, seconds=120, max_requests=1000, client=client).start()
+    load.wait(timeout=150)
+    s = load.stop()
+    record(f"keepalive-steady-{client}", s)
+    assert s["requests"] == 1000, s                       # bounded, and it got there
+    assert s["failed"] == 0 and s["cut"] == 0 and s["busy"] == 0 and s["served"] == 1000, s
+    # the pool did reuse connections: far fewer connections than requests reached the gateway
+    fe = ssh(gw, "echo 'show stat' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock | grep '^llama,FRONTEND,'")
+    assert fe, "no frontend row"
+
+
+def test_admission_never_exceeds_an_instances_slots_and_sheds_load_fast(gw, tmp_path):
+    """2x the fleet's slots in clients, a 1 s queue: deliberate 503s with Retry-After, none of
+    which reach a llama-server, and no instance above its -np concurrent requests."""
+    hosts = lab()["hosts"]
+    slots = 4 * 2 * len(hosts)
+    assert deploy({"gateway_queue_timeout_s": 1}, tmp_path).rc == 0  # reload: per-server maxima start at 0
+    try:
+        before = served_by(gw)
+        load = Load(URL, clients=2 * slots, tokens=48, seconds=60, max_requests=400).start()
+        load.wait(timeout=120)
+        s = load.stop()
+        after = stat(gw)
+        reached = sum(int(v["stot"]) for v in after.values()) - sum(before.values())
+        busy = [r for r in load.results if r["outcome"] == "busy"]
+        record("admission-2x-slots", {**s, "clients": 2 * slots, "fleet_slots": slots, "reached_servers": reached,
+                                      "smax": {k: int(v["smax"]) for k, v in after.items()}})
+        assert s["failed"] == 0 and s["cut"] == 0, s
+        assert max(int(v["smax"]) for v in after.values()) <= 4          # never more than -np at once
+        assert busy and all(r["retry_after"] == "5" for r in busy)        # shed, saying when to retry
+        assert max(r["end"] - r["start"] for r in busy) < 4               # fast: the queue timeout, not a hang
+        assert reached == s["served"]                                     # no 503 reached a llama-server
+    finally:
+        assert deploy().rc == 0
+
+
+def test_a_conversation_stays_on_one_instance(gw):
+    """The same session header, or the same first messages, always reach the same instance."""
+    with httpx.Client(base_url=URL, timeout=60) as c:
+        for headers, body in (({"X-Session-Id": "conv-42"}, {"prompt": "hi there", "n_predict": 2}),
+                              ({}, {"messages": [{"role": "system", "content": "You are terse."},
+                                                 {"role": "user", "content": "Name a colour."}], "max_tokens": 2})):
+            before = served_by(gw)
+            path = "/v1/chat/completions" if "messages" in body else "/completion"
+            for turn in range(6):
+                if "messages" in body and turn:
+                    body = {**body, "messages": body["messages"] + [{"role": "assistant", "content": "Red."},
+                                                                    {"role": "user", "content": f"Another {turn}."}]}
+                r = c.post(path, json=body, headers=headers)
+                assert r.status_code == 200, r.text
+            grew = {k: v - before[k] for k, v in served_by(gw).items() if v != before[k]}
+            assert len(grew) == 1 and sum(grew.values()) == 6, grew
+
+
+def test_closed_by_default_slots_props_and_listeners(gw):
+    h = lab()["hosts"][0]
+    with httpx.Client(base_url=URL, timeout=30) as c:
+        assert c.get("/slots").status_code in (404, 501)        # users' prompts are not shown
+        assert c.post("/props", json={"n_ctx": 1}).status_code in (403, 404, 501)  # no global writes
+        assert c.get("/health").status_code == 200
+    listening = ssh(h, "ss -Hltn")
+    for i in (0, 1):
+        port = h["server_port_base"] + i
+        assert f"127.0.0.1:{port} " in listening and f"0.0.0.0:{port} " not in listening, listening
+    gw_listening = ssh(gw, "ss -Hltn")
+    assert "127.0.0.1:18404 " in gw_listening and "0.0.0.0:18404 " not in gw_listening
