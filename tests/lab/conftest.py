@@ -49,3 +49,25 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     if call.when == "call":
         item.rep_call = outcome.get_result()
+
+
+@pytest.fixture
+def three(converged):
+    """The first three lab hosts, converged (a smaller lab grows to three)."""
+    from lab import fleet
+    from tests.lab.helpers import deploy, lab
+
+    if len(lab()["hosts"]) < 3:
+        fleet.up(3)
+        assert deploy().rc == 0
+    return lab()["hosts"][:3]
+
+
+@pytest.fixture
+def gw(converged):
+    """The lab's HAProxy gateway host, in front of a converged fleet."""
+    from tests.lab.helpers import lab
+
+    g = lab().get("gateway")
+    assert g, "the lab has no gateway host: run `python -m lab up --gateway`"
+    return g

@@ -119,3 +119,16 @@ def fresh_cache(tmp: Path) -> dict:
     """A run environment with an empty controller release cache: a test that counts compiles
     must not find the archive an earlier test's build left there."""
     return {"VOLTAFLEET_RELEASE_CACHE": str(tmp / "release-cache")}
+
+
+def pids(hosts) -> dict:
+    """{(host, instance): MainPID} of both instances of each host: unchanged means not restarted."""
+    return {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
+
+
+def gateway_stat(gw) -> dict:
+    """{server: HAProxy's `show stat` row as a dict} of the llama backend's instances."""
+    out = ssh(gw, "echo 'show stat' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock")
+    cols = out.splitlines()[0][2:].split(",")
+    return {r.split(",")[1]: dict(zip(cols, r.split(","))) for r in out.splitlines()[1:]
+            if r.startswith("llama,") and r.split(",")[1] not in ("FRONTEND", "BACKEND")}

@@ -10,25 +10,10 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
-from lab import fleet
-from tests.lab.helpers import PYINFRA, REPO, deploy, env_file, lab, main_pid, rollout, run_env, ssh
+from tests.lab.helpers import PYINFRA, REPO, deploy, env_file, lab, pids, rollout, run_env, ssh
 from voltafleet.lock import FleetLock
 
 MODELS = "/var/lib/voltafleet/models"
-
-
-@pytest.fixture
-def three(converged):
-    if len(lab()["hosts"]) < 3:
-        fleet.up(3)
-        assert deploy().rc == 0
-    return lab()["hosts"][:3]
-
-
-def pids(hosts):
-    return {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
 
 
 def serves(h, i=0) -> bool:

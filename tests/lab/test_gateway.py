@@ -4,11 +4,8 @@ server taken out and back, an invalid configuration refused with the old one ser
 import json
 import sys
 import time
-from pathlib import Path
 
-import pytest
-
-from tests.lab.helpers import REPO, deploy, lab, main_pid, rollout, ssh, th
+from tests.lab.helpers import REPO, deploy, gateway_stat, lab, main_pid, rollout, ssh, th
 
 sys.path.insert(0, str(REPO / "bench"))
 from load import Load  # noqa: E402
@@ -16,22 +13,8 @@ from load import Load  # noqa: E402
 URL = "http://127.0.0.1:18800"
 
 
-@pytest.fixture
-def gw(converged):
-    g = lab().get("gateway")
-    assert g, "the lab has no gateway host: run `python -m lab up --gateway`"
-    return g
-
-
-def stat(gw) -> dict:
-    out = ssh(gw, "echo 'show stat' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock")
-    cols = out.splitlines()[0][2:].split(",")
-    return {r.split(",")[1]: dict(zip(cols, r.split(","))) for r in out.splitlines()[1:]
-            if r.startswith("llama,") and r.split(",")[1] not in ("FRONTEND", "BACKEND")}
-
-
 def test_every_instance_is_a_health_checked_backend(gw):
-    servers = stat(gw)
+    servers = gateway_stat(gw)
     want = {f"{h['name']}-{i}" for h in lab()["hosts"] for i in (0, 1)}
     assert set(servers) == want
     assert {s["status"] for s in servers.values()} == {"UP"}
@@ -84,7 +67,7 @@ def test_fleet_keeps_serving_through_a_rolling_rollout_of_every_instance(gw, tmp
     assert all(main_pid(h, i) != before[(h["name"], i)] for h in hosts for i in (0, 1))  # every instance restarted
     # drained before every restart: nothing failed, no stream was cut, nothing was refused busy
     assert s["served"] > 100 and s["failed"] == 0 and s["cut"] == 0 and s["busy"] == 0, s
-    assert {v["status"] for v in stat(gw).values()} == {"UP"}  # every instance back in rotation
+    assert {v["status"] for v in gateway_stat(gw).values()} == {"UP"}  # every instance back in rotation
     assert deploy().rc == 0
 
 
@@ -99,7 +82,7 @@ def test_a_killed_server_leaves_rotation_and_returns(gw):
     seen_down = False
     deadline = time.time() + 90
     while time.time() < deadline:
-        st = stat(gw)[name]["status"]
+        st = gateway_stat(gw)[name]["status"]
         seen_down |= st.startswith("DOWN")
         if seen_down and st == "UP" and main_pid(h, 0) not in (0, pid):
             break
@@ -108,7 +91,7 @@ def test_a_killed_server_leaves_rotation_and_returns(gw):
     results = list(load.results)
     s = load.stop()
     assert seen_down, "HAProxy never took the killed instance out of rotation"
-    assert stat(gw)[name]["status"] == "UP" and main_pid(h, 0) not in (0, pid)
+    assert gateway_stat(gw)[name]["status"] == "UP" and main_pid(h, 0) not in (0, pid)
     # requests that started after the kill were sent elsewhere (or retried): none failed
     late = [r for r in results if r["start"] > killed_at + 0.5]
     assert late and all(r["ok"] for r in late), [r["error"] for r in late if not r["ok"]][:3]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import PYINFRA, REPO, Run, deploy, lab, main_pid, ssh
+from tests.lab.helpers import PYINFRA, REPO, Run, deploy, lab, pids, ssh
 
 CANARY = "/tmp/vf-canary"
 TOUCH = f"touch {CANARY}"
@@ -31,10 +31,6 @@ def assert_no_canary(hosts):
     assert not Path(CANARY).exists(), "the canary ran on the controller"
     for h in hosts:
         assert ssh(h, f"test -e {CANARY} && echo ran || echo absent") == "absent", f"the canary ran on {h['name']}"
-
-
-def pids(hosts):
-    return {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
 
 
 def mirror_url(name: str) -> str:

@@ -8,7 +8,7 @@ import sys
 import httpx
 import pytest
 
-from tests.lab.helpers import REPO, deploy, lab, ssh
+from tests.lab.helpers import REPO, deploy, gateway_stat, lab, ssh
 
 sys.path.insert(0, str(REPO / "bench"))
 from load import Load  # noqa: E402
@@ -16,23 +16,9 @@ from load import Load  # noqa: E402
 URL = "http://127.0.0.1:18800"
 
 
-@pytest.fixture
-def gw(converged):
-    g = lab().get("gateway")
-    assert g, "the lab has no gateway host: run `python -m lab up --gateway`"
-    return g
-
-
-def stat(gw) -> dict:
-    out = ssh(gw, "echo 'show stat' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock")
-    cols = out.splitlines()[0][2:].split(",")
-    return {r.split(",")[1]: dict(zip(cols, r.split(","))) for r in out.splitlines()[1:]
-            if r.startswith("llama,") and r.split(",")[1] not in ("FRONTEND", "BACKEND")}
-
-
 def served_by(gw) -> dict[str, int]:
     """Requests each instance answered (HAProxy's per-server total), to diff around a load."""
-    return {name: int(s["stot"]) for name, s in stat(gw).items()}
+    return {name: int(s["stot"]) for name, s in gateway_stat(gw).items()}
 
 
 def record(name: str, data: dict) -> None:
@@ -65,7 +51,7 @@ def test_admission_never_exceeds_an_instances_slots_and_sheds_load_fast(gw, tmp_
         load = Load(URL, clients=2 * slots, tokens=48, seconds=60, max_requests=400).start()
         load.wait(timeout=120)
         s = load.stop()
-        after = stat(gw)
+        after = gateway_stat(gw)
         reached = sum(int(v["stot"]) for v in after.values()) - sum(before.values())
         busy = [r for r in load.results if r["outcome"] == "busy"]
         record("admission-2x-slots", {**s, "clients": 2 * slots, "fleet_slots": slots, "reached_servers": reached,

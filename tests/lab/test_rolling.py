@@ -3,22 +3,7 @@ batches, fail percent, rollback of one host, the fleet report. Each test starts 
 converged fleet and leaves it converged."""
 import re
 
-import pytest
-
-from lab import fleet
-from tests.lab.helpers import deploy, env_file, lab, main_pid, rollout, ssh
-
-
-@pytest.fixture
-def three(converged):
-    if len(lab()["hosts"]) < 3:
-        fleet.up(3)
-        assert deploy().rc == 0
-    return lab()["hosts"][:3]
-
-
-def pids(hosts):
-    return {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
+from tests.lab.helpers import deploy, env_file, pids, rollout, ssh
 
 
 def test_converged_fleet_rolls_without_a_change_or_restart(three):
