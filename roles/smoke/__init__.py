@@ -230,7 +230,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
     """Restart `todo` (drained), smoke, and on any failure roll back; write the outcome."""
     cfg = plan.cfg
     restarted, cut, report = [], 0, {"instances": []}
-    failure = None
+    failure = gold = None
     try:
         gold = golden(plan)
         for i in todo:
@@ -270,7 +270,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
             return False
         _write(plan, host.name, report)
         record(cfg, host.name, "passed", "" if cfg["smoke_enabled"] else "not measured: smoke_enabled is false",
-               release=release, probe=probe or ("match" if golden(plan) is not None else None), **common)
+               release=release, probe=probe or ("match" if gold is not None else None), **common)
         print(f"{host.name}: smoke PASSED", flush=True)
         return True
     status, reason = _roll_back(state, host, plan, failure, report)
@@ -282,8 +282,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
         logger.warning(f"{host.name}: textfile not written: {e}")
     probe = next((f"diverged: {f.split('diverged: ', 1)[1]}" for f in failure.reason.split("; ")
                   if "quality probe diverged" in f), None)
-    record(cfg, host.name, status, reason, release=_current_release(host, plan), probe=probe,
-           **{**common, "restarted": restarted})
+    record(cfg, host.name, status, reason, release=_current_release(host, plan), probe=probe, **common)
     host.log_styled(f"{host.name}: smoke FAILED ({status}): {reason}", fg="red", log_func=logger.error)
     return False
 
