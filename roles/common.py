@@ -144,10 +144,12 @@ class LiveCommand(FunctionCommand):
         self.shell = shell
         super().__init__(self._run, (), {})
 
-    def _run(self, state, host):
+    def _run(self, state, host) -> bool:
         ok, out = sh(host, self.shell, print_output=True)
-        if not ok:
-            raise OperationError("\n".join(out.stderr_lines[-40:]) or f"`{self.shell[:120]}` failed")
+        if not ok:  # the output's tail as the error, not a Python traceback
+            host.log_styled("\n".join(out.stderr_lines[-40:]) or f"`{self.shell[:120]}` failed", fg="red",
+                            log_func=logger.error)
+        return ok
 
     def __repr__(self):
         return f"LiveCommand({self.shell!r})"

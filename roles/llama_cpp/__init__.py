@@ -122,10 +122,20 @@ def _archive_from(builder, root: str, fp: str) -> Path:
         return archive
 
 
-def _ship(state, host, plan: HostPlan, fp: str) -> None:
+def _ship(state, host, plan: HostPlan, fp: str) -> bool:
+    """Install release fp from its builder (through the controller's cache). A builder that
+    failed or was lost fails this host in one line: nothing is switched or restarted."""
     builder_name = builder_of(fp)
     builder = state.inventory.get_host(builder_name)
-    archive = _archive_from(builder, plan.root, fp)
+    try:
+        if not cached(fp) and builder not in state.active_hosts:
+            raise OperationError("it is no longer in this run")
+        archive = _archive_from(builder, plan.root, fp)
+    except Exception as e:  # a lost builder (SSH gone, pack failed): one line, never a traceback
+        host.log_styled(f"release {fp} is missing: its build host {builder_name} failed or was lost ({e}). Nothing "
+                        "was switched or restarted. Fix: re-run the rollout; the release is then built again.",
+                        fg="red", log_func=logger.error)
+        return False
     sha = archive.with_suffix(".sha256").read_text().strip()
     incoming = f"{plan.root}/releases/.incoming-{fp}.tar.gz"
     sh(host, f"mkdir -p {shlex.quote(plan.root + '/releases')}")
@@ -138,6 +148,7 @@ def _ship(state, host, plan: HostPlan, fp: str) -> None:
                              f"{host.name}: {out.stderr}")
     logger.info(f"{host.name}: installed release {fp} from the controller's cache (built on "
                 f"{builder_name if not cached(fp) or builder_name != host.name else 'an earlier run'}; no compile)")
+    return True
 
 
 @operation()

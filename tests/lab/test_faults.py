@@ -170,16 +170,12 @@ def test_controller_interrupted_leaves_no_half_switched_release_and_a_rerun_conv
     sent = False
     for line in proc.stdout:
         if "Switch `current`" in line or "Restart, smoke test" in line:
-            proc.send_signal(signal.SIGINT)  # Ctrl-C; a controller that does not stop at once is killed
+            proc.send_signal(signal.SIGKILL)  # the controller dies mid-run (pyinfra lets Ctrl-C finish the op)
             sent = True
             break
-    try:
-        proc.wait(timeout=3)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=60)
+    proc.wait(timeout=60)
     assert sent, "the run ended before it could be interrupted: the case tested nothing"
-    assert proc.returncode != 0, "the run was not interrupted: it finished"
+    assert proc.returncode == -signal.SIGKILL, "the run was not interrupted: it finished"
     for h in hosts:  # `current` is whole: a release directory with its build info, never a half one
         target = ssh(h, "readlink /opt/voltafleet/current")
         assert ssh(h, f"test -f /opt/voltafleet/{target}/BUILD_INFO.json && test -x /opt/voltafleet/{target}/bin/llama-server && echo ok") == "ok"
@@ -231,12 +227,13 @@ def test_build_host_lost_during_a_shared_build_is_reported_and_a_rerun_builds(ca
             fleet.stop_pidfile(Path(builder["dir"]) / "nspawn.pid")
     proc.wait(timeout=900)
     text = "".join(out)
+    fleet.up(len(lab()["hosts"]))  # the builder comes back whatever the assertions say
     assert proc.returncode != 0
-    assert "its build host failed or was lost" in text, text[-3000:]
+    assert "its build host" in text and "failed or was lost" in text, text[-3000:]
+    assert "Unexpected error in Python callback" not in text  # one line, never a traceback
     for h in hosts[1:]:
         assert current_release(h) == before[h["name"]]  # nothing switched on the others
         assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
-    fleet.up(len(lab()["hosts"]))
     run = deploy({"llama_cpp_cmake_extra": ["-DLLAMA_FAULT_TEST=ON"]}, tmp_path, env=fresh_cache(tmp_path))
     assert run.rc == 0, run
     assert len({current_release(h) for h in hosts}) == 1
