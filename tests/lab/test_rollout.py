@@ -45,7 +45,7 @@ def test_smoke_report_has_the_three_numbers(hosts):
 
 
 def test_servers_answer_with_the_model_over_ssh(hosts):
-    out = ssh(hosts[0], "curl -s http://127.0.0.1:%d/completion -d '{\"prompt\":\"hi\",\"n_predict\":4}'"
+    out = ssh(hosts[0], "curl -s http://127.0.0.1:%d/completion -d '{\"prompt\":\"hi\",\"n_predict\":4,\"temperature\":0}'"
               % hosts[0]["server_port_base"])
     assert '"tokens_predicted":4' in out and "hello" in out
 
