@@ -99,9 +99,6 @@ def record(cfg: dict, name: str, status: str, reason: str = "", **fields) -> out
     return rec
 
 
-def recorded(cfg: dict, name: str) -> outcome.HostOutcome | None:
-    return outcome.read(report_dir(cfg), name, run_context().run)
-
 
 # ---------------------------------------------------------------- variables and changes
 

@@ -69,16 +69,19 @@ def golden(plan: HostPlan) -> dict | None:
 
 
 def probe_verdicts(report: dict, gold: dict | None, tolerance: float) -> list[str]:
-    """Every instance's probe against the golden one: the failures, [] when all match."""
+    """Every instance's probe against the golden one: the failures, [] when all match. The
+    first divergence is kept in report["probe_diverged"] for the outcome record."""
     if gold is None:
         return []
-    fails = []
+    fails, whys = [], []
     for m in report["instances"]:
         if "error" in m:
             continue
         why = probemod.compare(gold, m.get("probe"), tolerance)
         if why:
+            whys.append(why)
             fails.append(f"instance {m['instance']} (port {m['port']}): quality probe diverged: {why}")
+    report["probe_diverged"] = whys[0] if whys else None
     return fails
 
 
@@ -92,8 +95,9 @@ def _client(host, plan: HostPlan, probe_only: bool = False) -> dict:
 def _smoke(host, plan: HostPlan, gold: dict | None) -> tuple[dict, list[str]]:
     """Run the client on the host; (report, failures)."""
     report = _client(host, plan)
-    fails = smokemod.verdict(report, plan.cfg) + probe_verdicts(report, gold, plan.cfg["smoke_probe_tolerance"])
-    fails += gpu_check(host, plan, report)
+    probe_fails = probe_verdicts(report, gold, plan.cfg["smoke_probe_tolerance"])
+    fails = smokemod.verdict(report, plan.cfg) + probe_fails + gpu_check(host, plan, report)
+    report["probe_only_failures"] = bool(probe_fails) and len(probe_fails) == len(fails)
     judged, notes = {}, []
     for m in report["instances"]:
         if "error" not in m:
@@ -239,7 +243,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
         if cfg["smoke_enabled"]:
             report, fails = _smoke(host, plan, gold)
             if fails:
-                raise Failed("probe" if all("quality probe" in f for f in fails) else "smoke", "; ".join(fails))
+                raise Failed("probe" if report["probe_only_failures"] else "smoke", "; ".join(fails))
     except Failed as e:
         failure = rollback.Failure(e.phase, e.reason, restarted)
     except DrainError as e:
@@ -280,8 +284,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
         _textfile(host, plan, report)
     except Exception as e:  # the record below says what failed; the textfile is a bonus
         logger.warning(f"{host.name}: textfile not written: {e}")
-    probe = next((f"diverged: {f.split('diverged: ', 1)[1]}" for f in failure.reason.split("; ")
-                  if "quality probe diverged" in f), None)
+    probe = f"diverged: {report['probe_diverged']}" if report.get("probe_diverged") else None
     record(cfg, host.name, status, reason, release=_current_release(host, plan), probe=probe, **common)
     host.log_styled(f"{host.name}: smoke FAILED ({status}): {reason}", fg="red", log_func=logger.error)
     return False
