@@ -28,7 +28,9 @@ class HostOutcome:
     flags: list = field(default_factory=list)
     model_sha256: str | None = None
     probe: str | None = None          # "match", "diverged: ...", "recorded", or None (not probed)
-    ttft_ms: float | None = None
+    ttft_ms: float | None = None      # single stream (the worst instance)
+    ttft_p50_ms: float | None = None  # N concurrent streams: p50 and p99 (the worst instance)
+    ttft_p99_ms: float | None = None
     single_tps: float | None = None
     aggregate_tps: float | None = None
     restarted: list = field(default_factory=list)   # instances restarted by this run

@@ -66,6 +66,8 @@ class HostResult:
     fingerprint: str | None = None
     flags: list = field(default_factory=list)
     ttft_ms: float | None = None
+    ttft_p50_ms: float | None = None     # N concurrent streams
+    ttft_p99_ms: float | None = None
     single_tps: float | None = None
     aggregate_tps: float | None = None
     probe: str | None = None             # "match", "diverged: ...", "recorded", or None
@@ -92,6 +94,7 @@ def batch_results(batch_no: int, hosts: list[str], records: dict, rc: int, log: 
             r.status, r.detail = rec.status, rec.reason
             r.fingerprint, r.flags, r.probe = rec.release, rec.flags, rec.probe
             r.ttft_ms, r.single_tps, r.aggregate_tps = rec.ttft_ms, rec.single_tps, rec.aggregate_tps
+            r.ttft_p50_ms, r.ttft_p99_ms = rec.ttft_p50_ms, rec.ttft_p99_ms
             if rec.status == "passed" and rc != 0 and not explained:
                 r.status = "failed"
                 r.detail = f"pyinfra exited {rc} and no host of the batch recorded why (see {log})"
@@ -103,11 +106,15 @@ def table(results: list[HostResult]) -> str:
     def num(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
-    rows = [f"{'host':<16} {'batch':>5} {'status':<12} {'release':<16} {'TTFT ms':>8} {'1-stream':>9} "
-            f"{'N-way':>8} {'probe':<10} detail"]
+    def pair(a, b):
+        return f"{num(a, '.0f')}/{num(b, '.0f')}" if a is not None or b is not None else "-"
+
+    rows = [f"{'host':<16} {'batch':>5} {'status':<12} {'release':<16} {'TTFT ms':>8} {'N p50/p99':>11} "
+            f"{'1-stream':>9} {'N-way':>8} {'probe':<10} detail"]
     for r in results:
         rows.append(f"{r.host:<16} {r.batch:>5} {r.status:<12} {(r.fingerprint or '-'):<16} "
-                    f"{num(r.ttft_ms, '.0f'):>8} {num(r.single_tps, '.1f'):>9} {num(r.aggregate_tps, '.1f'):>8} "
+                    f"{num(r.ttft_ms, '.0f'):>8} {pair(r.ttft_p50_ms, r.ttft_p99_ms):>11} "
+                    f"{num(r.single_tps, '.1f'):>9} {num(r.aggregate_tps, '.1f'):>8} "
                     f"{(r.probe or '-')[:10]:<10} {r.detail}")
     return "\n".join(rows)
 

@@ -113,7 +113,9 @@ def _figures(report: dict) -> dict:
     if not inst:
         return {}
     judged = report.get("judged", {})
-    return {"ttft_ms": max(m["ttft_ms"] for m in inst),
+    n_way = [smokemod.ttft_summary(m) for m in inst]
+    worst = lambda key: max((t[key] for t in n_way if t[key] is not None), default=None)  # noqa: E731
+    return {"ttft_ms": max(m["ttft_ms"] for m in inst), "ttft_p50_ms": worst("p50"), "ttft_p99_ms": worst("p99"),
             "single_tps": min(judged.get(str(m["instance"]), {}).get("single_tps", 0) for m in inst),
             "aggregate_tps": min(m.get("aggregate_tps") or 0 for m in inst)}
 

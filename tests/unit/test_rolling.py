@@ -81,3 +81,15 @@ def test_the_table_and_the_json_agree_for_every_status():
         cols = row.split()
         assert cols[:4] == [d["host"], str(d["batch"]), d["status"], d["fingerprint"] or "-"]
         assert row.endswith(d["detail"])
+
+
+def test_the_table_shows_n_client_ttft_p50_and_p99_beside_the_single_stream():
+    rs = [HostResult("a", 0, "passed", "f1", ttft_ms=41, ttft_p50_ms=120.4, ttft_p99_ms=388.6, single_tps=30,
+                     aggregate_tps=80), HostResult("b", 1)]
+    head, a, b = table(rs).splitlines()
+    assert head.split()[4:8] == ["TTFT", "ms", "N", "p50/p99"]
+    assert a.split()[4:6] == ["41", "120/389"] and b.split()[4:6] == ["-", "-"]
+    rec = {"status": "passed", "reason": "", "ttft_ms": 41.0, "ttft_p50_ms": 120.4, "ttft_p99_ms": 388.6}
+    from voltafleet.outcome import HostOutcome
+    (r,) = batch_results(0, ["a"], {"a": HostOutcome(host="a", run="r", **rec)}, 0, "x.log")
+    assert (r.ttft_p50_ms, r.ttft_p99_ms) == (120.4, 388.6)
