@@ -69,8 +69,8 @@ class Load:
             (self._sdk if self.sdk else self._httpx)(rec, t0, stream)
         except Exception as e:  # counted: failed, cut or busy
             rec["error"] = f"{type(e).__name__}: {e}"[:200]
-            if rec["outcome"] != "busy":
-                rec["outcome"] = "cut" if rec["tokens"] else "failed"
+            if rec["outcome"] != "busy":  # a stream the server had begun to answer, then broke: cut
+                rec["outcome"] = "cut" if rec.get("started") else "failed"
         finally:
             rec["end"] = time.time()
         return rec
@@ -89,6 +89,7 @@ class Load:
             if r.status_code != 200:
                 r.read()
             self._status(rec, r)
+            rec["started"] = True
             for line in r.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -112,10 +113,14 @@ class Load:
                 rec["ttft_ms"] = (time.monotonic() - t0) * 1000
                 rec["tokens"] = out.usage.completion_tokens if out.usage else 0
             else:
+                rec["started"], finished = True, False
                 for chunk in out:
                     if chunk.choices and chunk.choices[0].text:
                         rec["ttft_ms"] = rec["ttft_ms"] or (time.monotonic() - t0) * 1000
                         rec["tokens"] += 1
+                    finished = finished or bool(chunk.choices and chunk.choices[0].finish_reason)
+                if not finished:
+                    raise RuntimeError("stream ended before its last chunk")
         except APIStatusError as e:
             if e.status_code == 503:
                 rec["outcome"], rec["retry_after"] = "busy", e.response.headers.get("retry-after")

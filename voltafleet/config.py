@@ -51,6 +51,10 @@ class Var:
     check: Callable[[str], str | None] | None = None  # a string's grammar: None or the reason
 
 
+# llama.cpp's drafting from the context's own n-grams (--spec-type): no draft model, no VRAM
+NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v")
+
+
 def _ports():
     return Var(int, min=1, max=65535)
 
@@ -124,6 +128,7 @@ SCHEMA: dict[str, Var] = {
     "server_cache_ram": Var(int, nullable=True, min=-1, max=1 << 20),
     "server_spec_mtp": Var(bool),
     "server_spec_draft_max": Var(int, min=1, max=16),
+    "server_spec_ngram": Var(str, nullable=True, choices=NGRAM_TYPES),
     "server_cache_type_k": Var(str, choices=KV_TYPES),
     "server_cache_type_v": Var(str, choices=KV_TYPES),
     "server_flash_attn": Var(str, choices=("on", "off", "auto")),

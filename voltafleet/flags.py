@@ -57,9 +57,12 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
     if cfg.get("server_cache_ram") is not None:
         # the host-RAM prompt cache: 0 turns it off (and the save of idle slots before a request)
         args += ["--cache-ram", str(cfg["server_cache_ram"])]
-    if cfg.get("server_spec_mtp"):
-        # the model's own MTP head drafts; the preflight refuses a file without nextn layers
-        args += ["--spec-type", "draft-mtp"]
+    spec = (["draft-mtp"] if cfg.get("server_spec_mtp") else []) + (
+        [cfg["server_spec_ngram"]] if cfg.get("server_spec_ngram") else [])
+    if spec:
+        # draft-mtp: the model's own MTP head (the preflight refuses a file without nextn layers);
+        # ngram-*: drafts from the context's own n-grams, verified in the main batch (no VRAM)
+        args += ["--spec-type", ",".join(spec)]
     if cfg.get("server_spec_mtp") or draft_path:
         args += ["--spec-draft-n-max", str(cfg.get("server_spec_draft_max", 3))]
     if draft_path:
@@ -163,7 +166,8 @@ MANAGED: dict[str, tuple[str | None, str]] = {
     "-ctxcp": ("server_ctx_checkpoints", "prompt reuse on the hybrid model depends on it"),
     "-bs": ("server_backend_sampling", ""),
     "-cram": ("server_cache_ram", "the group decides it from TTFT (bench/RESULTS.md)"),
-    "--spec-type": ("server_spec_mtp", "the preflight checks the file's MTP head and the VRAM plan counts it"),
+    "--spec-type": ("server_spec_mtp or server_spec_ngram",
+                    "the preflight checks the file's MTP head and the VRAM plan counts it"),
     "--spec-draft-n-max": ("server_spec_draft_max", "the VRAM plan counts a recurrent state a slot per draft token"),
     "--api-key-file": ("server_api_key_file", "the key file is installed 0600 for the service user"),
     "--api-key": ("server_api_key_file", "a key on the command line shows in `ps`"),

@@ -75,3 +75,22 @@ def test_draft_model_flags_are_current(cfg, help_text):
     args = server_args(cfg, "/m/q.gguf", port=1, api_key_file=None, draft_path="/m/d.gguf")
     assert args[args.index("-md") + 1] == "/m/d.gguf" and args[args.index("-ngld") + 1] == "all"
     assert check_against_help(args, help_text) == []
+
+
+def test_ngram_speculation_is_one_spec_type_list_and_passes_the_pinned_binary(cfg, help_text):
+    assert "--spec-type" not in server_args(cfg, "/m.gguf", 8080, None)
+    args = server_args({**cfg, "server_spec_ngram": "ngram-mod"}, "/m.gguf", 8080, None)
+    assert args[args.index("--spec-type") + 1] == "ngram-mod" and "--spec-draft-n-max" not in args
+    both = server_args({**cfg, "server_spec_ngram": "ngram-simple", "server_spec_mtp": True}, "/m.gguf", 8080, None)
+    assert both[both.index("--spec-type") + 1] == "draft-mtp,ngram-simple" and both.count("--spec-type") == 1
+    assert check_against_help(args, help_text) == []
+
+
+def test_an_unknown_ngram_type_is_refused_naming_the_choices():
+    from voltafleet.config import ConfigError, check_value
+
+    check_value("server_spec_ngram", "ngram-map-k", "group_vars/v100_32gb.yml")
+    check_value("server_spec_ngram", None, "group_vars/v100_32gb.yml")
+    with pytest.raises(ConfigError) as e:
+        check_value("server_spec_ngram", "ngram-fast", "group_vars/v100_32gb.yml")
+    assert "server_spec_ngram" in str(e.value) and "ngram-mod" in str(e.value)
