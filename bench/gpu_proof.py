@@ -89,6 +89,11 @@ def run_plan() -> dict:
     vram.append({"name": "v16-np2-ub256", "args": render("v100_16gb", 8192, 2, extra=("-ub 256",)), "parallel": 2,
                  "prompt": 1536})
     cr0 = "--cache-ram 0"
+    # issue 19 §4: the 16-client wall figure with larger prompt ubatches (fewer, larger prompt matrix
+    # products: cuBLAS on Volta), on both builds; VRAM of the same argv after 16 long prompts at once
+    ub = {n: render("v100_32gb", extra=(f"-ub {n}",)) for n in (1024, 2048)}
+    vram += [{"name": "v32-ship", "args": render("v100_32gb"), "parallel": 16, "prompt": 1536},
+             *({"name": f"v32-ub{n}", "args": a, "parallel": 16, "prompt": 1536} for n, a in ub.items())]
 
     def serve(name, args, streams, multi):
         return {"name": name, "args": args, "streams": streams, "tokens": 128, "prompt": 128, "multi": multi}
@@ -131,6 +136,13 @@ def run_plan() -> dict:
             serve("v16-nobs", v16(bs=False), [1, 4], m16),
             serve("v16-cr0", v16(cr0), [1, 4], m16),
             serve("v16-np4", v16(np_=4), [1, 4], None),
+            serve("v32-ub1024", ub[1024], [16], None),
+            serve("v32-ub2048", ub[2048], [16], None),
+            serve("v32-cp0", v32("--ctx-checkpoints 0"), [16], None),
+            {**serve("v32-ship-cublas", v32(), [16], None), "build": "cublas"},
+            {**serve("seed-stage3-cublas", seed, [16], None), "build": "cublas"},
+            {**serve("v32-ub1024-cublas", ub[1024], [16], None), "build": "cublas"},
+            {**serve("v32-ub2048-cublas", ub[2048], [16], None), "build": "cublas"},
         ],
         "g32": {k: g32[k] for k in ("server_ctx", "server_parallel")},
     }

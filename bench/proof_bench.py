@@ -90,9 +90,10 @@ class Proof(Run):
     # ------------------------------------------------------------ VRAM
     def vram(self, label: str):
         out = self.results.setdefault("vram", [])
-        runs = 3 if label == "cublas" else 1
+        label, once = label.split(":")[0], label.endswith(":once")
+        runs = 3 if label == "cublas" and not once else 1
         for item in self.plan["vram"]:
-            if label != "cublas" and item["name"] not in ("v16-np2", "v16-np4"):
+            if label != "cublas" and not once and item["name"] not in ("v16-np2", "v16-np4"):
                 continue
             for run in range(1 if "ub" in item["name"] else runs):
                 s = self.server(label, item["name"], item["args"])
@@ -117,6 +118,16 @@ class Proof(Run):
                 out.append(r)
                 self.save()
                 say("vram", label, item["name"], run, r.get("mem_load"), r.get("mem_peak"), r.get("mem_after"))
+
+    def vram_named(self, arg: str):
+        """`vram_named:LABEL=name1+name2`: one run each of the named entries of plan["vram"]."""
+        label, _, names = arg.partition("=")
+        keep = self.plan["vram"]
+        self.plan = {**self.plan, "vram": [v for v in keep if v["name"] in names.split("+")]}
+        try:
+            self.vram(label + ":once")
+        finally:
+            self.plan = {**self.plan, "vram": keep}
 
     # ------------------------------------------------------------ llama-bench, batched-bench
     def llama_bench(self, label: str, key: str, args: list):
@@ -173,8 +184,8 @@ class Proof(Run):
         for item in self.plan["serve"]:
             if names and item["name"] not in names:
                 continue
-            s = self.server("default", item["name"], item["args"])
-            r = {"name": item["name"], "args": s.args, "healthy": s.ok, "load_s": s.load_s, "rounds": [], "multi": []}
+            s = self.server(item.get("build", "default"), item["name"], item["args"])
+            r = {"name": item["name"], "build": item.get("build", "default"), "args": s.args, "healthy": s.ok, "load_s": s.load_s, "rounds": [], "multi": []}
             try:
                 if s.ok:
                     self.round_(1, 8, 32, 9900)  # warm-up

@@ -69,13 +69,44 @@ def run_env(vars: dict | None, host_vars: dict | None, tmp: Path | None, env: di
     return e
 
 
+# What the hosts showed (fleet_state) right after the last plain deploy() that succeeded: the
+# `converged` fixture skips its deploy when they still show exactly that. None: not known.
+CONVERGED: dict = {"state": None}
+
+# Everything a deploy of the repository's configuration manages or depends on, one line each:
+# the release, the flags, the unit, the model files, each instance's state and main pid, the
+# compiler the build fingerprint reads, the helper scripts.
+_HOST_STATE = ("readlink /opt/voltafleet/current; readlink /opt/voltafleet/good; "
+               "md5sum /etc/voltafleet/llama-server/*.env /etc/systemd/system/llama-server@.service "
+               "/usr/local/bin/* 2>&1; ls -R /var/lib/voltafleet/models 2>&1; "
+               "for i in 0 1 2 3; do systemctl show -P ActiveState,MainPID,NRestarts llama-server@$i.service "
+               "| tr '\\n' ' '; echo; done; c++ -dumpfullversion; mount | grep -c vf- ; "
+               "systemctl list-units --failed --plain --no-legend | wc -l")
+_GATEWAY_STATE = ("md5sum /etc/haproxy/haproxy.cfg; systemctl show -P MainPID haproxy; "
+                  "echo 'show servers state llama' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock "
+                  "| awk 'NR>2 {print $4, $6, $7}'")
+
+
+def fleet_state() -> dict:
+    """{host: what it shows now} for every lab host and the gateway (see _HOST_STATE)."""
+    st = lab()
+    out = {h["name"]: th(h).run(_HOST_STATE).stdout for h in st["hosts"]}
+    if st.get("gateway"):
+        out[st["gateway"]["name"]] = th(st["gateway"]).run(_GATEWAY_STATE).stdout
+    return out
+
+
 def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None = None,
            host_vars: dict | None = None) -> Run:
     """Run the lab rollout; `vars` apply to every host, `host_vars` {host: {...}} to one each."""
+    CONVERGED["state"] = None
     e = run_env(vars, host_vars, tmp, env)
     proc = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO, env=e,
                           capture_output=True, text=True, timeout=3000)
-    return Run(proc)
+    run = Run(proc)
+    if run.rc == 0 and not (vars or host_vars or env):
+        CONVERGED["state"] = fleet_state()
+    return run
 
 
 def current_release(host: dict) -> str:
@@ -103,6 +134,7 @@ def report(host: dict) -> dict:
 def rollout(args: list[str] = (), vars: dict | None = None, host_vars: dict | None = None,
             tmp: Path | None = None, timeout: int = 1800, env: dict | None = None) -> tuple[Run, dict]:
     """Run the rolling driver on the lab inventory; (its output, the fleet report)."""
+    CONVERGED["state"] = None
     e = run_env(vars, host_vars, tmp, env)
     latest = REPO / "reports" / "rollout-latest.json"
     latest.unlink(missing_ok=True)
