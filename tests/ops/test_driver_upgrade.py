@@ -1,9 +1,11 @@
 """Driver upgrades on the fake connector: branch moves from every usual starting point, upgrades
 within R580, converged hosts, NVSwitch hosts, a host whose driver loses its GPUs, a missing GPU.
 
-Each test runs the real pyinfra CLI on the real preflight and toolchain roles; the fake hosts
-answer dpkg-query, nvidia-smi and /proc/driver/nvidia/version as a real host would before and
-after its reboot (tests/ops/inventory.py), and every command they are sent is checked.
+Each fleet is one pyinfra run of the real preflight and toolchain roles, in process
+(tests/ops/harness.py); the fake hosts answer dpkg-query, nvidia-smi and
+/proc/driver/nvidia/version as a real host would before and after its reboot
+(tests/ops/fakefleet.py), and every command they are sent is checked. tests/ops/test_cli.py
+runs both fleets through the real CLI too.
 """
 import hashlib
 
@@ -126,12 +128,16 @@ def name_of(os_id, branch, source, target):
     return f"{os_id}-{branch}-{source}-to-{target}".replace(".", "")
 
 
+def branch_move_hosts():
+    """A fake host at every starting point, to be moved to R580."""
+    return [driver_host(name_of(*s), s[0], start_rows(*s[:3]), VERSIONS[s[1]],
+                        vars={"nvidia_driver_source": s[3]}) for s in STARTS]
+
+
 @pytest.fixture(scope="module")
 def branch_moves():
     """Every starting point, moved to R580 in one run of a fleet of fake hosts."""
-    hosts = [driver_host(name_of(*s), s[0], start_rows(*s[:3]), VERSIONS[s[1]],
-                         vars={"nvidia_driver_source": s[3]}) for s in STARTS]
-    return run_many(hosts)
+    return run_many(branch_move_hosts())
 
 
 @pytest.mark.parametrize("os_id,branch,source,target", STARTS, ids=[name_of(*s) for s in STARTS])
@@ -171,8 +177,7 @@ def candidate(version):
     return ["apt-cache policy cuda-drivers-580", f"cuda-drivers-580:\n  Installed: {version}\n  Candidate: {version}"]
 
 
-@pytest.fixture(scope="module")
-def r580_fleet():
+def r580_hosts():
     """R580 hosts: converged (kept, latest, pinned), upgraded to latest, moved to a pinned release,
     a module older than the packages still loaded, an NVSwitch host, a host whose GPUs vanish
     after the reboot, a host missing a GPU (stopping, and serving degraded)."""
@@ -213,8 +218,13 @@ def r580_fleet():
         driver_host("gpu-missing-allowed", "ubuntu-24.04", r580("580.95.05"), "580.95.05", pci=lspci8, bus=bus7,
                     n=7, vars={"allow_degraded_gpus": True}),
     ]
-    rc, cmds, out = run_many(hosts)
-    return rc, cmds, out
+    return hosts
+
+
+@pytest.fixture(scope="module")
+def r580_fleet():
+    """The R580 hosts (r580_hosts) in one run."""
+    return run_many(r580_hosts())
 
 
 def cmds_of(fleet, name):

@@ -1,7 +1,8 @@
 """GPU health of V100 boards: the GpuHealth fact on real public `nvidia-smi -q` outputs
 (tests/fixtures/gpu/, each naming its source), its command run by a real shell, and
-preflight on pyinfra's fake connector: each sick board refused or warned, naming the GPU
-(index, PCI address, serial) and the fix, before anything changes; a healthy 8-GPU host passes."""
+preflight on pyinfra's fake connector (in process, tests/ops/harness.py): each sick board
+refused or warned, naming the GPU (index, PCI address, serial) and the fix, before anything
+changes; a healthy 8-GPU host passes."""
 import os
 import subprocess
 
@@ -138,12 +139,17 @@ def test_each_sick_board_is_refused_before_any_change(name):
     assert changes(cmds[f"@fake/{name}"]) == []
 
 
-def test_a_healthy_8_gpu_host_passes_and_warnings_do_not_stop():
+def healthy_and_warned_hosts():
+    """A healthy 8-GPU host and one host per WARNED board."""
     unmanaged = {"manage_driver": False}  # R580 already there: no driver install and reboot to wait for
     hosts = [host("v100-healthy", smi=V100x8, vars=unmanaged, extra=[["nvidia-smi -q", '@gpu:{"n": 8, "nvlink": true}']])]
     hosts += [host(name, smi=V100x8, vars=unmanaged, extra=[["nvidia-smi -q", answer]])
               for name, (answer, _) in WARNED.items()]
-    rc, cmds, out = run_many(hosts)
+    return hosts
+
+
+def test_a_healthy_8_gpu_host_passes_and_warnings_do_not_stop():
+    rc, cmds, out = run_many(healthy_and_warned_hosts())
     assert rc == 0, out[-3000:]
     for name, (_, line) in WARNED.items():
         assert line in out

@@ -1,6 +1,8 @@
-"""Bad inputs through the real CLI (`pyinfra` on the fake connector): refused when the
-inventory loads, exit code 2, one block naming the file, key and fix, no traceback, no
-command run on the host, no canary file on the controller."""
+"""Bad inputs on the fake connector: refused when the inventory loads, exit code 2, one
+block naming the file, key and fix, no traceback, no command run on the host, no canary file
+on the controller. In process (tests/ops/harness.py: the hosts tests/ops/inventory.py makes
+for the CLI, through the same load_or_exit); tests/ops/test_cli.py runs a bad value through
+the real CLI."""
 from pathlib import Path
 
 import pytest

@@ -1,8 +1,12 @@
 """NVIDIA toolkit and driver on pyinfra's fake connector (NVIDIA's repository and a real
 driver cannot be reached here): the exact commands per distro and GPU, and every refusal.
 
-Each scenario runs the real CLI (`pyinfra --debug`) on the real preflight and toolchain
-roles; the fake connector answers facts as the scenario says and logs every command.
+Each scenario is a pyinfra run of the real preflight and toolchain roles
+(tests/ops/toolchain_deploy.py) on fake hosts: in process (tests/ops/harness.py, what
+`pyinfra --debug -y` does, through pyinfra's API); the fake connector answers facts as the
+scenario says and keeps every command it is sent. What a user sees from the CLI itself (its
+exit codes, what it prints, that it agrees with the in-process runs) is tests/ops/test_cli.py's,
+through cli_run_many.
 """
 import hashlib
 import json
@@ -13,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.ops.harness import deploy
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -61,7 +67,15 @@ def host(name, os_id="ubuntu-24.04", smi=V100_SMI, nvcc=None, vars=None, extra=(
 
 
 def run_many(hosts):
-    """Run preflight + toolchain on several fake hosts at once: (rc, {host: commands}, output)."""
+    """Run preflight + toolchain on several fake hosts at once, in process:
+    (rc, {host: commands}, output), as cli_run_many answers for the same hosts."""
+    return deploy(hosts)
+
+
+def cli_run_many(hosts):
+    """The same run through the real CLI (`pyinfra --debug -y`) in a subprocess: its exit code,
+    the commands scraped from its `[fake] simulating command` debug lines (a command's first
+    line), and everything it printed."""
     proc = subprocess.run([PYINFRA, "--debug", "-y", "tests/ops/inventory.py", "tests/ops/toolchain_deploy.py"],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "VOLTAFLEET_FAKE": json.dumps({"hosts": hosts})})
