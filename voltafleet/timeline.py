@@ -79,7 +79,7 @@ class Work:
     restarts: int = 0            # instances restarted (one at a time)
     instances: int = 0           # every instance of the host (drained before a driver change)
     smoke: bool = True           # smoke_enabled: the host is smoke-tested after its restarts
-    probe: bool = True           # a converged host is probed (smoke_probe)
+    probe: bool = True           # smoke_probe: a converged host is probed (whatever smoke_enabled says)
     consts: Constants = field(default_factory=Constants)
 
 
@@ -144,11 +144,13 @@ def _action(h, r: Release, n, where, builders, cache, releases, pending_builders
     b = where.get(builder)
     if b == n:
         return INSTALL, f"from {builder}, in this batch"
-    if b is None or b > n:
-        return MISSING, (f"its build host {builder} runs in a later batch ({b})" if b is not None
-                         else f"its build host {builder} is not in the rollout")
+    if b is None:
+        return MISSING, f"its build host {builder} is not in the rollout"
+    if b > n:
+        return MISSING, f"its build host {builder} runs in a later batch ({b}). Fix: roll {builder} first (--canary)"
     # the builder ran in an earlier batch without compiling (it had the release): nothing filled the cache
-    return MISSING, f"its build host {builder} (batch {b}) had it already: the controller's cache lacks it"
+    return MISSING, (f"its build host {builder} (batch {b}) had it already and the controller's cache lacks it. "
+                     f"Fix: roll {h} in one batch with {builder}, or set llama_cpp_build_strategy: per_host")
 
 
 # ---------------------------------------------------------------- seconds
@@ -161,7 +163,7 @@ def host_steps(w: Work, gateway: bool) -> dict[str, float]:
     if w.restarts:
         activate = w.restarts * (drain + c.restart_s) + (c.smoke_s if w.smoke else 0.0)
     else:
-        activate = c.probe_s if (w.smoke and w.probe) else 0.0
+        activate = c.probe_s if w.probe else 0.0
     return {
         "toolchain": c.toolchain_s if w.toolchain else 0.0,
         "driver": w.instances * drain + c.driver_s if w.driver else 0.0,
@@ -197,8 +199,8 @@ def batch_estimate(n: int, hosts: list[str], work: dict[str, Work], gateway: boo
     """One batch: its run's fixed cost plus, step after step, the slowest host."""
     ws = [work[h] for h in hosts if h in work]
     per = [host_steps(w, gateway) for w in ws]
-    steps = {s: max((p[s] for p in per), default=0.0) for s in STEPS}
-    steps["run"] = max((w.consts.run_s for w in ws), default=0.0)
+    steps = {"run": max((w.consts.run_s for w in ws), default=0.0)}
+    steps.update({s: max((p[s] for p in per), default=0.0) for s in STEPS})
     return BatchEstimate(n, list(hosts), round(sum(steps.values()), 1), {k: round(v, 1) for k, v in steps.items()},
                          [w.host for w in ws if w.release == COMPILE])
 

@@ -10,6 +10,7 @@ import json
 import os
 import re
 
+from tests.ops.fakes import FAKE_OVERRIDES
 from voltafleet.groupvars import load_or_exit
 
 REBOOT = re.compile(r"&& reboot \)")
@@ -75,14 +76,4 @@ def _host(s):
 _s = json.loads(os.environ["VOLTAFLEET_FAKE"])
 _group = _s.get("group", "v100_16gb")
 fleet = load_or_exit({_group: [_host(h) for h in _s.get("hosts", [_s])]}, origin="tests/ops/inventory.py",
-                     overrides={
-                         "model_sha256": "a" * 64,
-                         "model_url": "http://127.0.0.1:9/models/Qwen3.6-27B-Q4_K_S.gguf",
-                         # no model mirror here: the driver scenarios serve the group's -c/-np unplanned
-                         # (test_vram_refusal.py serves a real header and plans)
-                         "vram_plan_required": False,
-                         # no llama-server answers here: no golden probe to compare with (tests/lab probes)
-                         "smoke_probe": False,
-                         # no API key file in these scenarios: the servers' network is taken as closed
-                         "server_allow_unauthenticated": True,
-                     })[_group]
+                     overrides=FAKE_OVERRIDES)[_group]

@@ -54,7 +54,7 @@ def test_a_builder_in_a_later_batch_is_a_missing_release_not_an_install():
     # a builder that already had it in an earlier batch filled no cache
     rel["a"] = Release("fp1", current=True, present=True)
     acts = release_actions([["a"], ["b"]], rel, builders={"fp1": "a"})
-    assert acts["b"][0] == MISSING and "cache lacks it" in acts["b"][1]
+    assert acts["b"][0] == MISSING and "cache lacks it" in acts["b"][1] and "Fix:" in acts["b"][1]
 
 
 def test_pending_fingerprints_compile_once_per_batch():
