@@ -32,6 +32,12 @@ READS = [re.compile(p) for p in (
     r"^cd \S+ 2>/dev/null \|\| exit 0; echo \"current=",        # Releases
     r"^for f in /etc/voltafleet/llama-server/\*\.env; do ",     # EnvFiles, ServerInstances
     r"^test -e \S+ && \( sha1sum ",                             # Sha1File (the unit)
+    r"^nvidia-smi --query-gpu=index,",                          # Gpus
+    r"^command -v nvidia-smi >/dev/null 2>&1 \|\| \{ echo ",    # GpuHealth
+    r"^for n in [^;]+; do command -v \$n ",                      # NvccVersion
+    r"^lspci -Dnn -d 10de: 2>/dev/null \|\| true$",              # NvidiaPci
+    r"^dpkg-query -W ",                                         # NvidiaPackages
+    r"^cat /proc/driver/nvidia/version ",                       # LoadedDriver
 )]
 
 
@@ -61,11 +67,11 @@ def converged(name: str, env_over: dict | None = None) -> dict:
     return {"name": name, "responses": responses, "plan": plan, "fp": fp}
 
 
-def run_plan(hosts: list[dict], tmp_path: Path):
+def run_plan(hosts: list[dict], tmp_path: Path, group: str = GROUP):
     """deploy.py in the plan phase on these fake hosts: (rc, {host: commands}, records, output)."""
     fleet = tmp_path / "fleet-plan.json"
     fleet.write_text(FleetPlan(rollout="t", model_bytes={FAKE_OVERRIDES["model_url"]: 15_600_000_000}).to_json())
-    scenario = {"group": GROUP, "hosts": [{"name": h["name"], "responses": h["responses"]} for h in hosts]}
+    scenario = {"group": group, "hosts": [{k: h[k] for k in ("name", "responses", "vars") if k in h} for h in hosts]}
     env = {**os.environ, "VOLTAFLEET_FAKE": json.dumps(scenario), "VOLTAFLEET_PHASE": "plan",
            "VOLTAFLEET_REPORT_DIR": str(tmp_path), "VOLTAFLEET_FLEET_PLAN": str(fleet), "VOLTAFLEET_RUN": "t1"}
     proc = subprocess.run([PYINFRA, "--debug", "-y", "tests/ops/inventory.py", "deploy.py"], cwd=REPO,
@@ -124,10 +130,32 @@ def test_a_refused_host_is_recorded_with_its_reason_not_an_abort(fleet):
 
 def test_the_plan_phase_sends_nothing_but_fact_reads(fleet):
     rc, cmds, records, out, fp = fleet
-    sent = [c for host_cmds in cmds.values() for c in host_cmds]
-    assert sent and all(any(p.search(c) for p in READS) for c in sent), \
-        [c for c in sent if not any(p.search(c) for p in READS)]
+    assert any(cmds.values()) and sent_only_reads(cmds) == []
     assert "Starting operation" not in out  # no operation at all, not even one that would change nothing
+
+
+def sent_only_reads(cmds: dict) -> list[str]:
+    """The commands sent that are not fact reads ([] is the point)."""
+    return [c for host_cmds in cmds.values() for c in host_cmds if not any(p.search(c) for p in READS)]
+
+
+def test_a_v100_host_reports_its_driver_move_and_every_restart(tmp_path):
+    """The v100_16gb group on the fake connector: R580 580.82.07 installed and loaded, 580.95.05
+    pinned, the CUDA toolkit in place: a driver move, and every instance restarts."""
+    from tests.ops.test_driver_upgrade import driver_host, nvidia_repo_ubuntu
+
+    v100 = driver_host("plan-v100", "ubuntu-24.04", nvidia_repo_ubuntu(580, "580.82.07"), before="580.82.07",
+                       vars={"nvidia_driver_version": "580.95.05"}, extra=[
+                           [r"^for n in /usr/local/cuda-12.9/bin/nvcc", "Cuda compilation tools, release 12.9, V12.9.86"],
+                           [r"releases/\*/", "current=someother\n"],
+                           [r"systemctl is-active", "0 active enabled\n1 active enabled"]])
+    rc, cmds, records, out = run_plan([v100], tmp_path, group="v100_16gb")
+    r = records["plan-v100"]
+    assert r["refusals"] == [] and rc == 0, out
+    assert r["driver"] == "upgrade" and "580.82.07" in r["driver_why"] and "580.95.05" in r["driver_why"]
+    assert r["driver_managed"] and r["restart"] == [0, 1] and "driver" in r["restart_why"]
+    assert r["toolchain"] == [] and r["fingerprint"]  # the toolkit answers: the fingerprint is known
+    assert sent_only_reads(cmds) == []
 
 
 def rollout_plan(hosts: list[dict], tmp_path: Path, *args: str):
