@@ -230,10 +230,12 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
         + " | ".join(", ".join(b) for b in plan) + f"; llama.cpp {', '.join(sorted(set(fleet.commits.values())))[:60]}")
 
     t0 = time.time()
+    seconds = {}  # each pyinfra run's wall time, for the plan's calibration (python -m voltafleet.calibrate)
     pre_env = {**base_env, "VOLTAFLEET_PHASE": "preflight", "VOLTAFLEET_RUN": runctx.new_id()}
     if a.record_probe:
         pre_env["VOLTAFLEET_PROBE"] = "record"
     rc, _ = pyinfra(a.inventory, servers if a.no_gateway else None, pre_env, run_dir / "preflight.log")
+    seconds["preflight"] = round(time.time() - t0, 1)
     if rc != 0:
         say("preflight refused the rollout: no host was changed")
         return 2
@@ -246,8 +248,10 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
                                            for e in entries])
     plan_path.write_text(fleet.to_json())
     if gateways:
+        t1 = time.time()
         rc, _ = pyinfra(a.inventory, None, {**base_env, "VOLTAFLEET_PHASE": "gateway",
                                             "VOLTAFLEET_RUN": runctx.new_id()}, run_dir / "gateway.log")
+        seconds["gateway"] = round(time.time() - t1, 1)
         if rc != 0:
             say("the gateway could not be configured: no server host was changed")
             return 2
@@ -262,7 +266,9 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
         if a.record_probe and n == 0:
             env["VOLTAFLEET_PROBE"] = "record"
         log = run_dir / f"batch-{n}.log"
+        t1 = time.time()
         rc, _ = pyinfra(a.inventory, batch + gateways, env, log)
+        seconds[f"batch-{n}"] = round(time.time() - t1, 1)
         records = {h: outcome.read(run_dir, h, run_id) for h in batch}
         for r in rolling.batch_results(n, batch, records, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)
                                                                    else log)):
@@ -275,7 +281,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
 
     every = [results.get(h) or rolling.HostResult(h, next(i for i, b in enumerate(plan) if h in b),
                                                   detail="not tried: the rollout stopped") for h in servers]
-    report = {"rollout": rollout_id, "inventory": a.inventory, "seconds": round(time.time() - t0, 1),
+    report = {"rollout": rollout_id, "inventory": a.inventory, "seconds": round(time.time() - t0, 1), "runs": seconds,
               "canary": canary, "batches": plan, "fail_percent": a.fail_percent, "commits": fleet.commits,
               **rolling.summary(every, stopped), "hosts": [r.to_dict() for r in every]}
     (report_dir / f"rollout-{rollout_id}.json").write_text(json.dumps(report, indent=2) + "\n")
