@@ -7,7 +7,8 @@
 Server hosts, top to bottom: preflight (facts and the host's plan; refuse bad hosts before
 any change), helper scripts, toolchain, llama.cpp release, model, servers, smoke test
 (restart, with rollback on any failure). Hosts of the `gateway` group run HAProxy in front of every server.
-The rolling driver runs this file per phase (VOLTAFLEET_PHASE: preflight, gateway, batch).
+The rolling driver runs this file per phase (VOLTAFLEET_PHASE: preflight, gateway, batch; plan:
+preflight and the plan role only, reading facts, changing nothing).
 """
 from pyinfra import host
 
@@ -16,6 +17,7 @@ from roles.gateway import gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
 from roles.model import model
+from roles.plan import planned
 from roles.preflight import preflight
 from roles.server import server
 from roles.smoke import smoke
@@ -28,7 +30,9 @@ if is_gateway(host):
         gateway()
 else:
     plan = preflight()
-    if phase in ("all", "batch"):
+    if phase == "plan":
+        planned(plan)  # read only: what a batch would change, or why preflight refuses (python -m rollout --plan)
+    elif phase in ("all", "batch"):
         helpers(plan)
         driver_op = toolchain(plan, before_driver_change=drain_host(plan))  # drained before a driver change
         llama_cpp(plan)

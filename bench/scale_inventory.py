@@ -126,7 +126,7 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     _dir(r, ENV_DIR)
     for i in plan.instances:
         _file(r, f"{ENV_DIR}/{i.index}.env", plan.env_file(i.index))
-    from roles.server import render_unit
+    from voltafleet.unitfile import render_unit
 
     _file(r, UNIT_PATH, render_unit(plan.cfg, 255))
     _file(r, f"{root}/smoke-probe-prompt.txt", cfg["smoke_probe_prompt"])

@@ -25,6 +25,7 @@ from voltafleet.fleetplan import FleetPlan
 from voltafleet.groupvars import SOURCES_KEY
 from voltafleet.hostplan import BuildSpec
 from voltafleet.lock import FleetLock, LockHeld
+from voltafleet.modelmeta import remote_size
 from voltafleet.once import Once
 from voltafleet.runctx import RunContext
 
@@ -194,7 +195,17 @@ def resolve_ref(repo: str, ref: str) -> str:
         raise RefError(str(e)) from None
 
 
-_resolve = once_per_run(refs.resolve)  # one `git ls-remote` per (repo, ref) and run, not one per greenlet
+_resolve = once_per_run(refs.resolve)
+
+
+@once_per_run
+def model_size(url: str) -> int | None:
+    """A model file's size: the fleet plan's (one HEAD per rollout), else one HEAD per run
+    (however many hosts ask at once)."""
+    plan = fleet_plan()
+    if plan and url in plan.model_bytes:
+        return plan.model_bytes[url]
+    return remote_size(url)  # one `git ls-remote` per (repo, ref) and run, not one per greenlet
 
 
 def host_build(h) -> BuildSpec:

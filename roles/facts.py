@@ -227,6 +227,41 @@ class ServerInstances(FactBase):
         return out
 
 
+ENV_MARK = "@@voltafleet-env"
+
+
+class EnvFiles(FactBase):
+    """Every instance's environment file under env_dir, with its sha1 (what files.put compares):
+    {index: {"sha1": ..., "text": ...}}; {} when there is none.
+
+    .. code:: python
+
+        host.get_fact(EnvFiles, env_dir="/etc/voltafleet/llama-server")
+        # {0: {"sha1": "3f1e...", "text": "CUDA_VISIBLE_DEVICES=0\nLLAMA_SERVER_ARGS=-m ...\n"}}
+    """
+
+    @staticmethod
+    def default():
+        return {}
+
+    def command(self, env_dir: str) -> str:
+        return (f"for f in {shlex.quote(env_dir)}/*.env; do [ -f \"$f\" ] || continue; "
+                f"echo \"{ENV_MARK} $(basename \"$f\" .env) $(sha1sum < \"$f\" | cut -d' ' -f1)\"; cat \"$f\"; "
+                "[ -z \"$(tail -c1 \"$f\")\" ] || echo; done")  # a last line without its newline stays apart
+
+    def process(self, output):
+        out, current = {}, None
+        for line in output:
+            if line.startswith(ENV_MARK + " "):
+                parts = line.split()
+                current = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+                if current is not None:
+                    out[current] = {"sha1": parts[2], "lines": []}
+            elif current is not None:
+                out[current]["lines"].append(line)
+        return {i: {"sha1": f["sha1"], "text": "".join(line + "\n" for line in f["lines"])} for i, f in out.items()}
+
+
 class AptHolds(FactBase):
     """Packages on hold (`apt-mark showhold`)."""
 

@@ -18,6 +18,12 @@
    failure. The rollout stops when the canary fails or the failed share exceeds
    --fail-percent; the fleet report (JSON and a table) names every host. Exit 0 only if
    every host passed.
+
+With --plan nothing changes on any host: one pyinfra run reads every host's facts
+(VOLTAFLEET_PHASE=plan: preflight and the plan role, no operation) and the driver prints what
+each batch would change (release, flags, model, driver, restarts), the hosts preflight refuses
+and why, and the estimated time of each batch and in total (voltafleet.timeline); plan.json
+in the run directory. Exit 0 when the rollout would start and find every release, else 2.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from voltafleet import fleetplan, metrics, outcome, refs, rolling, runctx  # noqa: E402
+from voltafleet import dryrun, fleetplan, metrics, outcome, refs, rolling, runctx  # noqa: E402
 from voltafleet.lock import FleetLock, LockHeld  # noqa: E402
 from voltafleet.modelmeta import remote_size  # noqa: E402
 
@@ -84,8 +90,8 @@ def first_plan(rollout_id: str, servers: list[str], data: dict[str, dict]) -> fl
     return fleetplan.FleetPlan(rollout=rollout_id, commits=commits, model_bytes=sizes)
 
 
-def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path) -> tuple[int, str]:
-    """One pyinfra run of deploy.py; its output goes to the terminal and to `log`."""
+def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo: bool = True) -> tuple[int, str]:
+    """One pyinfra run of deploy.py; its output goes to `log`, and to the terminal when `echo`."""
     cmd = [PYINFRA, "-y", inventory, "deploy.py"]
     for name in limit or []:
         cmd[1:1] = ["--limit", name]
@@ -96,7 +102,7 @@ def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path) -> tu
         for line in proc.stdout:
             lines.append(line)
             f.write(line)
-            if not line.startswith("    [") or "Success" not in line:  # keep the terminal readable
+            if echo and (not line.startswith("    [") or "Success" not in line):  # keep the terminal readable
                 sys.stdout.write("    " + line)
     return proc.wait(), "".join(lines)
 
@@ -123,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also write voltafleet-rollout.prom here (node_exporter's textfile collector on the controller)")
     p.add_argument("--record-probe", action="store_true",
                    help="record the golden quality probe from the canary (once, when the model is pinned)")
+    p.add_argument("--plan", action="store_true",
+                   help="change nothing: print what each batch would change, the hosts preflight refuses and "
+                        "the estimated time (plan.json in the run directory); exit 2 if the rollout would not start")
     a = p.parse_args(argv)
 
     inventory, data = load_inventory(a.inventory)
@@ -152,16 +161,59 @@ def main(argv: list[str] | None = None) -> int:
     if lock.warning:
         say(f"warning: {lock.warning}")
     try:
-        return rollout(a, inventory, data, gateways, servers, canary, plan)
+        return (dry_run if a.plan else rollout)(a, inventory, data, gateways, servers, canary, plan)
     finally:
         lock.release()
 
 
-def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
-    rollout_id = runctx.new_id()
+def run_directory(a, rollout_id: str) -> tuple[Path, Path]:
+    """(the report directory, this run's directory in it), made."""
     report_dir = (REPO / a.report_dir) if not os.path.isabs(a.report_dir) else Path(a.report_dir)
     run_dir = report_dir / f"rollout-{rollout_id}"
     run_dir.mkdir(parents=True, exist_ok=True)
+    return report_dir, run_dir
+
+
+def dry_run(a, inventory, data, gateways, servers, canary, plan) -> int:
+    """--plan: one read-only pyinfra run (VOLTAFLEET_PHASE=plan) records what each host would
+    change; the batches, refusals and estimates are printed and written to plan.json."""
+    rollout_id = runctx.new_id()
+    _, run_dir = run_directory(a, rollout_id)
+    try:
+        fleet = first_plan(rollout_id, servers, data)
+    except refs.RefError as e:
+        say(f"refused before any host was touched: {e}")
+        return 2
+    plan_path = run_dir / "fleet-plan.json"
+    plan_path.write_text(fleet.to_json())
+    env = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir), "VOLTAFLEET_FLEET_PLAN": str(plan_path),
+           "VOLTAFLEET_LOCK_OWNER": str(os.getpid()), "VOLTAFLEET_PHASE": "plan", "VOLTAFLEET_RUN": runctx.new_id()}
+    if a.no_gateway:
+        env["VOLTAFLEET_NO_GATEWAY"] = "1"
+        gateways = []
+    if a.record_probe:
+        env["VOLTAFLEET_PROBE"] = "record"
+    log = run_dir / "plan.log"
+    say(f"plan: {len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}; batches: "
+        + " | ".join(", ".join(b) for b in plan) + "; reading facts (nothing changes)")
+    pyinfra(a.inventory, servers if a.no_gateway else None, env, log, echo=False)
+    changes = {h: dryrun.read(run_dir, h) or dryrun.refused(
+        h, [f"no plan record: unreachable, or the plan run failed on it (see {log})"]) for h in servers}
+    planned = [c for c in changes.values() if not c.refusals]
+    cache = fleetplan.release_cache(REPO)
+    cached = {c.fingerprint for c in planned if c.fingerprint and fleetplan.release_cached(cache, c.fingerprint)}
+    report = dryrun.fleet_report(plan, changes, fleetplan.builders(planned), cached, gateway=bool(gateways))
+    report = {"rollout": rollout_id, "inventory": a.inventory, "canary": canary, "commits": fleet.commits,
+              "log": str(log), **report, "records": {h: c.to_dict() for h, c in changes.items()}}
+    (run_dir / "plan.json").write_text(json.dumps(report, indent=2) + "\n")
+    print("\n" + dryrun.table(report, canary) + "\n")
+    say(f"plan {'OK' if report['ok'] else 'NOT OK'}: nothing was changed; {run_dir / 'plan.json'}")
+    return 0 if report["ok"] else 2
+
+
+def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
+    rollout_id = runctx.new_id()
+    report_dir, run_dir = run_directory(a, rollout_id)
     try:
         fleet = first_plan(rollout_id, servers, data)
     except refs.RefError as e:
@@ -178,10 +230,12 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
         + " | ".join(", ".join(b) for b in plan) + f"; llama.cpp {', '.join(sorted(set(fleet.commits.values())))[:60]}")
 
     t0 = time.time()
+    seconds = {}  # each pyinfra run's wall time, for the plan's calibration (python -m voltafleet.calibrate)
     pre_env = {**base_env, "VOLTAFLEET_PHASE": "preflight", "VOLTAFLEET_RUN": runctx.new_id()}
     if a.record_probe:
         pre_env["VOLTAFLEET_PROBE"] = "record"
     rc, _ = pyinfra(a.inventory, servers if a.no_gateway else None, pre_env, run_dir / "preflight.log")
+    seconds["preflight"] = round(time.time() - t0, 1)
     if rc != 0:
         say("preflight refused the rollout: no host was changed")
         return 2
@@ -194,8 +248,10 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
                                            for e in entries])
     plan_path.write_text(fleet.to_json())
     if gateways:
+        t1 = time.time()
         rc, _ = pyinfra(a.inventory, None, {**base_env, "VOLTAFLEET_PHASE": "gateway",
                                             "VOLTAFLEET_RUN": runctx.new_id()}, run_dir / "gateway.log")
+        seconds["gateway"] = round(time.time() - t1, 1)
         if rc != 0:
             say("the gateway could not be configured: no server host was changed")
             return 2
@@ -210,7 +266,9 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
         if a.record_probe and n == 0:
             env["VOLTAFLEET_PROBE"] = "record"
         log = run_dir / f"batch-{n}.log"
+        t1 = time.time()
         rc, _ = pyinfra(a.inventory, batch + gateways, env, log)
+        seconds[f"batch-{n}"] = round(time.time() - t1, 1)
         records = {h: outcome.read(run_dir, h, run_id) for h in batch}
         for r in rolling.batch_results(n, batch, records, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)
                                                                    else log)):
@@ -223,7 +281,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
 
     every = [results.get(h) or rolling.HostResult(h, next(i for i, b in enumerate(plan) if h in b),
                                                   detail="not tried: the rollout stopped") for h in servers]
-    report = {"rollout": rollout_id, "inventory": a.inventory, "seconds": round(time.time() - t0, 1),
+    report = {"rollout": rollout_id, "inventory": a.inventory, "seconds": round(time.time() - t0, 1), "runs": seconds,
               "canary": canary, "batches": plan, "fail_percent": a.fail_percent, "commits": fleet.commits,
               **rolling.summary(every, stopped), "hosts": [r.to_dict() for r in every]}
     (report_dir / f"rollout-{rollout_id}.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -173,6 +173,17 @@ SCHEMA: dict[str, Var] = {
     "smoke_textfile_dir": Var(str, nullable=True, check=_safe_path_error, hint="an absolute path without spaces"),
     "smoke_report_dir": Var(str, pattern=re.compile(r"^[A-Za-z0-9._/+][A-Za-z0-9._/+-]*$"),
                             hint="a directory on the controller, relative to the repository or absolute"),
+    # the timeline of `python -m rollout --plan` (voltafleet.timeline): measured costs
+    "plan_run_s": Var((int, float), min=0, max=86400),
+    "plan_toolchain_s": Var((int, float), min=0, max=86400),
+    "plan_driver_s": Var((int, float), min=0, max=86400),
+    "plan_compile_s": Var((int, float), min=0, max=86400),
+    "plan_ship_s": Var((int, float), min=0, max=86400),
+    "plan_model_mib_s": Var((int, float), min=0.1, max=1_000_000, hint="MiB/s, more than 0"),
+    "plan_drain_s": Var((int, float), min=0, max=86400),
+    "plan_restart_s": Var((int, float), min=0, max=86400),
+    "plan_smoke_s": Var((int, float), min=0, max=86400),
+    "plan_probe_s": Var((int, float), min=0, max=86400),
 }
 
 

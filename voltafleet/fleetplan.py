@@ -10,6 +10,7 @@ the builder of each release fingerprint. Written by the rolling driver as JSON.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,3 +70,15 @@ def with_servers(plan: FleetPlan, servers: list[ServerEntry]) -> FleetPlan:
     """The plan completed after preflight: every server host's instances and the builders."""
     return FleetPlan(rollout=plan.rollout, commits=plan.commits, model_bytes=plan.model_bytes,
                      servers=tuple(servers), builders=builders(servers))
+
+
+def release_cache(repo: Path) -> Path:
+    """The controller's cache of release archives: VOLTAFLEET_RELEASE_CACHE, else
+    .voltafleet/releases in the repository (roles/llama_cpp fills it, the plan reads it)."""
+    return Path(os.environ.get("VOLTAFLEET_RELEASE_CACHE", Path(repo) / ".voltafleet" / "releases"))
+
+
+def release_cached(cache: Path, fp: str) -> bool:
+    """The cache holds release fp's archive and its checksum (a later batch installs it, no compile)."""
+    archive = Path(cache) / f"{fp}.tar.gz"
+    return archive.exists() and archive.with_suffix(".sha256").exists()

@@ -12,7 +12,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-PHASES = ("all", "preflight", "gateway", "batch")
+PHASES = ("all", "preflight", "gateway", "batch", "plan")
 
 
 def new_id() -> str:
@@ -22,7 +22,7 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class RunContext:
-    phase: str = "all"                # all | preflight | gateway | batch
+    phase: str = "all"                # all | preflight | gateway | batch | plan (read only: --plan)
     run: str = ""                     # this pyinfra run's id: every record it writes carries it
     rollout: str | None = None        # the rolling driver's rollout id (None: a plain pyinfra run)
     batch: str | None = None          # the batch number, as the driver counts them

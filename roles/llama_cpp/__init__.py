@@ -12,7 +12,6 @@ Layout on a host (voltafleet_root, default /opt/voltafleet):
 from __future__ import annotations
 
 import hashlib
-import os
 import shlex
 from pathlib import Path
 
@@ -23,10 +22,11 @@ from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, 
 from roles.common import bin_path, connector_args, fleet_plan, host_fingerprint, live, once_per_run, sh
 from roles.facts import HostBasics, NvccVersion, Releases
 from voltafleet import hostplan
+from voltafleet.fleetplan import release_cache, release_cached
 from voltafleet.hostplan import HostPlan
 
 REPO = Path(__file__).resolve().parents[2]
-RELEASE_CACHE = Path(os.environ.get("VOLTAFLEET_RELEASE_CACHE", REPO / ".voltafleet" / "releases"))
+RELEASE_CACHE = release_cache(REPO)
 
 
 def builder_of(fp: str) -> str:
@@ -91,8 +91,7 @@ def compiled(plan: HostPlan, strategy: str):
 
 def cached(fp: str) -> bool:
     """The controller holds release fp's archive (and its checksum) from an earlier build."""
-    archive = RELEASE_CACHE / f"{fp}.tar.gz"
-    return archive.exists() and archive.with_suffix(".sha256").exists()
+    return release_cached(RELEASE_CACHE, fp)
 
 
 _ARCHIVE_LOCKS: dict[str, Semaphore] = {}

@@ -3,34 +3,23 @@ refuse, before anything changes, a host that cannot serve."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.common import (config, fleet_plan, hold_fleet_lock, host_fingerprint, is_gateway, missing_gateways,
+from roles.common import (config, hold_fleet_lock, host_fingerprint, is_gateway, missing_gateways, model_size,
                           once_per_run, report_dir, resolve_ref, run_context, sources)
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
 from voltafleet import gguf_header
 from voltafleet import probe as probemod
 from voltafleet.fleetplan import ServerEntry
 from voltafleet.hostplan import HostFacts, HostPlan, make_plan, model_files
-from voltafleet.modelmeta import remote_size
 
 
 class PreflightError(PyinfraError):
     pass
-
-
-@once_per_run
-def _model_size(url: str) -> int | None:
-    """The model's size: the fleet plan's (one HEAD per rollout), else one HEAD per run
-    (however many hosts ask at once)."""
-    plan = fleet_plan()
-    if plan and url in plan.model_bytes:
-        return plan.model_bytes[url]
-    return remote_size(url)
 
 
 @once_per_run
@@ -58,7 +47,7 @@ def host_facts(cfg: dict) -> HostFacts:
         nvcc=host.get_fact(NvccVersion) if cuda else None,
         free_model=free_model["free"], free_root=free_root["free"], same_fs=free_model["dev"] == free_root["dev"],
         model_present=bool(present and present.get("sidecar")),
-        model_bytes=None if present else _model_size(cfg["model_url"]),
+        model_bytes=None if present else model_size(cfg["model_url"]),
         systemd=basics["systemd"],
     )
 
@@ -75,7 +64,7 @@ def run_refusals(cfg: dict) -> list[str]:
         except probemod.ProbeError as e:
             errors.append(f"{host.name}: smoke_probe: {e}")
     missing = missing_gateways(host.state)
-    if missing and run_context().phase in ("all", "batch") and not run_context().no_gateway:
+    if missing and run_context().phase in ("all", "batch", "plan") and not run_context().no_gateway:
         errors.append(f"{host.name}: gateway {', '.join(missing)} is not reachable in this run: no instance could "
                       "be drained before its restart. Fix: bring the gateway back (or include it in --limit); "
                       "to restart without a drain, run with --no-gateway (VOLTAFLEET_NO_GATEWAY=1)")
@@ -96,7 +85,9 @@ def preflight_record(plan: HostPlan) -> None:
 
 @deploy("Preflight")
 def preflight() -> HostPlan:
-    """Facts, checks and the host's plan. Raises PreflightError (nothing changed) on a bad host.
+    """Facts, checks and the host's plan. Raises PreflightError (nothing changed) on a bad host;
+    in the plan phase (`python -m rollout --plan`) returns the plan with its refusals instead,
+    for the plan role to record.
 
     .. code:: python
 
@@ -109,6 +100,8 @@ def preflight() -> HostPlan:
     header = model_header(cfg["model_url"]) if cfg["voltafleet_backend"] == "cuda" else None
     plan = make_plan(host.name, cfg, facts, header, commit, sources())
     refusals = list(plan.refusals) + run_refusals(plan.cfg)
+    if refusals and run_context().phase == "plan":
+        return replace(plan, refusals=tuple(refusals))  # recorded by the plan role, per host
     if refusals:
         raise PreflightError("preflight refused the rollout, nothing was changed:\n  " + "\n  ".join(refusals))
     for line in plan.warnings:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from io import StringIO
-from pathlib import Path
 
-import jinja2
 from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, server as server_ops, systemd
@@ -24,24 +22,7 @@ from voltafleet import flags as flagmod
 from voltafleet.errors import format_errors
 from voltafleet.fingerprint import releases_to_prune
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
-
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
-UNIT_TEMPLATE = TEMPLATES / "llama-server@.service.j2"
-JINJA = {"trim_blocks": True, "lstrip_blocks": True}
-START_TIMEOUT = 900  # seconds to load ~15 GB from disk into VRAM, with margin
-
-
-def unit_vars(cfg: dict, systemd_version: int) -> dict:
-    return dict(service_user=cfg["server_user"], root=cfg["voltafleet_root"], env_dir=ENV_DIR,
-                model_dir=cfg["model_dir"], cuda=cfg["voltafleet_backend"] == "cuda",
-                start_timeout=START_TIMEOUT, restart_backoff=systemd_version >= 254)
-
-
-def render_unit(cfg: dict, systemd_version: int) -> str:
-    """The unit as files.template renders it (same template, same jinja2 settings)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined, **JINJA)
-    return env.get_template(UNIT_TEMPLATE.name).render(**unit_vars(cfg, systemd_version))
+from voltafleet.unitfile import JINJA, UNIT_TEMPLATE, unit_vars
 
 
 def _release(plan: HostPlan) -> str | None:

@@ -138,10 +138,15 @@ def _journal(host, index: int) -> list[str]:
     return out.stdout.splitlines() if ok else []
 
 
-def _restart(state, host, plan: HostPlan, index: int) -> int:
-    """Drain (confirmed) then restart one instance; the streams a drain had to cut."""
+def _restart(state, host, plan: HostPlan, index: int, timings: dict) -> int:
+    """Drain (confirmed) then restart one instance; the streams a drain had to cut. `timings`
+    gets the seconds of each (the plan's drain and restart constants are calibrated from them)."""
+    t0 = time.monotonic()
     cut = drain(state, host.name, index, drain_timeout(plan.cfg)) if gateway_hosts(state) else 0
+    t1 = time.monotonic()
     ok, out = sh(host, restart_command(index))
+    timings["drain_s"].append(round(t1 - t0, 2))
+    timings["restart_s"].append(round(time.monotonic() - t1, 2))
     if not ok:
         fits = plan.vram.fits if plan.vram is not None else None
         cause = rollback.likely_cause(_journal(host, index), fits)
@@ -236,14 +241,17 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
     """Restart `todo` (drained), smoke, and on any failure roll back; write the outcome."""
     cfg = plan.cfg
     restarted, cut, report = [], 0, {"instances": []}
+    timings = {"drain_s": [], "restart_s": [], "smoke_s": None}  # seconds, for the plan's calibration
     failure = gold = None
     try:
         gold = golden(plan)
         for i in todo:
-            cut += _restart(state, host, plan, i)
+            cut += _restart(state, host, plan, i, timings)
             restarted.append(i)
         if cfg["smoke_enabled"]:
+            t0 = time.monotonic()
             report, fails = _smoke(host, plan, gold)
+            timings["smoke_s"] = round(time.monotonic() - t0, 2)
             if fails:
                 raise Failed("probe" if report["probe_only_failures"] else "smoke", "; ".join(fails))
     except Failed as e:
@@ -253,7 +261,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
     except Exception as e:  # anything else is a failure too, in one line, never a traceback
         failure = rollback.Failure("smoke", f"{type(e).__name__}: {e}", restarted)
     release = _current_release(host, plan)
-    report.update(host=host.name, fingerprint=release, batch=run_context().batch, run=run_context().run,
+    report.update(timings=timings, host=host.name, fingerprint=release, batch=run_context().batch, run=run_context().run,
                   time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), epoch=time.time(),
                   flags=plan.argv[plan.instances[0].index] if plan.instances else [],
                   thresholds={k: cfg[k] for k in ("smoke_max_ttft_ms", "smoke_min_single_tps",

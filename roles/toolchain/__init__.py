@@ -24,7 +24,7 @@ from pyinfra.operations.util import any_changed
 from pyinfra.operations import apt, files, server, systemd
 
 from roles.facts import Gpus
-from roles.toolchain.facts import AptCandidate, DriverDiagnostics, LoadedDriver, NvidiaPackages, NvidiaPci, SmiBusIds
+from roles.toolchain.facts import DriverDiagnostics, NvidiaPci, SmiBusIds, driver_plan
 from voltafleet import nvidia
 from voltafleet.hostplan import HostPlan
 
@@ -35,14 +35,6 @@ APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-con
 # GPUs on the PCI bus missing from nvidia-smi, read before the rollout, per host (for the
 # report): voltafleet.nvidia.gpu_health's dict.
 GPU_HEALTH: dict[str, dict] = {}
-
-
-def _driver_plan(os_id: str, source: str, branch: int, flavour: str, target: str | None, nvswitch: bool) -> dict:
-    """voltafleet.nvidia.driver_plan from this host's live facts (packages, loaded module, candidate)."""
-    key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
-    candidate = host.get_fact(AptCandidate, package=key) if target == "latest" else None
-    return nvidia.driver_plan(os_id, source, branch, flavour, target, host.get_fact(NvidiaPackages),
-                              loaded=host.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
 
 
 @operation()
@@ -63,7 +55,7 @@ def driver_converged(os_id: str, source: str, branch: int, flavour: str, target:
         driver_converged(os_id="ubuntu-24.04", source="nvidia_repo", branch=580,
                          flavour="proprietary", target="latest", nvswitch=False)
     """
-    plan = _driver_plan(os_id, source, branch, flavour, target, nvswitch)
+    plan = driver_plan(host, os_id, source, branch, flavour, target, nvswitch)
     if not plan["reboot"]:
         return
     if host.state.is_executing:
@@ -93,7 +85,7 @@ def driver_held(os_id: str, source: str, branch: int, flavour: str, target: str 
 
         driver_held(os_id="ubuntu-24.04", source="nvidia_repo", branch=580, flavour="proprietary", target=None)
     """
-    plan = _driver_plan(os_id, source, branch, flavour, target, nvswitch)
+    plan = driver_plan(host, os_id, source, branch, flavour, target, nvswitch)
     if not plan["reboot"] and plan["hold"]:
         yield "apt-mark hold " + " ".join(plan["hold"])
 

@@ -1,10 +1,13 @@
 """Facts of the NVIDIA driver role: installed driver packages, the loaded kernel module, what
 apt would install, the PCI bus, nvidia-smi's bus ids, and why a driver sees no GPU.
 
-Each is read afresh when an operation executes (after the reboot, for instance)."""
+Each is read afresh when an operation executes (after the reboot, for instance).
+`driver_plan` decides the driver's change from them (the toolchain role, and the plan)."""
 from __future__ import annotations
 
 from pyinfra.api import FactBase
+
+from voltafleet import nvidia
 
 # Package name globs handed to dpkg-query; voltafleet.nvidia.driver_set keeps the driver ones.
 DRIVER_GLOBS = ("nvidia-*", "libnvidia-*", "cuda-drivers*", "libcuda1", "libnvcuvid*", "libnvoptix*",
@@ -116,3 +119,12 @@ class DriverDiagnostics(FactBase):
             if key in ("dkms", "secureboot", "nouveau", "nvidia_smi"):
                 out[key] = val.strip().rstrip(";")
         return out
+
+
+def driver_plan(h, os_id: str, source: str, branch: int, flavour: str, target: str | None, nvswitch: bool) -> dict:
+    """voltafleet.nvidia.driver_plan from host h's live facts (packages, loaded module, and the
+    candidate apt would install when the target is "latest")."""
+    key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
+    candidate = h.get_fact(AptCandidate, package=key) if target == "latest" else None
+    return nvidia.driver_plan(os_id, source, branch, flavour, target, h.get_fact(NvidiaPackages),
+                              loaded=h.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)

@@ -13,6 +13,7 @@ import re
 
 import gevent
 
+from tests.ops.fakes import FAKE_OVERRIDES
 from voltafleet.groupvars import load_or_exit
 
 REBOOT = re.compile(r"&& reboot \)")
@@ -75,17 +76,7 @@ def _host(s):
                                    **s.get("vars", {})})
 
 
-OVERRIDES = {
-    "model_sha256": "a" * 64,
-    "model_url": "http://127.0.0.1:9/models/Qwen3.6-27B-Q4_K_S.gguf",
-    # no model mirror here: the driver scenarios serve the group's -c/-np unplanned
-    # (test_vram_refusal.py serves a real header and plans)
-    "vram_plan_required": False,
-    # no llama-server answers here: no golden probe to compare with (tests/lab probes)
-    "smoke_probe": False,
-    # no API key file in these scenarios: the servers' network is taken as closed
-    "server_allow_unauthenticated": True,
-}
+OVERRIDES = FAKE_OVERRIDES  # tests/ops/fakes.py: no mirror, no probe, no key file here
 
 
 def no_reboot_wait(seconds):

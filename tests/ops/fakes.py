@@ -6,6 +6,19 @@ from types import SimpleNamespace
 
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
+# What tests/ops/inventory.py sets on every fake host, over group_vars.
+FAKE_OVERRIDES = {
+    "model_sha256": "a" * 64,
+    "model_url": "http://127.0.0.1:9/models/Qwen3.6-27B-Q4_K_S.gguf",
+    # no model mirror here: the driver scenarios serve the group's -c/-np unplanned
+    # (test_vram_refusal.py serves a real header and plans)
+    "vram_plan_required": False,
+    # no llama-server answers here: no golden probe to compare with (tests/lab probes)
+    "smoke_probe": False,
+    # no API key file in these scenarios: the servers' network is taken as closed
+    "server_allow_unauthenticated": True,
+}
+
 
 class FakeHost:
     """A host whose facts come from a dict: {FactClass: value} or {FactClass: {kwargs-tuple: value}}."""

@@ -127,15 +127,15 @@ def test_header_size_and_ref_fetched_once_per_run_not_per_greenlet(monkeypatch):
         return fetch
 
     monkeypatch.setattr(preflight.gguf_header, "read_url", slow("header", "HEADER"))
-    monkeypatch.setattr(preflight, "remote_size", slow("size", 15 << 30))
+    monkeypatch.setattr(common, "remote_size", slow("size", 15 << 30))
     monkeypatch.setattr(common._resolve, "fn", slow("ref", "ab" * 20))
-    for once in (preflight.model_header, preflight._model_size, common._resolve):
+    for once in (preflight.model_header, common.model_size, common._resolve):
         once.forget()
     url = "http://m/Qwen3.6-27B-Q4_K_S.gguf"
     assert set(concurrently(lambda: preflight.model_header(url))) == {"HEADER"}
-    assert set(concurrently(lambda: preflight._model_size(url))) == {15 << 30}
+    assert set(concurrently(lambda: common.model_size(url))) == {15 << 30}
     assert set(concurrently(lambda: common.resolve_ref("https://github.com/ggml-org/llama.cpp.git", "master"))) \
         == {"ab" * 20}
     assert calls == {"header": 1, "size": 1, "ref": 1}
-    for once in (preflight.model_header, preflight._model_size, common._resolve):
+    for once in (preflight.model_header, common.model_size, common._resolve):
         once.forget()

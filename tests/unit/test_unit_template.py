@@ -1,4 +1,4 @@
-from roles.server import render_unit
+from voltafleet.unitfile import render_unit
 
 
 def test_cuda_unit_allows_only_the_nvidia_nodes_and_backs_off(cfg):

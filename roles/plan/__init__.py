@@ -1,0 +1,68 @@
+"""Plan (`python -m rollout INVENTORY --plan`, VOLTAFLEET_PHASE=plan): what a batch would change
+on this host. The facts a batch reads (release, environment files, unit, model files, driver
+packages, running instances) are compared with the host's plan by voltafleet.dryrun; the
+record goes to the controller (reports/rollout-<id>/plan-<host>.json). Nothing is changed:
+this role reads facts and runs no operation.
+"""
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.facts.files import Sha1File
+
+from roles.common import host_fingerprint, model_size, report_dir
+from roles.facts import EnvFiles, FileState, HostBasics, NvccVersion, Releases, ServerInstances
+from roles.toolchain.facts import NvidiaPci, driver_plan
+from voltafleet import dryrun, nvidia
+from voltafleet.hostplan import ENV_DIR, UNIT_PATH, HostPlan
+from voltafleet.modelstate import is_verified
+from voltafleet.unitfile import render_unit
+
+
+def _toolkit(plan: HostPlan) -> bool | None:
+    """The pinned CUDA toolkit's nvcc answers (None on the cpu backend)."""
+    if not plan.cuda or plan.build is None or not plan.build.cuda_bin:
+        return None
+    return host.get_fact(NvccVersion, path=f"{plan.build.cuda_bin}/nvcc") is not None
+
+
+def _driver(plan: HostPlan) -> dict | None:
+    """voltafleet.nvidia.driver_plan of this host (None: cpu, or a driver managed elsewhere)."""
+    cfg = plan.cfg
+    if not plan.cuda or not cfg["manage_driver"]:
+        return None
+    nvswitch = bool(nvidia.nvswitches(host.get_fact(NvidiaPci)))
+    return driver_plan(host, plan.facts.os, cfg["nvidia_driver_source"], cfg["nvidia_driver_branch"],
+                       cfg["nvidia_driver_flavour"], cfg["nvidia_driver_version"], nvswitch)
+
+
+def observed(plan: HostPlan) -> dryrun.Observed:
+    """What this host has now, read with the facts the roles of a batch read."""
+    compiler = bool(host.get_fact(HostBasics)["cxx"])
+    toolkit = _toolkit(plan)
+    fp = host_fingerprint(host, plan.build) if plan.build is not None and compiler and toolkit is not False else None
+    releases = host.get_fact(Releases, root=plan.root)
+    models = {f.dest: host.get_fact(FileState, path=f.dest, sidecar=f.dest + ".verified") for f in plan.model_files}
+    sizes = {f.url: model_size(f.url) for f in plan.model_files if not is_verified(models[f.dest], f.sha256)}
+    return dryrun.Observed(
+        compiler=compiler, toolkit=toolkit, fingerprint=fp, current=releases["current"],
+        releases=tuple(releases["releases"]), env=host.get_fact(EnvFiles, env_dir=ENV_DIR),
+        unit_sha1=host.get_fact(Sha1File, path=UNIT_PATH), models=models, model_bytes=sizes,
+        live=host.get_fact(ServerInstances, env_dir=ENV_DIR), driver=_driver(plan))
+
+
+def planned(plan: HostPlan) -> dryrun.HostChange:
+    """Record what a batch would change on this host (or why preflight refuses it).
+
+    .. code:: python
+
+        planned(preflight())   # in deploy.py, when VOLTAFLEET_PHASE=plan
+    """
+    if plan.refusals:
+        change = dryrun.refused(host.name, list(plan.refusals))
+    else:
+        change = dryrun.host_change(plan, observed(plan), render_unit(plan.cfg, plan.facts.systemd))
+    dryrun.write(report_dir(plan.cfg), change)
+    return change
+
+
+__all__ = ["observed", "planned"]

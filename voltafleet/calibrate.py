@@ -1,0 +1,104 @@
+"""Calibrate the plan's timeline (voltafleet.timeline) from a real rollout: each run's estimated
+and measured seconds side by side, and the `plan_*` values the rollout measured.
+
+    python -m voltafleet.calibrate reports/rollout-<plan id>/plan.json reports/rollout-<id>.json
+
+Where each measured value comes from (the rollout's run directory, reports/rollout-<id>/):
+
+- plan_compile_s: "voltafleet: release <fp> built in N s" (vf-build-release, batch-N.log)
+- plan_model_mib_s: "voltafleet: downloading <file>: N MiB, M MiB/s" (vf-fetch-model, every 30 s)
+- plan_drain_s, plan_restart_s, plan_smoke_s: the "timings" of smoke-<host>.json (the smoke role
+  times each drain, each restart until /health answers, and the smoke test)
+- plan_run_s: the preflight run's seconds (a run that only reads facts), and each batch's
+  seconds minus the steps the timeline counted for it (what is left is the run's own cost)
+
+The figures print as medians; paste them into group_vars (all.yml, or the group's file).
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+BUILT = re.compile(r"voltafleet: release \S+ built in (\d+) s")
+DOWNLOAD = re.compile(r"voltafleet: downloading .*: \d+ MiB, (\d+) MiB/s")
+
+
+def log_figures(run_dir: Path) -> dict[str, list[float]]:
+    """Compile seconds and download MiB/s printed in the run's pyinfra logs."""
+    out: dict[str, list[float]] = {"compile_s": [], "model_mib_s": []}
+    for log in sorted(Path(run_dir).glob("*.log")):
+        text = log.read_text(errors="replace")
+        out["compile_s"] += [float(m) for m in BUILT.findall(text)]
+        out["model_mib_s"] += [float(m) for m in DOWNLOAD.findall(text) if int(m) > 0]
+    return out
+
+
+def smoke_timings(run_dir: Path) -> dict[str, list[float]]:
+    """Every drain, restart and smoke test the smoke role timed (smoke-<host>.json)."""
+    out: dict[str, list[float]] = {"drain_s": [], "restart_s": [], "smoke_s": []}
+    for path in sorted(Path(run_dir).glob("smoke-*.json")):
+        try:
+            t = json.loads(path.read_text()).get("timings") or {}
+        except ValueError:
+            continue
+        out["drain_s"] += t.get("drain_s") or []
+        out["restart_s"] += t.get("restart_s") or []
+        out["smoke_s"] += [t["smoke_s"]] if t.get("smoke_s") is not None else []
+    return out
+
+
+def runs(plan: dict, report: dict) -> list[tuple[str, float | None, float | None]]:
+    """(run, estimated s, measured s): preflight, gateway, then every batch."""
+    est, measured = plan["estimate"], report.get("runs") or {}
+    rows = [("preflight", est["preflight_s"], measured.get("preflight"))]
+    if est["gateway_s"] or "gateway" in measured:
+        rows.append(("gateway", est["gateway_s"], measured.get("gateway")))
+    rows += [(f"batch-{b['index']}", b["seconds"], measured.get(f"batch-{b['index']}")) for b in est["batches"]]
+    return rows
+
+
+def run_residuals(plan: dict, report: dict) -> list[float]:
+    """Each batch's measured seconds minus the steps the timeline counted (its run's own cost)."""
+    measured = report.get("runs") or {}
+    out = []
+    for b in plan["estimate"]["batches"]:
+        actual = measured.get(f"batch-{b['index']}")
+        if actual is not None:
+            out.append(round(actual - (b["seconds"] - b["steps"].get("run", 0)), 1))
+    return out
+
+
+def suggestions(plan: dict, report: dict, run_dir: Path) -> dict[str, tuple[float, int]]:
+    """{plan variable: (median, how many measurements)} of what this rollout measured."""
+    found = {**log_figures(run_dir), **smoke_timings(run_dir)}
+    pre = (report.get("runs") or {}).get("preflight")
+    found["run_s"] = run_residuals(plan, report) + ([pre] if pre is not None else [])
+    return {f"plan_{k}": (round(statistics.median(v), 1), len(v)) for k, v in found.items() if v}
+
+
+def report_text(plan: dict, report: dict, run_dir: Path) -> str:
+    lines = [f"{'run':<12} {'estimated':>10} {'measured':>10} {'ratio':>7}"]
+    for name, est, actual in runs(plan, report):
+        ratio = f"{actual / est:.2f}" if est and actual is not None else "-"
+        lines.append(f"{name:<12} {est:>10.1f} {('-' if actual is None else f'{actual:.1f}'):>10} {ratio:>7}")
+    lines += ["", "measured (median, count): paste into group_vars to calibrate"]
+    for key, (value, n) in sorted(suggestions(plan, report, run_dir).items()):
+        lines.append(f"{key + ':':<18} {value:<8g} # {n} measurement(s)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    plan, report = (json.loads(Path(p).read_text()) for p in args)
+    print(report_text(plan, report, Path(args[1]).with_suffix("")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
