@@ -1,5 +1,6 @@
 """The fleet plan: what a rollout decides once, before the canary, and every batch reads:
-the commit each (repo, ref) resolves to, each model URL's size, every server host's
+the commit each (repo, ref) resolves to, each model URL's size, the model mirrors (hosts of
+the `mirror` group: where each server host fetches the model), every server host's
 instances (the gateway's backends come from here, not from who is reachable in a run) and
 the builder of each release fingerprint. Written by the rolling driver as JSON.
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from voltafleet.mirror import Mirror
 
 
 def commit_key(repo: str, ref: str) -> str:
@@ -34,6 +37,7 @@ class FleetPlan:
     model_bytes: dict = field(default_factory=dict)   # model URL -> Content-Length (or None)
     servers: tuple = ()                               # ServerEntry, inventory order
     builders: dict = field(default_factory=dict)      # fingerprint -> the host that compiles it
+    mirrors: tuple = ()                               # voltafleet.mirror.Mirror, inventory order
 
     def commit(self, repo: str, ref: str) -> str | None:
         return self.commits.get(commit_key(repo, ref))
@@ -48,8 +52,9 @@ class FleetPlan:
     def from_json(cls, text: str) -> "FleetPlan":
         d = json.loads(text)
         servers = tuple(ServerEntry(**{**s, "ports": tuple(s["ports"])}) for s in d.get("servers", []))
+        mirrors = tuple(Mirror(**m) for m in d.get("mirrors", []))
         return cls(rollout=d["rollout"], commits=d.get("commits", {}), model_bytes=d.get("model_bytes", {}),
-                   servers=servers, builders=d.get("builders", {}))
+                   servers=servers, builders=d.get("builders", {}), mirrors=mirrors)
 
     @classmethod
     def load(cls, path: str | Path) -> "FleetPlan":
@@ -68,4 +73,4 @@ def builders(servers: list[ServerEntry]) -> dict[str, str]:
 def with_servers(plan: FleetPlan, servers: list[ServerEntry]) -> FleetPlan:
     """The plan completed after preflight: every server host's instances and the builders."""
     return FleetPlan(rollout=plan.rollout, commits=plan.commits, model_bytes=plan.model_bytes,
-                     servers=tuple(servers), builders=builders(servers))
+                     servers=tuple(servers), builders=builders(servers), mirrors=plan.mirrors)

@@ -3,7 +3,7 @@ apt repository, the driver). The scenario comes as JSON in VOLTAFLEET_FAKE (see
 tests/ops/test_toolchain.py); every command answers as the scenario says.
 
 A scenario is one host ({"name", "responses", "vars"}) or several ({"hosts": [...]}), run
-together as one fleet. An answer is a string, or {"before": ..., "after": ...}: what the host
+together as one fleet, or groups of them ({"groups": {"mirror": [...], "v100_16gb": [...]}}). An answer is a string, or {"before": ..., "after": ...}: what the host
 answers before and after its reboot (pyinfra's server.reboot command flips it), so a driver
 upgrade can be followed through the reboot to nvidia-smi's new version."""
 import json
@@ -74,15 +74,20 @@ def _host(s):
 
 _s = json.loads(os.environ["VOLTAFLEET_FAKE"])
 _group = _s.get("group", "v100_16gb")
-fleet = load_or_exit({_group: [_host(h) for h in _s.get("hosts", [_s])]}, origin="tests/ops/inventory.py",
-                     overrides={
-                         "model_sha256": "a" * 64,
-                         "model_url": "http://127.0.0.1:9/models/Qwen3.6-27B-Q4_K_S.gguf",
-                         # no model mirror here: the driver scenarios serve the group's -c/-np unplanned
-                         # (test_vram_refusal.py serves a real header and plans)
-                         "vram_plan_required": False,
-                         # no llama-server answers here: no golden probe to compare with (tests/lab probes)
-                         "smoke_probe": False,
-                         # no API key file in these scenarios: the servers' network is taken as closed
-                         "server_allow_unauthenticated": True,
-                     })[_group]
+_overrides = {
+    "model_sha256": "a" * 64,
+    "model_url": "http://127.0.0.1:9/models/Qwen3.6-27B-Q4_K_S.gguf",
+    # no model mirror here: the driver scenarios serve the group's -c/-np unplanned
+    # (test_vram_refusal.py serves a real header and plans)
+    "vram_plan_required": False,
+    # no llama-server answers here: no golden probe to compare with (tests/lab probes)
+    "smoke_probe": False,
+    # no API key file in these scenarios: the servers' network is taken as closed
+    "server_allow_unauthenticated": True,
+}
+if "groups" in _s:  # {"groups": {"mirror": [host, ...], "v100_16gb": [...]}}: each a pyinfra group of its name
+    globals().update(load_or_exit({g: [_host(h) for h in hs] for g, hs in _s["groups"].items()},
+                                  origin="tests/ops/inventory.py", overrides=_overrides))
+else:
+    fleet = load_or_exit({_group: [_host(h) for h in _s.get("hosts", [_s])]}, origin="tests/ops/inventory.py",
+                         overrides=_overrides)[_group]
