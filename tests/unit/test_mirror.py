@@ -4,6 +4,7 @@ and served for real: a cold fetch reaches the upstream once, a second fetch, a R
 resumed download come from the cache, and a redirecting upstream (Hugging Face's 302 to its
 CDN) is followed behind the cache."""
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -288,3 +289,42 @@ def test_the_upstream_sends_the_bytes_once(tmp_path):
         subprocess.run([NGINX, "-p", str(tmp_path), "-c", str(conf), "-s", "stop"], capture_output=True)
         up.shutdown()
         up.server_close()
+
+
+# ---------------------------------------------------------------- the lab inventory
+
+
+def lab_inventory(tmp_path, mirror_env: str | None, gateway: bool = True):
+    """inventory/lab.py on a made-up lab state (VOLTAFLEET_LAB): {group: [(host, data)]} or the error."""
+    state = tmp_path / "lab"
+    state.mkdir(exist_ok=True)
+    hosts = [{"name": f"vf-lab-{i}", "ssh_port": 2200 + i, "server_port_base": 18000 + 10 * i} for i in (1, 2, 3)]
+    (state / "lab.json").write_text(json.dumps({
+        "hosts": hosts, "gateway": {"name": "vf-lab-gw", "ssh_port": 2209} if gateway else None,
+        "ssh_key": "/k", "known_hosts": "/kh", "llama_cpp_repo": "git://127.0.0.1:9418/llama.cpp.git",
+        "llama_cpp_ref": "c" * 40, "model_url": "http://127.0.0.1:8808/models/tiny-qwen35.gguf",
+        "model_sha256": "b" * 64}))
+    env = {k: v for k, v in os.environ.items() if k not in ("VOLTAFLEET_LAB_MIRROR", "VOLTAFLEET_VARS",
+                                                            "VOLTAFLEET_LAB_HOST_VARS")}
+    env["VOLTAFLEET_LAB"] = str(state)
+    if mirror_env is not None:
+        env["VOLTAFLEET_LAB_MIRROR"] = mirror_env
+    code = ("import json, runpy; a = runpy.run_path('inventory/lab.py'); "
+            "print(json.dumps({k: v for k, v in a.items() if k in ('lab', 'gateway', 'mirror')}))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    return json.loads(r.stdout) if r.returncode == 0 else r.stderr
+
+
+def test_the_lab_gateway_is_the_mirror_when_asked(tmp_path):
+    from lab import fleet
+
+    plain = lab_inventory(tmp_path, None)
+    assert sorted(plain) == ["gateway", "lab"]
+    groups = lab_inventory(tmp_path, "1")
+    assert [h for h, _ in groups["mirror"]] == ["vf-lab-gw"] and [h for h, _ in groups["gateway"]] == ["vf-lab-gw"]
+    assert [h for h, _ in groups["lab"]] == ["vf-lab-1", "vf-lab-2", "vf-lab-3"]
+    mirrors = mirror.mirrors_of(groups["mirror"])
+    assert mirrors == (mirror.Mirror("vf-lab-gw", "127.0.0.1", fleet.MIRROR_PORT, "http://127.0.0.1:8808"),)
+    assert mirror.fetch_url("http://127.0.0.1:8808/models/tiny-qwen35.gguf", "vf-lab-1", mirrors) == \
+        f"http://127.0.0.1:{fleet.MIRROR_PORT}/models/tiny-qwen35.gguf"
+    assert "Fix: run `python -m lab up --gateway`" in lab_inventory(tmp_path, "1", gateway=False)
