@@ -208,6 +208,7 @@ class Upstream(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     files: dict = {}
     served: list = []
+    agents: set = set()
 
     def log_message(self, *a):
         pass
@@ -240,6 +241,7 @@ class Upstream(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data[start:end + 1])
         self.served.append((self.path, end - start + 1))
+        self.agents.add(self.headers.get("User-Agent"))
 
 
 def free_port(lo: int, hi: int) -> int:
@@ -273,6 +275,7 @@ def test_the_upstream_sends_the_bytes_once(tmp_path):
         for _ in range(2):
             assert hashlib.sha256(curl(f"{base}/models/m.gguf").stdout).hexdigest() == sha
         assert sum(n for _, n in Upstream.served) == len(data)  # once, in slices
+        assert {a.split("/")[0] for a in Upstream.agents} == {"curl"}  # the client's User-Agent, passed on
         assert curl("-r", "1500000-2600000", f"{base}/models/m.gguf").stdout == data[1500000:2600001]
         part = tmp_path / "part"
         part.write_bytes(data[:1234567])
