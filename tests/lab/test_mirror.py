@@ -73,7 +73,7 @@ def test_the_mirror_is_debians_nginx_with_slices_and_a_second_run_changes_nothin
     assert "--with-http_slice_module" in ssh(gw, "nginx -V 2>&1")
     conf = ssh(gw, "cat /etc/nginx/conf.d/voltafleet-mirror.conf")
     for line in (f"listen 127.0.0.1:{MIRROR_PORT};", "slice 1m;", "proxy_cache_key $uri$is_args$args$slice_range;",
-                 "proxy_cache_lock on;", "proxy_pass http://127.0.0.1:8808;"):
+                 "proxy_cache_lock on;", "~^/ http://127.0.0.1:8808$upstream_http_location;"):
         assert line in conf, line
     assert absent(gw, "/etc/nginx/sites-enabled/default")  # Debian's welcome page (port 80) is off
     assert ssh(hosts[0], f"curl -s -o /dev/null -w '%{{http_code}}' -r 0-99 {BASE}/models/{model_name()}") == "206"
