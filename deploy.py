@@ -6,16 +6,21 @@
 
 Server hosts, top to bottom: preflight (facts and the host's plan; refuse bad hosts before
 any change), helper scripts, toolchain, llama.cpp release, model, servers, smoke test
-(restart, with rollback on any failure). Hosts of the `gateway` group run HAProxy in front of every server.
+(restart, with rollback on any failure). Hosts of the `gateway` group run HAProxy in front of every server;
+hosts of the `mirror` group run nginx caching the model, which the server hosts then fetch through
+(one download per mirror). A host may be both; neither runs llama-server.
 The rolling driver runs this file per phase (VOLTAFLEET_PHASE: preflight, gateway, batch; plan:
-preflight and the plan role only, reading facts, changing nothing).
+preflight and the plan role only, reading facts, changing nothing); gateways and mirrors are
+configured in the gateway phase, before the first batch (in a plain run, their operations come
+first: they stand above the server hosts' ones here).
 """
 from pyinfra import host
 
-from roles.common import drain_host, is_gateway, run_context
+from roles.common import drain_host, is_gateway, is_mirror, is_server, run_context
 from roles.gateway import gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
+from roles.mirror import mirror
 from roles.model import model
 from roles.plan import planned
 from roles.preflight import preflight
@@ -25,9 +30,12 @@ from roles.toolchain import toolchain
 
 phase = run_context().phase
 
-if is_gateway(host):
+if not is_server(host):
     if phase in ("all", "gateway"):
-        gateway()
+        if is_mirror(host):
+            mirror()  # before any server host's model fetch
+        if is_gateway(host):
+            gateway()
 else:
     plan = preflight()
     if phase == "plan":

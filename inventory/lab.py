@@ -5,9 +5,10 @@ import os
 
 import yaml
 
-from lab.fleet import load_state
+from lab.fleet import MIRROR_ENV, load_state
 from voltafleet.groupvars import load_or_exit
 
+# VOLTAFLEET_LAB_MIRROR=1: the gateway host (vf-lab-gw) is also in the `mirror` group (roles/mirror).
 # Per-host variables for one run, e.g. to change a flag on one lab host only:
 # VOLTAFLEET_LAB_HOST_VARS=file.yml holding {vf-lab-2: {server_threads: 2}}
 _per_host = {}
@@ -39,7 +40,14 @@ if _lab.get("gateway"):  # `python -m lab up --gateway`: HAProxy in front of the
     _gw = _lab["gateway"]
     _groups["gateway"] = [(_gw["name"], {**_connect(_gw), **_per_host.get(_gw["name"], {})})]
     _groups["lab"] = _hosts + [(_gw["name"], {})]  # group_vars/lab.yml applies to it too
+    if os.environ.get(MIRROR_ENV) == "1":  # the gateway host is the model mirror too: nginx caching the lab's
+        _groups["mirror"] = [(_gw["name"], {})]  # model mirror on 127.0.0.1:<mirror_port>; servers fetch through it
+elif os.environ.get(MIRROR_ENV) == "1":
+    raise SystemExit(f"lab: {MIRROR_ENV}=1 makes the gateway host the model mirror, and the lab has no gateway. "
+                     "Fix: run `python -m lab up --gateway`.")
 _loaded = load_or_exit(_groups, origin="inventory/lab.py", overrides=_overrides)
 lab = [h for h in _loaded["lab"] if h[0] != (_lab.get("gateway") or {}).get("name")]
 if "gateway" in _loaded:
     gateway = _loaded["gateway"]
+if "mirror" in _loaded:
+    mirror = _loaded["mirror"]

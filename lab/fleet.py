@@ -3,7 +3,9 @@
 Each host is a systemd-nspawn container booted with systemd, sharing the loopback
 network, with its sshd on its own 127.0.0.1 port. Beside the hosts run the two
 mirrors a deploy needs without the internet: llama.cpp's git repository (git
-daemon) and a model mirror (nginx, which honours HTTP Range requests).
+daemon) and a model mirror (nginx, which honours HTTP Range requests). With
+VOLTAFLEET_LAB_MIRROR=1 the gateway host is also the fleet's `mirror` (roles/mirror):
+its nginx caches that model mirror and the servers fetch through it.
 
     python -m lab up [--hosts N]     idempotent
     python -m lab status
@@ -43,6 +45,11 @@ SERVER_PORT_BASE = 18000  # host i serves on 18000 + 10*i + gpu index
 GIT_PORT = 9418
 HTTP_PORT = 8808
 MODEL_NAME = "tiny-qwen35.gguf"  # the production architecture (hybrid qwen35), a few MB
+# VOLTAFLEET_LAB_MIRROR=1: inventory/lab.py puts the gateway host into the `mirror` group too, nginx
+# caching this mirror on 127.0.0.1:MIRROR_PORT (group_vars/lab.yml's mirror_port), the servers
+# fetching the model through it
+MIRROR_ENV = "VOLTAFLEET_LAB_MIRROR"
+MIRROR_PORT = 18808
 
 
 def log(msg: str) -> None:
@@ -483,4 +490,7 @@ def status() -> int:
         print(f"{g['name']:<10} {g['ssh_port']:>6} {'gateway':>8}  {'up' if alive else 'down'}")
     print(f"git mirror:   {state['llama_cpp_repo']} ({'up' if port_open(GIT_PORT) else 'down'})")
     print(f"model mirror: {state['model_url']} ({'up' if port_open(HTTP_PORT) else 'down'})")
+    if state.get("gateway"):
+        print(f"model cache:  http://127.0.0.1:{MIRROR_PORT}/ on {state['gateway']['name']} "
+              f"({'up' if port_open(MIRROR_PORT) else 'down'}; {MIRROR_ENV}=1 makes it the `mirror` group)")
     return 0

@@ -19,7 +19,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from roles.facts import Gpus, HAProxyServers, HostBasics, NvccVersion
 from voltafleet import gateway as gw
-from voltafleet import hostplan, outcome, refs
+from voltafleet import hostplan, mirror, outcome, refs
 from voltafleet.config import SCHEMA, ConfigError, cli_sources, validate_values
 from voltafleet.fleetplan import FleetPlan
 from voltafleet.groupvars import SOURCES_KEY
@@ -242,6 +242,27 @@ class DrainError(OperationError):
 
 def is_gateway(h) -> bool:
     return GATEWAY_GROUP in h.groups
+
+
+def is_mirror(h) -> bool:
+    """A host of the `mirror` group: nginx caching the model for the server hosts."""
+    return mirror.GROUP in h.groups
+
+
+def is_server(h) -> bool:
+    """A host that runs llama-server: neither a gateway nor a mirror."""
+    return not is_gateway(h) and not is_mirror(h)
+
+
+def fleet_mirrors(state) -> tuple:
+    """The fleet's model mirrors (voltafleet.mirror.Mirror): the fleet plan's in a rollout
+    (decided once), else every `mirror` host of the inventory, reachable in this run or not
+    (a server host fetches through its own mirror whatever --limit says)."""
+    plan = fleet_plan()
+    if plan is not None:
+        return plan.mirrors
+    return mirror.mirrors_of([(h.name, {**host_config(h), "ssh_hostname": h.data.get("ssh_hostname")})
+                              for h in state.inventory if is_mirror(h)])
 
 
 def gateway_hosts(state) -> list:

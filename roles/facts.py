@@ -11,7 +11,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from voltafleet import gateway as gw
-from voltafleet import gpuhealth
+from voltafleet import gpuhealth, mirror
 from voltafleet.nvidia import gpus_from_lspci
 
 
@@ -302,3 +302,22 @@ class HAProxyBackends(FactBase):
 
     def process(self, output):
         return gw.configured_servers("\n".join(output))
+
+
+class Nameservers(FactBase):
+    """The host's nameservers (/etc/resolv.conf), as nginx's `resolver` takes them.
+
+    .. code:: python
+
+        host.get_fact(Nameservers)  # ["10.0.0.53", "[fd00::53]"]
+    """
+
+    @staticmethod
+    def default():
+        return []
+
+    def command(self) -> str:
+        return "grep -s '^nameserver' /etc/resolv.conf || true"
+
+    def process(self, output):
+        return mirror.resolvers(output)

@@ -7,7 +7,9 @@
    every server host's instances and the builder of each release fingerprint;
 1. preflight on every host (pyinfra, VOLTAFLEET_PHASE=preflight): any refusal stops the
    rollout before any host changes;
-2. the gateway (HAProxy) gets every server host's backends (VOLTAFLEET_PHASE=gateway);
+2. the gateway (HAProxy) gets every server host's backends and the model mirrors (nginx,
+   hosts of the `mirror` group) their cache, before any server host changes
+   (VOLTAFLEET_PHASE=gateway); server hosts then fetch the model through a mirror;
 3. the canary, then the other hosts `--batch` at a time: each batch is one pyinfra run of
    deploy.py limited to its hosts (plus the gateway, which drains each instance before
    its restart, confirmed, and takes it back once its host's smoke test passed); a host
@@ -38,12 +40,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from voltafleet import dryrun, fleetplan, metrics, outcome, refs, rolling, runctx  # noqa: E402
+from voltafleet import dryrun, fleetplan, metrics, mirror, outcome, refs, rolling, runctx  # noqa: E402
 from voltafleet.lock import FleetLock, LockHeld  # noqa: E402
 from voltafleet.modelmeta import remote_size  # noqa: E402
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 GATEWAY_GROUP = "gateway"
+MIRROR_GROUP = mirror.GROUP  # nginx caching the model: like a gateway, not a server host
 
 
 def say(msg: str) -> None:
@@ -76,8 +79,10 @@ def load_inventory(path: str) -> tuple[dict[str, list[str]], dict[str, dict]]:
     return hosts, data
 
 
-def first_plan(rollout_id: str, servers: list[str], data: dict[str, dict]) -> fleetplan.FleetPlan:
-    """What is resolved once, before preflight: each (repo, ref)'s commit, each model's size."""
+def first_plan(rollout_id: str, servers: list[str], data: dict[str, dict],
+               mirrors: list[str] = ()) -> fleetplan.FleetPlan:
+    """What is resolved once, before preflight: each (repo, ref)'s commit, each model's size,
+    the model mirrors (where each server host fetches the model)."""
     commits, sizes = {}, {}
     for h in servers:
         d = data.get(h, {})
@@ -87,7 +92,8 @@ def first_plan(rollout_id: str, servers: list[str], data: dict[str, dict]) -> fl
         url = d.get("model_url")
         if url and url not in sizes:
             sizes[url] = remote_size(url)
-    return fleetplan.FleetPlan(rollout=rollout_id, commits=commits, model_bytes=sizes)
+    return fleetplan.FleetPlan(rollout=rollout_id, commits=commits, model_bytes=sizes,
+                               mirrors=mirror.mirrors_of([(h, data.get(h, {})) for h in mirrors]))
 
 
 def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo: bool = True) -> tuple[int, str]:
@@ -136,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
     inventory, data = load_inventory(a.inventory)
     gateways = [h for h, groups in inventory.items() if GATEWAY_GROUP in groups]
-    servers = [h for h, groups in inventory.items() if GATEWAY_GROUP not in groups]
+    mirrors = [h for h, groups in inventory.items() if MIRROR_GROUP in groups]
+    servers = [h for h in inventory if h not in gateways and h not in mirrors]
     if a.canary.isdigit():
         canary = servers[:int(a.canary)]
     elif any(a.canary in groups for groups in inventory.values()):
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if lock.warning:
         say(f"warning: {lock.warning}")
     try:
-        return (dry_run if a.plan else rollout)(a, inventory, data, gateways, servers, canary, plan)
+        return (dry_run if a.plan else rollout)(a, inventory, data, gateways, servers, canary, plan, mirrors)
     finally:
         lock.release()
 
@@ -174,13 +181,13 @@ def run_directory(a, rollout_id: str) -> tuple[Path, Path]:
     return report_dir, run_dir
 
 
-def dry_run(a, inventory, data, gateways, servers, canary, plan) -> int:
+def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> int:
     """--plan: one read-only pyinfra run (VOLTAFLEET_PHASE=plan) records what each host would
     change; the batches, refusals and estimates are printed and written to plan.json."""
     rollout_id = runctx.new_id()
     _, run_dir = run_directory(a, rollout_id)
     try:
-        fleet = first_plan(rollout_id, servers, data)
+        fleet = first_plan(rollout_id, servers, data, mirrors)
     except refs.RefError as e:
         say(f"refused before any host was touched: {e}")
         return 2
@@ -211,11 +218,11 @@ def dry_run(a, inventory, data, gateways, servers, canary, plan) -> int:
     return 0 if report["ok"] else 2
 
 
-def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
+def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> int:
     rollout_id = runctx.new_id()
     report_dir, run_dir = run_directory(a, rollout_id)
     try:
-        fleet = first_plan(rollout_id, servers, data)
+        fleet = first_plan(rollout_id, servers, data, mirrors)
     except refs.RefError as e:
         say(f"refused before any host was touched: {e}")
         return 2
@@ -223,10 +230,15 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
     plan_path.write_text(fleet.to_json())
     base_env = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir),
                 "VOLTAFLEET_FLEET_PLAN": str(plan_path), "VOLTAFLEET_LOCK_OWNER": str(os.getpid())}
+    # the gateway phase's hosts: the gateways and the mirrors (without the gateway, the mirrors
+    # that are not also the unreachable gateway)
+    configure = [h for h in inventory if h in gateways or h in mirrors]
     if a.no_gateway:
         base_env["VOLTAFLEET_NO_GATEWAY"] = "1"
+        configure = [h for h in mirrors if h not in gateways]
         gateways = []
-    say(f"{len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}; batches: "
+    say(f"{len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}, "
+        f"mirror: {', '.join(mirrors) or 'none'}; batches: "
         + " | ".join(", ".join(b) for b in plan) + f"; llama.cpp {', '.join(sorted(set(fleet.commits.values())))[:60]}")
 
     t0 = time.time()
@@ -247,13 +259,15 @@ def rollout(a, inventory, data, gateways, servers, canary, plan) -> int:
     fleet = fleetplan.with_servers(fleet, [fleetplan.ServerEntry(**{**e, "ports": tuple(e["ports"])})
                                            for e in entries])
     plan_path.write_text(fleet.to_json())
-    if gateways:
+    if configure:  # every gateway and mirror before the first batch
         t1 = time.time()
-        rc, _ = pyinfra(a.inventory, None, {**base_env, "VOLTAFLEET_PHASE": "gateway",
-                                            "VOLTAFLEET_RUN": runctx.new_id()}, run_dir / "gateway.log")
+        rc, _ = pyinfra(a.inventory, configure if a.no_gateway else None,
+                        {**base_env, "VOLTAFLEET_PHASE": "gateway", "VOLTAFLEET_RUN": runctx.new_id()},
+                        run_dir / "gateway.log")
         seconds["gateway"] = round(time.time() - t1, 1)
         if rc != 0:
-            say("the gateway could not be configured: no server host was changed")
+            say(f"the {'gateway or mirror' if mirrors else 'gateway'} could not be configured "
+                f"({', '.join(configure)}): no server host was changed")
             return 2
 
     results: dict[str, rolling.HostResult] = {}

@@ -156,6 +156,16 @@ SCHEMA: dict[str, Var] = {
     "gateway_hash_balance_factor": Var(int, min=101, max=1000),
     "server_slots_endpoint": Var(bool),
     "server_allow_unauthenticated": Var(bool),
+    # model mirror (nginx on the hosts of the `mirror` group; voltafleet/mirror.py)
+    "mirror_port": _ports(),
+    "mirror_listen": Var(str, check=urls.server_host_error, hint="an IP address (0.0.0.0: every address) or a host name"),
+    "mirror_address": Var(str, nullable=True, check=urls.server_host_error,
+                          hint="an IP address or a host name the server hosts reach the mirror at"),
+    "mirror_cache_dir": Var(str, check=_safe_path_error, hint="an absolute path without spaces, like /var/cache/voltafleet-mirror"),
+    "mirror_cache_max_gb": Var(int, min=1, max=1_000_000),
+    "mirror_slice_mb": Var(int, min=1, max=1024),
+    "mirror_cache_valid_days": Var(int, min=1, max=3650),
+    "mirror_lock_timeout_s": Var(int, min=1, max=3600),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),
@@ -299,6 +309,21 @@ def cli_sources(sources: dict | None, cli_keys) -> dict:
     return {**(sources or {}), **{k: CLI_SOURCE for k in cli_keys or () if k in SCHEMA}}
 
 
+def mirror_error(v: dict) -> tuple[str, str, str] | None:
+    """(key, what, fix) when the mirror's variables cannot work together, else None."""
+    for key in ("gateway_bind", "gateway_metrics_bind"):
+        if v[key].rsplit(":", 1)[1] == str(v["mirror_port"]):
+            return ("mirror_port", f"is {v['mirror_port']}, the port of {key} ({v[key]}): a host of both the "
+                    "`mirror` and the `gateway` group could not run both",
+                    f"set mirror_port to a free port, e.g. {v['mirror_port'] + 1 if v['mirror_port'] < 65535 else 8880}")
+    path = v["mirror_cache_dir"].rstrip("/")
+    if path.count("/") < 2:
+        return ("mirror_cache_dir", f"is {v['mirror_cache_dir']!r}: the mirror role makes it nginx's own "
+                "(owner www-data, mode 700), a top-level directory must not be",
+                "give a directory of its own, e.g. /var/cache/voltafleet-mirror")
+    return None
+
+
 def validate_values(host_name: str, values: dict, sources: dict | None = None) -> dict:
     """Check a plain dict of voltafleet variables, whatever its source (group_vars, the
     inventory, pyinfra --data): every SCHEMA key, with the same checks and messages as
@@ -353,6 +378,9 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
     if v["voltafleet_backend"] == "cpu" and v["server_instances"] is None:
         fail("server_instances", "is empty on the cpu backend (there are no GPUs to count)",
              "set server_instances to the number of servers per host")
+    mirror_problem = mirror_error(v)
+    if mirror_problem:
+        fail(*mirror_problem)
     problems = [Problem(what, fix, src.get("server_extra_flags"), "server_extra_flags")
                 for what, fix in flags.extra_flag_errors(v["server_extra_flags"], v["llama_cpp_ref"])]
     problems += checks.slot_ctx_problems(v, src)

@@ -1,5 +1,6 @@
 """The fleet plan: what a rollout decides once, before the canary, and every batch reads:
-the commit each (repo, ref) resolves to, each model URL's size, every server host's
+the commit each (repo, ref) resolves to, each model URL's size, the model mirrors (hosts of
+the `mirror` group: where each server host fetches the model), every server host's
 instances (the gateway's backends come from here, not from who is reachable in a run) and
 the builder of each release fingerprint. Written by the rolling driver as JSON.
 
@@ -13,6 +14,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from voltafleet.mirror import Mirror
 
 
 def commit_key(repo: str, ref: str) -> str:
@@ -35,6 +38,7 @@ class FleetPlan:
     model_bytes: dict = field(default_factory=dict)   # model URL -> Content-Length (or None)
     servers: tuple = ()                               # ServerEntry, inventory order
     builders: dict = field(default_factory=dict)      # fingerprint -> the host that compiles it
+    mirrors: tuple = ()                               # voltafleet.mirror.Mirror, inventory order
 
     def commit(self, repo: str, ref: str) -> str | None:
         return self.commits.get(commit_key(repo, ref))
@@ -49,8 +53,9 @@ class FleetPlan:
     def from_json(cls, text: str) -> "FleetPlan":
         d = json.loads(text)
         servers = tuple(ServerEntry(**{**s, "ports": tuple(s["ports"])}) for s in d.get("servers", []))
+        mirrors = tuple(Mirror(**m) for m in d.get("mirrors", []))
         return cls(rollout=d["rollout"], commits=d.get("commits", {}), model_bytes=d.get("model_bytes", {}),
-                   servers=servers, builders=d.get("builders", {}))
+                   servers=servers, builders=d.get("builders", {}), mirrors=mirrors)
 
     @classmethod
     def load(cls, path: str | Path) -> "FleetPlan":
@@ -69,7 +74,7 @@ def builders(servers: list[ServerEntry]) -> dict[str, str]:
 def with_servers(plan: FleetPlan, servers: list[ServerEntry]) -> FleetPlan:
     """The plan completed after preflight: every server host's instances and the builders."""
     return FleetPlan(rollout=plan.rollout, commits=plan.commits, model_bytes=plan.model_bytes,
-                     servers=tuple(servers), builders=builders(servers))
+                     servers=tuple(servers), builders=builders(servers), mirrors=plan.mirrors)
 
 
 def release_cache(repo: Path) -> Path:

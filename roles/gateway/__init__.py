@@ -20,7 +20,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config, fleet_plan, host_config, is_gateway
+from roles.common import changes, config, fleet_plan, host_config, is_server
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet import gateway as gw
 from voltafleet import hostplan
@@ -41,7 +41,7 @@ def server_backends(state) -> list[gw.Backend]:
         return gw.backends([(s.host, s.address, list(s.ports), s.slots) for s in plan.servers])
     planned, unplanned = [], []
     for h in state.inventory:
-        if is_gateway(h):
+        if not is_server(h):  # a gateway or a model mirror
             continue
         if h not in state.active_hosts:
             unplanned.append(h.name)

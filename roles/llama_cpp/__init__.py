@@ -19,7 +19,7 @@ from gevent.lock import Semaphore
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 
-from roles.common import bin_path, connector_args, fleet_plan, host_fingerprint, live, once_per_run, sh
+from roles.common import bin_path, connector_args, fleet_plan, host_fingerprint, is_server, live, once_per_run, sh
 from roles.facts import HostBasics, NvccVersion, Releases
 from voltafleet import hostplan
 from voltafleet.fleetplan import release_cache, release_cached
@@ -49,7 +49,8 @@ def run_builders(state, executing: bool) -> dict[str, str]:
     fleet, not one per host."""
     out: dict[str, str] = {}
     for other in state.inventory:
-        if other not in state.active_hosts or other.data.get("llama_cpp_build_strategy") != "shared":
+        if other not in state.active_hosts or not is_server(other) \
+                or other.data.get("llama_cpp_build_strategy") != "shared":  # a gateway or a mirror builds nothing
             continue
         fp = host_fingerprint(other)
         if fp is not None:

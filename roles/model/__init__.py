@@ -1,6 +1,9 @@
 """Model: fetch the GGUF resumably, verify its sha256, and rename it into place atomically
 (roles/model/files/vf-fetch-model.sh).
 
+With a `mirror` group in the inventory, every file of the mirrors' origin comes through the
+mirror that voltafleet.mirror picks for the host (roles/mirror: nginx caching it once).
+
 A wrong checksum, a 404 or a broken transfer never replaces a good file and never leaves
 a half file where the server reads: downloads go to <file>.part (kept for resuming a
 broken transfer), and only a verified file is renamed over <file>. A verified file is
@@ -13,9 +16,10 @@ import shlex
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
-from roles.common import bin_path, live
+from roles.common import bin_path, fleet_mirrors, live
 from roles.facts import FileState
 from voltafleet.hostplan import HostPlan, ModelFile
+from voltafleet.mirror import fetch_url
 from voltafleet.modelstate import is_verified
 
 
@@ -46,15 +50,23 @@ def fetched(fetcher: str, url: str, dest: str, sha256: str | None):
 @deploy("Model")
 def model(plan: HostPlan) -> list:
     """Fetch and verify this host's model files (every part of a split GGUF, the draft
-    model). Returns the operations: the server role restarts when one of them changed.
+    model), through the fleet's model mirror when the inventory has a `mirror` group (the
+    mirror picked for this host; a file of another origin directly); the checksum is the
+    same. Returns the operations: the server role restarts when one of them changed.
 
     .. code:: python
 
         model_ops = model(plan)
     """
     fetcher = bin_path(plan, "vf-fetch-model")
-    return [fetched(name=f"Fetch and verify {f.dest}", fetcher=fetcher, url=f.url, dest=f.dest, sha256=f.sha256)
-            for f in plan.model_files]
+    mirrors = fleet_mirrors(host.state)
+    ops = []
+    for f in plan.model_files:
+        url = fetch_url(f.url, host.name, mirrors)
+        via = f" (through {url.split('/')[2]})" if url != f.url else ""
+        ops.append(fetched(name=f"Fetch and verify {f.dest}{via}", fetcher=fetcher, url=url, dest=f.dest,
+                           sha256=f.sha256))
+    return ops
 
 
 __all__ = ["ModelFile", "fetch_command", "fetched", "model"]

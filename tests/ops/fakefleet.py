@@ -94,3 +94,12 @@ def fleet_of(scenario: dict, origin: str = "tests/ops/inventory.py") -> list[tup
     group = scenario.get("group", "v100_16gb")
     return load_or_exit({group: [_host(h) for h in scenario.get("hosts", [scenario])]}, origin=origin,
                         overrides=OVERRIDES)[group]
+
+
+def groups_of(scenario: dict, origin: str = "tests/ops/inventory.py") -> dict[str, list[tuple[str, dict]]]:
+    """{group: hosts} of a scenario: {"groups": {"mirror": [host, ...], "v100_16gb": [...]}} gives
+    each a pyinfra group of its name; any other scenario is the one group `fleet`."""
+    if "groups" not in scenario:
+        return {"fleet": fleet_of(scenario, origin)}
+    return load_or_exit({g: [_host(h) for h in hs] for g, hs in scenario["groups"].items()}, origin=origin,
+                        overrides=OVERRIDES)

@@ -51,16 +51,20 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
 from pyinfra.operations import server as server_ops
 
-from tests.ops.fakefleet import fleet_of, no_reboot_wait
+from tests.ops.fakefleet import groups_of, no_reboot_wait
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = "tests/ops/toolchain_deploy.py"
 
 
-def deploy(hosts: list[dict], deploy_file: str = DEPLOY) -> tuple[int, dict[str, list[str]], str]:
-    """Run deploy_file on these fake hosts in process: (rc, {"@fake/NAME": commands}, output)."""
-    scenario = json.loads(json.dumps({"hosts": hosts}))  # what the CLI's inventory reads from its environment
-    cmds: dict[str, list[str]] = {f"@fake/{h['name']}": [] for h in hosts}
+def deploy(hosts: list[dict] | None = None, deploy_file: str = DEPLOY,
+           groups: dict[str, list[dict]] | None = None) -> tuple[int, dict[str, list[str]], str]:
+    """Run deploy_file on these fake hosts (or these groups of them) in process:
+    (rc, {"@fake/NAME": commands}, output)."""
+    # what the CLI's inventory reads from its environment
+    scenario = json.loads(json.dumps({"groups": groups} if groups else {"hosts": hosts}))
+    every = [h for hs in groups.values() for h in hs] if groups else hosts
+    cmds: dict[str, list[str]] = {f"@fake/{h['name']}": [] for h in every}
     out = io.StringIO()
     with _fresh_run(), _cli_mode(), _log_to(out), contextlib.redirect_stderr(out), contextlib.chdir(REPO):
         rc = _run(scenario, deploy_file, cmds, out)
@@ -71,14 +75,15 @@ def _run(scenario: dict, deploy_file: str, cmds: dict, out: io.StringIO) -> int:
     # pyinfra_cli.inventory.make_inventory_from_files on tests/ops/inventory.py: its one group
     # `fleet`, the file's own group `inventory`, no group_data, no --data overrides
     try:
-        fleet = fleet_of(scenario)
+        groups = groups_of(scenario)
     except SystemExit as e:  # load_or_exit printed the refusal block
         return e.code if isinstance(e.code, int) else 1
     except Exception:  # the CLI prints the traceback and exits 1
         out.write(traceback.format_exc())
         return 1
-    names = [name for name, _ in fleet]
-    inventory = Inventory((names, {}), override_data={}, fleet=(fleet, {}), inventory=(names, {}))
+    names = list(dict.fromkeys(name for hs in groups.values() for name, _ in hs))
+    inventory = Inventory((names, {}), override_data={}, **{g: (hs, {}) for g, hs in groups.items()},
+                          inventory=(names, {}))
 
     config = Config()
     state = State(check_for_changes=False)  # -y

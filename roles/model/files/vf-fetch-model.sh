@@ -36,7 +36,7 @@ if [ -z "$want" ] || [ "$got" != "$want" ]; then
   got=$(sha256sum < "$part" | cut -d' ' -f1)
   if [ -n "$want" ] && [ "$got" != "$want" ]; then
     rm -f -- "$part"
-    echo "voltafleet: sha256 of the download is $got, model_sha256 says $want; removed the download, $dest untouched" >&2
+    echo "voltafleet: sha256 of the download is $got (from $url), model_sha256 says $want; removed the download, $dest untouched" >&2
     exit 1
   fi
   chmod 644 -- "$part"

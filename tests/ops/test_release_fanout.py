@@ -1,0 +1,81 @@
+"""One download per fleet, for llama.cpp releases too: a release compiled on one host (shared
+strategy) leaves it once, into the controller's cache (roles/llama_cpp._archive_from), and every
+other host of its fingerprint receives it from the controller, never from the builder: many
+hosts at once fetch it from the builder once, and a cached release never touches the builder."""
+import gevent
+import pytest
+
+import roles.llama_cpp as lc
+from voltafleet.hostplan import HostFacts, make_plan
+
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+
+class Out:
+    def __init__(self, stdout=""):
+        self.stdout, self.stderr, self.stderr_lines = stdout, "", []
+
+
+class Host:
+    """A host that records what it is asked: shell commands, files sent to it and fetched from it."""
+
+    def __init__(self, name):
+        self.name, self.data, self.groups = name, {}, []
+        self.commands, self.received, self.sent = [], [], []
+
+    def run_shell_command(self, command, **kw):
+        self.commands.append(command)
+        gevent.sleep(0.01)  # a network round trip: the other hosts' greenlets run meanwhile
+        return True, Out()
+
+    def get_file(self, remote, local, **kw):
+        self.sent.append(remote)
+        gevent.sleep(0.05)
+        with open(local, "wb") as f:
+            f.write(b"release archive")
+        return True
+
+    def put_file(self, local, remote, **kw):
+        self.received.append((local, remote))
+        return True
+
+    def log_styled(self, *a, **kw):
+        raise AssertionError(a)
+
+
+class State:
+    def __init__(self, hosts):
+        self.hosts = {h.name: h for h in hosts}
+        self.inventory = self
+        self.active_hosts = set(hosts)
+
+    def get_host(self, name):
+        return self.hosts[name]
+
+
+@pytest.fixture
+def plan(cfg):
+    cfg.update(voltafleet_backend="cpu", server_instances=1, llama_cpp_targets=["llama-server"])
+    return make_plan("gpu-01", cfg, HostFacts(os="debian-12", systemd=252), None, COMMIT)
+
+
+def test_many_hosts_receive_a_release_from_the_controller_and_the_builder_sends_it_once(plan, tmp_path, monkeypatch):
+    monkeypatch.setattr(lc, "RELEASE_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(lc, "builder_of", lambda fp: "builder")
+    builder = Host("builder")
+    receivers = [Host(f"gpu-{i:02d}") for i in range(12)]
+    state = State([builder, *receivers])
+    jobs = [gevent.spawn(lc._ship, state, h, plan, "fp1") for h in receivers]
+    gevent.joinall(jobs, raise_error=True)
+    assert all(j.value for j in jobs)
+    assert builder.sent == [f"{plan.root}/releases/fp1.tar.gz"]  # once, to the controller
+    archive = str(tmp_path / "cache" / "fp1.tar.gz")
+    for h in receivers:
+        assert [local for local, _ in h.received] == [archive]  # from the controller's cache
+        assert any(c.startswith(f"{plan.root}/bin/vf-release install ") for c in h.commands)
+    # a later batch (or rollout): the cache has it, the builder is not asked again, even when gone
+    state.active_hosts.discard(builder)
+    late = Host("gpu-99")
+    state.hosts["gpu-99"] = late
+    assert lc._ship(state, late, plan, "fp1")
+    assert builder.sent == [f"{plan.root}/releases/fp1.tar.gz"] and late.received[0][0] == archive
