@@ -94,6 +94,15 @@ def run_plan() -> dict:
     ub = {n: render("v100_32gb", extra=(f"-ub {n}",)) for n in (1024, 2048)}
     vram += [{"name": "v32-ship", "args": render("v100_32gb"), "parallel": 16, "prompt": 1536},
              *({"name": f"v32-ub{n}", "args": a, "parallel": 16, "prompt": 1536} for n, a in ub.items())]
+    # what grows with 16 long prompts at once (+2.5 GB over after-load on the FORCE_CUBLAS build):
+    # checkpoints off, backend sampling off, 4 slots of the same 8K
+    nobs32 = group_cfg("v100_32gb")
+    nobs32.update(server_backend_sampling=False)
+    vram += [{"name": "v32-cp0", "args": render("v100_32gb", extra=("--ctx-checkpoints 0",)), "parallel": 16,
+              "prompt": 1536},
+             {"name": "v32-nobs", "args": server_args(nobs32, "MODEL", port=PORT, api_key_file=None), "parallel": 16,
+              "prompt": 1536},
+             {"name": "v32-np4", "args": render("v100_32gb", 32768, 4), "parallel": 4, "prompt": 1536}]
 
     def serve(name, args, streams, multi):
         return {"name": name, "args": args, "streams": streams, "tokens": 128, "prompt": 128, "multi": multi}

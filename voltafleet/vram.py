@@ -235,7 +235,21 @@ def plan(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, gpu
     return Plan(ctx, parallel, cache_k, cache_v, gpu_mib, m.weights_gpu,
                 kv_bytes(m, ctx, parallel, cache_k, cache_v), m.recurrent_bytes_per_seq * parallel,
                 compute_bytes(m, ctx, parallel, cache_k, cache_v), overhead_mib * MIB, headroom_mib * MIB,
-                spec_bytes(m, ctx, parallel, spec_draft_max), m.pool_f16_bytes if cublas else 0)
+                spec_bytes(m, ctx, parallel, spec_draft_max),
+                m.pool_f16_bytes + cublas_slots_bytes(parallel) if cublas else 0)
+
+
+# Measured on an H200 FORCE_CUBLAS build with Qwen3.6-27B Q4_K_S (bench/proof19b): after one
+# 1,536-token prompt on every slot at once, the pool grew 292-306 MiB over after-load at 2-4 slots
+# (the dequantized weights above) and 2,524-2,536 MiB at 16 slots (-c 131072, checkpoints on or
+# off, -ub 512/1024/2048 alike). Which buffers hold the difference was not traced: this is a fit
+# of those two points, linear in the slots beyond 4; 5-15 slots were not measured.
+CUBLAS_SLOT_BYTES = 186 * MIB
+
+
+def cublas_slots_bytes(parallel: int) -> int:
+    """The cuBLAS path's pool growth with many sequences in one prompt batch (fitted, see above)."""
+    return max(0, parallel - 4) * CUBLAS_SLOT_BYTES
 
 
 def choose(m: ModelShape, ctx: int | None, parallel: int | None, cache_k: str, cache_v: str, gpu_mib: int,

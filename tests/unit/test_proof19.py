@@ -58,15 +58,15 @@ def test_groups_re_decided_with_the_pool():
     cublas16 = decide({**group("v100_16gb"), "llama_cpp_cmake_extra": []}, V100_16, header())
     assert cublas16.error and "short by 121 MiB" in cublas16.error and "GGML_CUDA_FORCE_MMQ" in cublas16.error
     d32 = decide(group("v100_32gb"), V100_32, header())
-    assert d32.error is None and round(d32.plan.pool / MIB) == 290 and round(d32.plan.needed / MIB) == 22418
-    assert "22,418 MiB planned" in text("v100_32gb") and "681 free" in text("v100_16gb")
+    # 16 slots on the cuBLAS path: the dequantized weights and the growth with 16 sequences (proof19b)
+    assert d32.error is None and round(d32.plan.pool / MIB) == 290 + 12 * 186 and round(d32.plan.needed / MIB) == 24650
+    assert "24,650 MiB planned" in text("v100_32gb") and "681 free" in text("v100_16gb")
 
 
 def test_throughput_ratios_recomputed_from_per_token_times():
     seed16 = SERVE["seed-stage3"][16]["wall"][0]
     ratio = SERVE["v32-cr0"][16]["wall"][0] / seed16
-    assert f"{ratio:.2f}x" in text("v100_32gb") and 2.2 < ratio < 2.3          # issue goal 2.3x: not met
-    assert f"{SERVE['v32-cr0'][16]['wall'][0]:.0f} vs {seed16:.0f}" in text("v100_32gb")
+    assert round(ratio, 2) == 2.27 and "2.27x" in (ROOT / "bench/RESULTS.md").read_text()  # the first session's
     # steady-state decode of the deployed v100_32gb argv vs llama-batched-bench at 16 sequences
     dec = SERVE["v32-cr0"][16]["decode"][0]
     assert dec / BATCHED[16][0] >= 0.9 and f"({dec / BATCHED[16][0]:.2f}x llama-batched-bench)" in text("v100_32gb")
@@ -90,3 +90,30 @@ def test_ttft_figures_the_groups_quote():
 def test_report_prints_from_the_record():
     out = pr.report(RES)
     assert "| v32-cr0 | 16 |" in out and "splits seen in every load: [2]" in out
+
+
+# ---------------------------------------------------------------- the second session (bench/proof19b)
+
+RUN1 = json.loads((ROOT / "bench/proof19b/results-run1.json").read_text())
+RUN2 = json.loads((ROOT / "bench/proof19b/results-run2.json").read_text())
+
+
+@pytest.mark.parametrize("record,build,name,ctx,parallel", [
+    (RUN1, "cublas", "v32-ship", 131072, 16), (RUN2, "cublas", "v32-cp0", 131072, 16),
+    (RUN2, "cublas", "v32-np4", 32768, 4), (RUN2, "default", "v32-ship", 131072, 16),
+    (RUN2, "default", "v32-np4", 32768, 4)])
+def test_planner_within_1_percent_of_the_32gb_peaks(record, build, name, ctx, parallel):
+    m = ModelShape.from_header(header())
+    (peak,) = [v["mem_peak"] for v in record["vram"] if v["build"] == build and v["name"] == name]
+    p = plan(m, ctx, parallel, "q8_0", "q8_0", V100_32, 1024, 610, cublas=build == "cublas")
+    assert abs(p.needed / MIB - peak) / peak < 0.01, (p.describe(), peak)
+
+
+def test_32gb_at_16_clients_is_over_2_3x_the_seed_in_one_session():
+    t = pr.serve_table(RUN1["serve"])
+    ours, seed = t["v32-ship"][16]["wall"], t["seed-stage3"][16]["wall"]
+    assert round(ours[0]) == 270 and round(seed[0]) == 114 and ours[0] / seed[0] >= 2.3
+    assert "2.38x" in text("v100_32gb") and round(ours[0] / seed[0], 2) == 2.38
+    # the FORCE_CUBLAS build (every batch through cuBLAS, decode steps included: not Volta's path)
+    cub, seed_cub = t["v32-ship-cublas"][16]["wall"], t["seed-stage3-cublas"][16]["wall"]
+    assert round(cub[0] / seed_cub[0], 2) == 1.12
