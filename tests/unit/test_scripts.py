@@ -50,3 +50,30 @@ def test_atomic_dir_replaces_a_snapshot_whole(tmp_path):
 def test_atomic_refuses_bad_usage(tmp_path):
     r = subprocess.run(["bash", ATOMIC, "link", str(tmp_path / "x")], capture_output=True, text=True)
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_a_failed_fetch_returns_at_once_and_leaves_nothing_holding_its_output(tmp_path):
+    """The progress ticker's sleep must not keep the caller's pipe open: a fetch that fails in
+    a second used to hold pyinfra (and every test) for the ticker's 30 s sleep."""
+    import http.server
+    import threading
+    import time
+
+    class Slow404(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(0.5)  # the ticker has started its sleep by now
+            self.send_error(404)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow404)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/m.gguf"
+        # capture_output waits for every holder of stdout/stderr to close them
+        r = subprocess.run(["bash", str(REPO / "roles/model/files/vf-fetch-model.sh"), url,
+                            str(tmp_path / "m.gguf"), "a" * 64], capture_output=True, text=True, timeout=15)
+    finally:
+        server.shutdown()
+    assert r.returncode == 1 and "failed (curl exit 22)" in r.stderr and "untouched" in r.stderr

@@ -26,7 +26,7 @@ log=$build.log
 t0=$(date +%s)
 echo "voltafleet: compiling llama.cpp ${commit:0:12} as release $fp on $(hostname)" >&2
 # progress for the operator: the build step every 30 s, not minutes of silence
-( while sleep 30 </dev/null >/dev/null 2>&1; do  # the sleep holds none of our output (see vf-fetch-model)
+( while sleep 30 >/dev/null 2>&1; do  # the sleep holds none of our output (see vf-fetch-model)
     step=$(grep -o '\[ *[0-9]*%\]' "$log" 2>/dev/null | tail -n 1 || true)
     echo "voltafleet: compiling $fp: $(( $(date +%s) - t0 )) s elapsed ${step:-configuring}" >&2
   done ) &

@@ -17,7 +17,7 @@ if [ -z "$want" ] || [ "$got" != "$want" ]; then
   # progress for the operator: bytes and rate every 30 s (the sleep holds none of our output:
   # killed with its loop at exit, a sleep still holding stderr would keep the caller waiting 30 s)
   ( prev=$(stat -c %s -- "$part" 2>/dev/null || echo 0)
-    while sleep 30 </dev/null >/dev/null 2>&1; do
+    while sleep 30 >/dev/null 2>&1; do
       now=$(stat -c %s -- "$part" 2>/dev/null || echo 0)
       echo "voltafleet: downloading $(basename -- "$dest"): $(( now / 1048576 )) MiB, $(( (now - prev) / 30 / 1048576 )) MiB/s" >&2
       prev=$now
