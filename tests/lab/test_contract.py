@@ -4,6 +4,7 @@ new model under the same file name is rolled back to the old one; one rollout at
 a --limit run keeps every host's backends; each host's verdict is its own record."""
 import http.server
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -139,8 +140,20 @@ def test_a_limited_run_keeps_every_hosts_backends_on_the_gateway(three, tmp_path
 
 
 def test_every_host_is_judged_on_its_own_record_of_the_run(three, tmp_path):
+    """A converged fleet rolls without a change or a restart; every host passes on its own
+    record; the table and the JSON report agree; the fleet plan and the textfile metrics."""
+    before = pids(three)
     run, report = rollout(["--batch", "2"])
     assert run.rc == 0 and report["ok"], run
+    assert [h["status"] for h in report["hosts"]] == ["passed"] * 3 and pids(three) == before
+    # every pyinfra run of the rollout (preflight, gateway, each batch) changed nothing
+    totals = re.findall(r"Grand total\s+\S+\s+(\S+)", run.out)
+    assert len(totals) == 4 and set(totals) == {"-"}, run
+    assert report["batches"] == [[three[0]["name"]], [h["name"] for h in three[1:]]]
+    # the printed table and the JSON report agree, row by row
+    table = run.out[run.out.index("host             batch"):].splitlines()[1:4]
+    for row, h in zip(table, report["hosts"]):
+        assert row.split()[:4] == [h["host"], str(h["batch"]), h["status"], h["fingerprint"] or "-"]
     run_dir = REPO / "reports" / f"rollout-{report['rollout']}"
     for h in report["hosts"]:
         rec = json.loads((run_dir / f"outcome-{h['host']}.json").read_text())

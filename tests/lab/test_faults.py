@@ -100,7 +100,10 @@ def test_model_404_is_a_clear_error_and_the_old_one_serves(case, tmp_path):
 
 
 def test_model_transfer_cut_halfway_keeps_the_partial_and_the_next_run_resumes(case, tmp_path):
+    """One host is given the new model's URL (the others keep theirs): its transfer is cut
+    half way, the partial is kept, the next run resumes it from the mirror and serves it."""
     st = lab()
+    h = st["hosts"][0]
     src = Path(st["mirror_root"]) / "models" / Path(st["model_url"]).name
     copy = src.with_name("tiny-copy.gguf")
     copy.write_bytes(src.read_bytes())
@@ -108,16 +111,18 @@ def test_model_transfer_cut_halfway_keeps_the_partial_and_the_next_run_resumes(c
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 18901), Dropping)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        run = deploy(new_model_vars("http://127.0.0.1:18901/models/tiny-copy.gguf", st["model_sha256"]), tmp_path)
+        run = deploy(host_vars={h["name"]: new_model_vars("http://127.0.0.1:18901/models/tiny-copy.gguf",
+                                                          st["model_sha256"])}, tmp=tmp_path)
     finally:
         server.shutdown()
     assert run.rc != 0 and "partial kept at" in run.out
-    h = st["hosts"][0]
     part = int(ssh(h, f"stat -c %s {MODELS}/*/tiny-copy.gguf.part"))
     assert 0 < part < copy.stat().st_size
-    run = deploy(new_model_vars(st["model_url"].rsplit("/", 1)[0] + "/tiny-copy.gguf", st["model_sha256"]), tmp_path)
+    run = deploy(host_vars={h["name"]: new_model_vars(st["model_url"].rsplit("/", 1)[0] + "/tiny-copy.gguf",
+                                                      st["model_sha256"])}, tmp=tmp_path)
     assert run.rc == 0, run  # resumed from the mirror, verified, served
     assert ssh(h, f"ls {MODELS}/*/tiny-copy.gguf.part 2>/dev/null || echo none") == "none"
+    assert "tiny-copy.gguf" in env_file(h)
     assert deploy().rc == 0
     copy.unlink()
 

@@ -89,14 +89,16 @@ def test_host_joining_later_gets_the_release_without_compiling(hosts, joining_ho
     assert sum(fp in compiled_here(h) for h in lab()["hosts"]) == 1
 
 
-def test_changed_ref_rebuilds_once_and_switches_every_host(converged, tmp_path):
+def test_changed_ref_and_cmake_flag_rebuild_once_and_switch_every_host(converged, tmp_path):
     """Through a rolling rollout, one host a batch: the canary compiles, every later batch
-    installs the release from the controller's cache (one compile for the whole fleet)."""
+    installs the release from the controller's cache (one compile for the whole fleet). The
+    new ref comes with an extra CMake flag, which reaches the build (both are fingerprint
+    inputs: tests/unit/test_fingerprint.py changes each alone)."""
     all_hosts = lab()["hosts"]
     before = current_release(all_hosts[0])
     pids = {h["name"]: main_pid(h, 0) for h in all_hosts}
-    run, report = rollout(["--batch", "1"], vars={"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp=tmp_path,
-                          env=fresh_cache(tmp_path))
+    new = {"llama_cpp_ref": lab()["llama_cpp_next_ref"], "llama_cpp_cmake_extra": ["-DLLAMA_BUILD_COMMON=ON"]}
+    run, report = rollout(["--batch", "1"], vars=new, tmp=tmp_path, env=fresh_cache(tmp_path))
     assert run.rc == 0 and report["ok"], run
     after = {current_release(h) for h in all_hosts}
     assert len(after) == 1 and before not in after
@@ -104,9 +106,10 @@ def test_changed_ref_rebuilds_once_and_switches_every_host(converged, tmp_path):
     assert sum(fp in compiled_here(h) for h in all_hosts) == 1
     for h in all_hosts:
         assert build_info(h)["commit"] == lab()["llama_cpp_next_commit"]
+        assert "-DLLAMA_BUILD_COMMON=ON" in build_info(h)["flags"]
         assert main_pid(h, 0) != pids[h["name"]]  # restarted onto the new binary
         assert ssh(h, f"test -d /opt/voltafleet/releases/{before} && echo kept") == "kept"  # previous kept
-    assert deploy({"llama_cpp_ref": lab()["llama_cpp_next_ref"]}, tmp_path).changed == 0
+    assert deploy(new, tmp_path).changed == 0
     # back to the pinned ref: a switch to the kept release, no compile
     builds = {h["name"]: compiled_here(h) for h in all_hosts}
     run = deploy()
@@ -114,22 +117,6 @@ def test_changed_ref_rebuilds_once_and_switches_every_host(converged, tmp_path):
     assert "compiling llama.cpp" not in run.out
     assert {build_info(h)["commit"] for h in all_hosts} == {lab()["llama_cpp_ref"]}
     assert {h["name"]: compiled_here(h) for h in all_hosts} == builds
-
-
-def test_changed_cmake_flag_rebuilds_once_and_switches_every_host(converged, tmp_path):
-    all_hosts = lab()["hosts"]
-    before = current_release(all_hosts[0])
-    extra = {"llama_cpp_cmake_extra": ["-DLLAMA_BUILD_COMMON=ON"]}  # same binary, a new fingerprint
-    run = deploy(extra, tmp_path, env=fresh_cache(tmp_path))
-    assert run.rc == 0, run
-    after = {current_release(h) for h in all_hosts}
-    assert len(after) == 1 and before not in after
-    fp = after.pop()
-    assert sum(fp in compiled_here(h) for h in all_hosts) == 1
-    assert all("-DLLAMA_BUILD_COMMON=ON" in build_info(h)["flags"] for h in all_hosts)
-    run = deploy()
-    assert run.rc == 0 and "compiling llama.cpp" not in run.out, run
-    assert {current_release(h) for h in all_hosts} == {before}
 
 
 def test_failed_build_never_touches_current_or_the_servers(converged, tmp_path):
