@@ -47,7 +47,7 @@ unit: setup
 # Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU tests skip without a GPU).
 test: setup
 	$(PY) -m lab up --fresh --hosts 3 --gateway
-	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=25 tests
+	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=50 tests
 
 bench: lab-up
 	$(PY) bench/rollout.py
