@@ -143,26 +143,28 @@ def test_host_stopped_mid_rollout_is_named_and_a_rerun_completes_it(case, tmp_pa
     hosts = lab()["hosts"][:3]
     victim = hosts[2]
     e = {**os.environ, "VOLTAFLEET_VARS": str(tmp_path / "v.yml")}
-    (tmp_path / "v.yml").write_text("server_threads: 2\n")
+    (tmp_path / "v.yml").write_text("server_ctx_checkpoints: 16\n")
     proc = subprocess.Popen([sys.executable, "-m", "rollout", "inventory/lab.py", "--batch", "1", "--fail-percent", "50"],
                             cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = []
-    for line in proc.stdout:
-        out.append(line)
-        if "batch 1:" in line:  # the canary is done: the last host goes away before its batch
-            fleet.stop_pidfile(Path(victim["dir"]) / "nspawn.pid")
-    proc.wait(timeout=900)
-    text = "".join(out)
-    report = json.loads((REPO / "reports" / "rollout-latest.json").read_text())
-    status = {h["host"]: h["status"] for h in report["hosts"]}
-    assert proc.returncode == 1, text
-    assert status == {hosts[0]["name"]: "passed", hosts[1]["name"]: "passed", victim["name"]: "failed"}, text
-    lost = next(h for h in report["hosts"] if h["host"] == victim["name"])
-    assert "no outcome record" in lost["detail"]  # never a pass by default
-    fleet.up(len(lab()["hosts"]))  # the host comes back
-    run, report = rollout(["--batch", "1"], vars={"server_threads": 2}, tmp=tmp_path)
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if "batch 1:" in line:  # the canary is done: the last host goes away before its batch
+                fleet.stop_pidfile(Path(victim["dir"]) / "nspawn.pid")
+        proc.wait(timeout=900)
+        text = "".join(out)
+        report = json.loads((REPO / "reports" / "rollout-latest.json").read_text())
+        status = {h["host"]: h["status"] for h in report["hosts"]}
+        assert proc.returncode == 1, text
+        assert status == {hosts[0]["name"]: "passed", hosts[1]["name"]: "passed", victim["name"]: "failed"}, text
+        lost = next(h for h in report["hosts"] if h["host"] == victim["name"])
+        assert "no outcome record" in lost["detail"]  # never a pass by default
+    finally:
+        fleet.up(len(lab()["hosts"]))  # the host comes back (whatever happened above)
+    run, report = rollout(["--batch", "1"], vars={"server_ctx_checkpoints": 16}, tmp=tmp_path)
     assert run.rc == 0 and report["ok"], run
-    assert "-t 2 " in env_file(victim)
+    assert "--ctx-checkpoints 16" in env_file(victim)
     assert deploy().rc == 0
 
 

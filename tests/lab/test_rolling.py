@@ -7,7 +7,7 @@ from tests.lab.helpers import deploy, env_file, pids, rollout, ssh
 def test_one_host_failing_its_smoke_test_rolls_back_and_the_rest_succeed(three, tmp_path):
     bad = three[1]
     before = env_file(bad)
-    run, report = rollout(["--batch", "1", "--fail-percent", "50"], vars={"server_threads": 2},
+    run, report = rollout(["--batch", "1", "--fail-percent", "50"], vars={"server_ctx_checkpoints": 16},
                           host_vars={bad["name"]: {"smoke_min_single_tps": 1000000}}, tmp=tmp_path)
     assert run.rc == 1, run
     status = {h["host"]: h for h in report["hosts"]}
@@ -16,7 +16,7 @@ def test_one_host_failing_its_smoke_test_rolls_back_and_the_rest_succeed(three, 
     assert [status[h["name"]]["status"] for h in (three[0], three[2])] == ["passed", "passed"]
     assert env_file(bad) == before                                   # its old flags serve again
     assert ssh(bad, "systemctl is-active llama-server@0.service") == "active"
-    assert "-t 2 " in env_file(three[2])                              # the batch after it still rolled
+    assert "--ctx-checkpoints 16" in env_file(three[2])                              # the batch after it still rolled
     assert bad["name"] in run.out and "rolled_back" in run.out
     assert not report["ok"] and report["counts"]["rolled_back"] == 1
     assert deploy().rc == 0  # back to the repository's configuration
@@ -26,7 +26,7 @@ def test_a_failing_canary_stops_the_rollout_before_any_other_host_changes(three,
     canary, others = three[0], three[1:]
     before = {h["name"]: env_file(h) for h in others}
     before_pids = pids(others)
-    run, report = rollout(["--batch", "1"], vars={"server_threads": 2},
+    run, report = rollout(["--batch", "1"], vars={"server_ctx_checkpoints": 16},
                           host_vars={canary["name"]: {"smoke_min_single_tps": 1000000}}, tmp=tmp_path)
     assert run.rc == 1, run
     assert "canary vf-lab-1 did not pass" in run.out

@@ -146,7 +146,7 @@ def test_failed_smoke_rolls_back_to_the_last_good_flags(converged, tmp_path):
     h = lab()["hosts"][0]
     env_before = ssh(h, "cat /etc/voltafleet/llama-server/0.env")
     # a flag change (restart + smoke) with a threshold no server can meet
-    run = deploy({"server_threads": 2, "smoke_min_single_tps": 1000000}, tmp_path)
+    run = deploy({"server_ctx_checkpoints": 16, "smoke_min_single_tps": 1000000}, tmp_path)
     assert run.rc != 0
     assert "single-stream" in run.out and "rolled back" in run.out
     assert ssh(h, "cat /etc/voltafleet/llama-server/0.env") == env_before

@@ -55,12 +55,12 @@ def test_hardening_exposure_is_at_most_5(hosts):
 def test_one_host_flag_change_restarts_exactly_its_instances(hosts, tmp_path):
     a, b = hosts[0], hosts[1]
     before = {(h["name"], i): main_pid(h, i) for h in (a, b) for i in (0, 1)}
-    run = deploy(host_vars={b["name"]: {"server_threads": 2}}, tmp=tmp_path)
+    run = deploy(host_vars={b["name"]: {"server_ctx_checkpoints": 16}}, tmp=tmp_path)
     assert run.rc == 0, run
-    assert "-t 2 " in ssh(b, "cat /etc/voltafleet/llama-server/0.env")
+    assert "--ctx-checkpoints 16" in ssh(b, "cat /etc/voltafleet/llama-server/0.env")
     assert main_pid(a, 0) == before[(a["name"], 0)] and main_pid(a, 1) == before[(a["name"], 1)]
     assert main_pid(b, 0) != before[(b["name"], 0)] and main_pid(b, 1) != before[(b["name"], 1)]
-    assert "-t 2 " in ssh(b, f"tr '\\0' ' ' < /proc/{main_pid(b, 0)}/cmdline")
+    assert "--ctx-checkpoints 16" in ssh(b, f"tr '\\0' ' ' < /proc/{main_pid(b, 0)}/cmdline")
 
 
 def test_retiring_one_instance_leaves_the_other_running(hosts, tmp_path):
