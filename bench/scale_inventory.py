@@ -148,25 +148,28 @@ def _service(name: str) -> list:
             (rf"--property UnitFileState {name}.service", f"Id={name}.service\nUnitFileState=enabled")]
 
 
-def haproxy_cfg(cfg: dict, servers: list[str], ports: list[int]) -> str:
+def haproxy_cfg(cfg: dict, servers: list[str], ports: list[int], slots: int | None = None) -> str:
     """The gateway's configuration as roles/gateway renders it for these servers."""
     import jinja2
 
-    from roles.gateway import TEMPLATE
+    from roles.gateway import ERRORFILE, TEMPLATE
 
-    backends = gw.fleet_backends([(name, name, ports) for name in servers], [], [])
+    backends = gw.fleet_backends([(name, name, ports, slots) for name in servers], [], [])
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
                              lstrip_blocks=True)
     return env.from_string(TEMPLATE.read_text()).render(
         backends=backends, bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
         stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
-        maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE)
+        maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE,
+        queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
+        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
+        errorfile=ERRORFILE)
 
 
-def gateway_responses(cfg: dict, servers: list[str], ports: list[int]) -> list:
+def gateway_responses(cfg: dict, servers: list[str], ports: list[int], slots: int | None = None) -> list:
     rows = [f"llama,{gw.backend_name(name, i)},0,0,0,0,,0,0,0,0,0,0,0,0,0,0,UP"
             for name in servers for i in range(len(ports))]
-    live = haproxy_cfg(cfg, servers, ports)
+    live = haproxy_cfg(cfg, servers, ports, slots)
     stat = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status\n"
     r = [
         (r"show stat", stat + "\n".join(rows)),
@@ -176,6 +179,9 @@ def gateway_responses(cfg: dict, servers: list[str], ports: list[int]) -> list:
     ]
     _file(r, "/etc/haproxy/haproxy.cfg.voltafleet", live)  # staged, and the same live
     _file(r, "/etc/haproxy/haproxy.cfg", live)
+    from roles.gateway import ERRORFILE
+
+    _file(r, ERRORFILE, gw.busy_page(cfg["gateway_retry_after_s"]))
     return r
 
 
@@ -201,7 +207,7 @@ _cfg = {k: v for k, v in _loaded[GROUP][0][1].items() if not k.startswith(("fake
                                                                            "voltafleet_sources"))}
 _answers = {c: _responses(server_responses(_cfg, c, _header)) for c in range(1, _compilers + 1)}
 _gw_answers = _responses(gateway_responses(_loaded["gateway"][0][1], _names,
-                                           [_cfg["server_port_base"] + i for i in range(8)]))
+                                           [_cfg["server_port_base"] + i for i in range(8)], _cfg["server_parallel"]))
 v100_16gb = [(name, {**data, "fake_responses": _answers[1 if k < (_n + 1) // 2 or _compilers == 1 else 2]})
              for k, (name, data) in enumerate(_loaded[GROUP])]
 gateway = [(name, {**data, "fake_responses": _gw_answers}) for name, data in _loaded["gateway"]]
