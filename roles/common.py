@@ -17,6 +17,7 @@ from pyinfra.api import FunctionCommand, OperationError
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import PyinfraError
 
+import roles.speed  # noqa: F401  (pyinfra's cost per operation and fact, cut on import)
 from roles.facts import Gpus, HAProxyServers, HostBasics, NvccVersion
 from voltafleet import gateway as gw
 from voltafleet import hostplan, mirror, outcome, refs
