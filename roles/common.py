@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gevent.lock import Semaphore
 from pyinfra import host, inventory, logger
-from pyinfra.api import FunctionCommand, OperationError
+from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import PyinfraError
 
@@ -264,6 +264,29 @@ def fleet_mirrors(state) -> tuple:
         return plan.mirrors
     return mirror.mirrors_of([(h.name, {**host_config(h), "ssh_hostname": h.data.get("ssh_hostname")})
                               for h in state.inventory if is_mirror(h)])
+
+
+@operation()
+def after_mirrors_and_gateways():
+    """Nothing on the host: an operation that every host of a plain run reaches from the same
+    line of deploy.py, so it is one step of pyinfra's operation order, after the mirrors' and
+    gateways' operations and before any server host's. pyinfra orders operations host by
+    host (each host's in its order, hosts side by side), not by the deploy file's lines: a
+    server host with fewer operations before its model fetch would otherwise fetch before
+    its mirror is up.
+
+    .. code:: python
+
+        after_mirrors_and_gateways(name="Mirrors and gateways first")
+    """
+    return
+    yield  # an operation is a generator; this one runs nothing
+
+
+def mirrors_and_gateways_first(state) -> None:
+    """In a run whose inventory has mirrors or gateways: every host's step after theirs."""
+    if any(is_mirror(h) or is_gateway(h) for h in state.inventory):
+        after_mirrors_and_gateways(name="Mirrors and gateways configured (server hosts from here)")
 
 
 def gateway_hosts(state) -> list:
