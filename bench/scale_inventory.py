@@ -23,7 +23,7 @@ from voltafleet import gguf_header, gpuhealth  # noqa: F401  (gpuhealth: the fac
 from voltafleet import gateway as gw
 from voltafleet.flags import pinned_help
 from voltafleet.groupvars import load_or_exit
-from voltafleet.hostplan import ENV_DIR, UNIT_PATH, HostFacts, make_plan, model_files
+from voltafleet.hostplan import HostFacts, make_plan, model_files
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "v100_16gb"
@@ -54,6 +54,17 @@ def _file(responses: list, path: str, content: str | bytes, mode: str = "-rw-r--
     responses.append((rf"stat -c .* {q} 2>", _stat(path, mode, len(content))))
 
 
+def _synced(files: list, directories: list = ()) -> tuple:
+    """roles/filesync.synced's one fact (FilesState) where every file and directory is in place."""
+    from roles.filesync import FilesState, fact_paths
+
+    wanted = {f.dest: f for f in files}
+    modes = dict(directories)
+    lines = [f"file {wanted[p].mode} {wanted[p].sha1()}" if p in wanted else f"dir {modes.get(p, '755')}"
+             for p in fact_paths(files, list(directories))]
+    return "^" + re.escape(FilesState().command(paths=fact_paths(files, list(directories)))) + "$", "\n".join(lines)
+
+
 def _dir(responses: list, path: str) -> None:
     pattern = rf"stat -c .* {re.escape(path)} 2>"
     if all(p != pattern for p, _ in responses):
@@ -77,7 +88,6 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     if plan.refusals:
         raise SystemExit("bench: the simulated host is refused: " + "; ".join(plan.refusals))
     fp = plan.build.fingerprint(NVCC, CXX[compiler])
-    root = plan.root
     info = json.dumps({"fingerprint": fp, "commit": plan.build.commit})
     lspci = "\n".join(f"0000:{b}:00.0 3D controller [0302]: NVIDIA Corporation GV100GL [Tesla V100 SXM2 16GB] "
                       "[10de:1db1] (rev a1)" for b in g.BUSES[:8])
@@ -118,18 +128,11 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
         *_service("nvidia-persistenced"),
     ]
     r = [(p, a) for p, a in r if p != r"nvcc --version"]
-    from roles.helpers import scripts
+    from roles import helpers, server, smoke
 
-    _dir(r, f"{root}/bin")
-    for name, src in scripts().items():
-        _file(r, f"{root}/bin/{name}", Path(src).read_bytes(), "-rwxr-xr-x")
-    _dir(r, ENV_DIR)
-    for i in plan.instances:
-        _file(r, f"{ENV_DIR}/{i.index}.env", plan.env_file(i.index))
-    from voltafleet.unitfile import render_unit
-
-    _file(r, UNIT_PATH, render_unit(plan.cfg, 255))
-    _file(r, f"{root}/smoke-probe-prompt.txt", cfg["smoke_probe_prompt"])
+    # the files of roles/filesync's operations, each operation's one fact: helpers, instance flags, unit, prompt
+    r[:0] = [_synced(*helpers.wanted(plan)), _synced(list(server.env_files(plan)[0].values()), server.env_files(plan)[1]),
+             _synced([server.unit_file(plan)]), _synced([smoke.prompt_file(plan)])]
     _dir(r, "/etc/modprobe.d")
     _file(r, "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n")
     return r

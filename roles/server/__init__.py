@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
-from pyinfra.operations import files, server as server_ops, systemd
+from pyinfra.operations import files, server as server_ops
 
 from roles.common import bin_path, host_fingerprint, sources
+from roles.filesync import ChangeLog, FileChange, Wanted, synced
 from roles.facts import HelpText, Releases, ServerInstances
 from voltafleet import flags as flagmod
 from voltafleet.errors import format_errors
 from voltafleet.fingerprint import releases_to_prune
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
-from voltafleet.unitfile import JINJA, UNIT_TEMPLATE, unit_vars
+from voltafleet.unitfile import render_unit
 
 
 def _release(plan: HostPlan) -> str | None:
@@ -123,13 +123,25 @@ def server(plan: HostPlan, model_ops=()):
     else:
         files.file(name="No API key file", path=API_KEY_PATH, present=False)
     flags_accepted(name="The release's llama-server accepts every flag", plan=plan)
-    files.directory(name="Instance directory", path=ENV_DIR, mode="755")
-    env_ops = {i.index: files.put(name=f"Instance {i.index} flags (port {i.port})", src=StringIO(plan.env_file(i.index)),
-                                  dest=f"{ENV_DIR}/{i.index}.env", mode="644")
-               for i in plan.instances}
-    unit = files.template(name="llama-server@.service", src=str(UNIT_TEMPLATE), dest=UNIT_PATH, mode="644",
-                          jinja_env_kwargs=JINJA, **unit_vars(cfg, plan.facts.systemd))
-    systemd.daemon_reload(name="Reload systemd after a unit change", _if=unit.did_change)
+    envs, directories = env_files(plan)
+    log = ChangeLog()
+    ports = [i.port for i in plan.instances]
+    env_op = synced(name=f"Instance flags ({len(envs)} instances, ports {min(ports, default=0)}-{max(ports, default=0)})",
+                    files=list(envs.values()), directories=directories, log=log)
+    env_ops = {index: FileChange(env_op, log, f.dest) for index, f in envs.items()}
+    unit = synced(name="llama-server@.service (systemd reloaded when it changed)", files=[unit_file(plan)],
+                  then=["systemctl daemon-reload"])
     switch = release_switched(name="Switch `current` to this release", plan=plan)
     retired(name="Retire instances the plan no longer has", plan=plan)
     return Changes(env_ops, (unit, switch, *(op for op in model_ops if op is not None)))
+
+
+def env_files(plan: HostPlan) -> tuple[dict[int, Wanted], list[tuple[str, str]]]:
+    """({instance: its environment file}, the directory): what the flags operation puts in place."""
+    return ({i.index: Wanted(f"{ENV_DIR}/{i.index}.env", "644", text=plan.env_file(i.index)) for i in plan.instances},
+            [(ENV_DIR, "755")])
+
+
+def unit_file(plan: HostPlan) -> Wanted:
+    """llama-server@.service as files.template rendered it (voltafleet.unitfile, once per distinct input)."""
+    return Wanted(UNIT_PATH, "644", text=render_unit(plan.cfg, plan.facts.systemd))
