@@ -5,11 +5,13 @@ per-host outcome record the rolling driver reads."""
 from __future__ import annotations
 
 import atexit
+import copy
 import shlex
 import sys
 import time
 from functools import lru_cache
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
 from gevent.lock import Semaphore
 from pyinfra import host, inventory, logger
@@ -209,21 +211,53 @@ def model_size(url: str) -> int | None:
     return remote_size(url)  # one `git ls-remote` per (repo, ref) and run, not one per greenlet
 
 
+# ---------------------------------------------------------------- facts read once until a change
+
+
+_FACTS: WeakKeyDictionary = WeakKeyDictionary()  # {host: {(fact, kwargs): ((stage, changes), value)}}
+
+
+def changes_so_far(h) -> int | None:
+    """How many of host h's operations have run commands on it so far in this run (None:
+    not a pyinfra host of a run, a test's fake one)."""
+    ops = getattr(h.state, "ops", None)
+    if not isinstance(ops, dict):
+        return None
+    return sum(1 for data in ops.get(h, {}).values() if data.operation_meta.executed)
+
+
+def host_fact(h, cls, **kwargs):
+    """h.get_fact(cls, **kwargs), read from the host once per run stage (prepare, execute)
+    until one of its operations runs a command on it; then once again, and so on: the same
+    value pyinfra's fresh read gives, for a fact only an operation changes (the compiler,
+    the toolkit, packages, releases, the GPUs a driver shows), never one that moves by
+    itself (a clock, a unit's state, the gateway's servers). An operation asks before its
+    first command (after it, its own command may have changed the value). A copy each time."""
+    executed = changes_so_far(h)
+    if executed is None:
+        return h.get_fact(cls, **kwargs)
+    key, epoch = (cls, tuple(sorted(kwargs.items()))), (h.state.is_executing, executed)
+    memo = _FACTS.setdefault(h, {})
+    if key not in memo or memo[key][0] != epoch:
+        memo[key] = (epoch, h.get_fact(cls, **kwargs))
+    return copy.deepcopy(memo[key][1])
+
+
 def host_build(h) -> BuildSpec:
     """Host h's build inputs, from its variables and GPUs (the same rule as its plan)."""
     cfg = host_config(h)
     cuda = cfg["voltafleet_backend"] == "cuda"
-    archs = hostplan.cuda_archs(cfg, h.get_fact(Gpus)) if cuda else []
+    archs = hostplan.cuda_archs(cfg, host_fact(h, Gpus)) if cuda else []
     return hostplan.build_spec(cfg, archs, resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"]))
 
 
 def host_fingerprint(h, build: BuildSpec | None = None) -> str | None:
     """Host h's fingerprint from its live facts; None while it has no compiler yet."""
-    cxx = h.get_fact(HostBasics)["cxx"]
+    cxx = host_fact(h, HostBasics)["cxx"]
     if not cxx:
         return None
     build = build or host_build(h)
-    toolkit = h.get_fact(NvccVersion, path=f"{build.cuda_bin}/nvcc") if build.cuda_bin else None
+    toolkit = host_fact(h, NvccVersion, path=f"{build.cuda_bin}/nvcc") if build.cuda_bin else None
     return build.fingerprint(toolkit, cxx)
 
 

@@ -15,7 +15,7 @@ from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, server as server_ops
 
-from roles.common import bin_path, host_fingerprint, sources
+from roles.common import bin_path, host_fact, host_fingerprint, sources
 from roles.filesync import ChangeLog, FileChange, Wanted, synced
 from roles.facts import HelpText, Releases, ServerInstances
 from voltafleet import flags as flagmod
@@ -67,7 +67,7 @@ def release_switched(plan: HostPlan):
         server.release_switched(plan)
     """
     fp = _release(plan)
-    releases = host.get_fact(Releases, root=plan.root)
+    releases = host_fact(host, Releases, root=plan.root)
     if fp is None:
         yield StringCommand("# switch current to this host's release once it is built")
         return

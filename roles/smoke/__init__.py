@@ -23,7 +23,7 @@ import time
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, deploy, operation
 
-from roles.common import (SMOKE_CLIENT, DrainError, bin_path, changes, drain, drain_timeout, gateway_hosts, q,
+from roles.common import (SMOKE_CLIENT, DrainError, bin_path, changes, drain, drain_timeout, gateway_hosts, host_fact, q,
                           out_of_rotation, ready, record, report_dir, restart_command, run_context, sh)
 from roles.facts import GpuHealth, Releases, ServerInstances
 from roles.filesync import Wanted, synced
@@ -355,7 +355,7 @@ def _converged(plan: HostPlan):
                 return False
             yield FunctionCommand(fail, (), {})
             return
-    release = host.get_fact(Releases, root=plan.root)["current"]
+    release = host_fact(host, Releases, root=plan.root)["current"]
     record(cfg, host.name, "passed", "", release=release, probe="match" if gold is not None else None, **common)
     if out_of_rotation(host.state, host.name, idx):
         # an earlier run left instances drained (an interrupted rollout): they serve, so they go back
