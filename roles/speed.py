@@ -9,6 +9,10 @@
 + The global arguments an operation or a fact takes (pyinfra.api.arguments.all_global_arguments)
   are the type hints of a fixed TypedDict, evaluated again by typing.get_type_hints for every
   operation and every fact: evaluated once here.
++ Each of those 32 arguments has a default in the host's data (pop_global_arguments): each
+  lookup (pyinfra.api.host.HostData) evaluated the host's five data layers again, merging
+  its groups' data into a new dict, for every argument of every operation and fact. Here the
+  layers are evaluated once per call, then looked up in the same order.
 
 Applied on import (roles.common imports this module, so every deploy of the roles runs with
 it) and only to the pyinfra these replacements were checked against: the source of each
@@ -23,21 +27,31 @@ import importlib
 import inspect
 import os
 import sys
+from copy import copy
 
 import pyinfra
 
 _util = importlib.import_module("pyinfra.api.util")
 _operation = importlib.import_module("pyinfra.api.operation")
 _arguments = importlib.import_module("pyinfra.api.arguments")
+_facts = importlib.import_module("pyinfra.api.facts")
+_deploy = importlib.import_module("pyinfra.api.deploy")
+_host = importlib.import_module("pyinfra.api.host")
 
 # sha256 of inspect.getsource() of the pyinfra function each replacement stands in for (3.10.0)
 CHECKED = {
     "get_operation_order_from_stack": "f4807f61585570e0",
     "all_global_arguments": "f7afbc472d78c5d2",
+    "pop_global_arguments": "a12a311539ff5068",
+    "HostData.__getattr__": "87152f64f2a65e53",  # what pop_global_arguments' host lookups do
+    "extract_callable_datas": "5f05d834948d82be",
 }
 
 ORIGINAL = {"get_operation_order_from_stack": _util.get_operation_order_from_stack,
-            "all_global_arguments": _arguments.all_global_arguments}
+            "all_global_arguments": _arguments.all_global_arguments,
+            "pop_global_arguments": _arguments.pop_global_arguments,
+            "HostData.__getattr__": _host.HostData.__getattr__,
+            "extract_callable_datas": _host.extract_callable_datas}
 APPLIED: list[str] = []
 
 
@@ -81,6 +95,71 @@ def all_global_arguments() -> list[tuple[str, type]]:
     return list(_GLOBAL_ARGUMENTS)
 
 
+def _host_defaults(host):
+    """getattr(host.data, key, default_sentinel) for any key, as pyinfra.api.host.HostData
+    answers it (the first data layer that has the key, a shallow copy of its value), with
+    the layers (the override, host, groups, inventory and deploy data) evaluated once."""
+    data, sentinel = host.data, _arguments.default_sentinel
+    datas = data.__dict__.get("datas") if type(data) is _host.HostData else None
+    if datas is None:
+        return lambda key: getattr(data, key, sentinel)
+    layers = list(_host.extract_callable_datas(datas))
+
+    def lookup(key):
+        for layer in layers:
+            try:
+                return copy(layer[key])
+            except KeyError:
+                pass
+        return sentinel
+    return lookup
+
+
+def pop_global_arguments(state, host, kwargs):
+    """pyinfra.api.arguments.pop_global_arguments, the host's data layers evaluated once a
+    call (_host_defaults) instead of once an argument; the rest is pyinfra's, line for line."""
+    config = state.config
+    if _arguments.ctx_config.isset():
+        config = _arguments.ctx_config.get()
+        assert config is not None
+
+    cdkwargs = host.current_deploy_kwargs
+    meta_kwargs = cdkwargs or {}
+
+    arguments = {}
+    found_keys = []
+    host_default_of = _host_defaults(host)
+
+    for key, type_ in _arguments.all_global_arguments():
+        argument_meta = _arguments.all_argument_meta[key]
+        handler = argument_meta.handler
+        default = argument_meta.default(config)
+
+        host_default = host_default_of(key)
+        if host_default is not _arguments.default_sentinel:
+            default = host_default
+
+        if key in kwargs:
+            found_keys.append(key)
+            value = kwargs.pop(key)
+        else:
+            value = meta_kwargs.get(key, default)
+
+        if handler:
+            value = handler(config, value)
+
+        if value != default:
+            _arguments.raise_if_bad_type(
+                value,
+                type_,
+                _arguments.ArgumentTypeError,
+                f"Invalid argument `{key}`:",
+            )
+
+        arguments[key] = value
+    return arguments, found_keys
+
+
 def _digest(fn) -> str | None:
     try:
         return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
@@ -99,6 +178,12 @@ def apply() -> list[str]:
     if _digest(ORIGINAL["all_global_arguments"]) == CHECKED["all_global_arguments"]:
         _arguments.all_global_arguments = all_global_arguments  # pop_global_arguments calls it by module name
         APPLIED.append("all_global_arguments")
+    names = ("pop_global_arguments", "HostData.__getattr__", "extract_callable_datas")
+    if all(_digest(ORIGINAL[n]) == CHECKED[n] for n in names) \
+            and all(m.pop_global_arguments is ORIGINAL["pop_global_arguments"] for m in (_facts, _operation, _deploy)):
+        for module in (_arguments, _facts, _operation, _deploy):  # each calls it by its own name
+            module.pop_global_arguments = pop_global_arguments
+        APPLIED.append("pop_global_arguments")
     return APPLIED
 
 
