@@ -4,9 +4,10 @@ fact of a converged 8-GPU host, the real inventory loader, group_vars and deploy
 one HAProxy gateway. No SSH; the model's GGUF header (the real Qwen3.6-27B tensor table and
 a vocabulary of its size, ~7 MiB) is served over HTTP Range from this process.
 
-    nice -n 10 .venv/bin/python bench/scale.py --hosts 10 100 [--compilers 2] [--json out.json]
+    nice -n 10 .venv/bin/python bench/scale.py --hosts 10 100 [--compilers 2] [--json out.json] [--profile /tmp/p]
 
-Prints per N: wall time, the pyinfra process's peak RSS, operations and remote commands per
+Prints per N: wall time, the pyinfra process's CPU seconds (user+sys: on a shared machine
+the wall time says little) and per host, its peak RSS, operations and remote commands per
 server host, cross-host fact reads (Host.get_fact on a host other than the one whose
 operation or deploy is running), model header / HEAD requests, changes (must be 0) and the
 exit code.
@@ -215,16 +216,16 @@ def main() -> int:
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--profile", metavar="PREFIX", help="run the pyinfra process under cProfile: PREFIX.N per N")
     a = p.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="vf-scale-"))
-    header = tmp / "header.gguf"
-    write_header(HEADER_FIXTURE, header)
-    mirror = Mirror(header)
-    rows = []
-    print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
-    for n in a.hosts:
-        row = run_once(n, a.compilers, mirror, header, a.parallel, a.profile)
-        rows.append(row)
-        print("| " + " | ".join(str(row[c]) for c in COLUMNS) + " |", flush=True)
+    with tempfile.TemporaryDirectory(prefix="vf-scale-") as tmp:
+        header = Path(tmp) / "header.gguf"
+        write_header(HEADER_FIXTURE, header)
+        mirror = Mirror(header)
+        rows = []
+        print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
+        for n in a.hosts:
+            row = run_once(n, a.compilers, mirror, header, a.parallel, a.profile)
+            rows.append(row)
+            print("| " + " | ".join(str(row[c]) for c in COLUMNS) + " |", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0 if all(r["rc"] == 0 and r["changed_ops"] == 0 and r["passed"] == r["hosts"] for r in rows) else 1
