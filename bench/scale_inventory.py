@@ -131,10 +131,16 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     from roles import helpers, server, smoke
 
     # the files of roles/filesync's operations, each operation's one fact: helpers, instance flags, unit, prompt
+    from roles.facts import ServiceAccount
+    from roles.filesync import Wanted
+    from roles.toolchain import NOUVEAU_BLACKLIST
+
+    user = cfg["server_user"]
     r[:0] = [_synced(*helpers.wanted(plan)), _synced(list(server.env_files(plan)[0].values()), server.env_files(plan)[1]),
-             _synced([server.unit_file(plan)]), _synced([smoke.prompt_file(plan)])]
-    _dir(r, "/etc/modprobe.d")
-    _file(r, "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n")
+             _synced([server.unit_file(plan)]), _synced([smoke.prompt_file(plan)]),
+             _synced([Wanted(NOUVEAU_BLACKLIST, "644", text="blacklist nouveau\noptions nouveau modeset=0\n")]),
+             ("^" + re.escape(ServiceAccount().command(user=user)) + "$",
+              f"group=yes\nhome={server.NO_HOME}\nshell={server.NO_SHELL}\nprimary={user}")]
     return r
 
 

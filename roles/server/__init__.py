@@ -17,7 +17,7 @@ from pyinfra.operations import files, server as server_ops
 
 from roles.common import bin_path, host_fact, host_fingerprint, sources
 from roles.filesync import ChangeLog, FileChange, Wanted, synced
-from roles.facts import HelpText, Releases, ServerInstances
+from roles.facts import HelpText, Releases, ServerInstances, ServiceAccount
 from voltafleet import flags as flagmod
 from voltafleet.errors import format_errors
 from voltafleet.fingerprint import releases_to_prune
@@ -28,6 +28,31 @@ from voltafleet.unitfile import render_unit
 def _release(plan: HostPlan) -> str | None:
     """This host's release fingerprint; None in the prepare phase of a fresh host."""
     return host_fingerprint(host, plan.build)
+
+
+NO_SHELL, NO_HOME = "/usr/sbin/nologin", "/nonexistent"
+
+
+@operation()
+def service_account(user: str):
+    """The service's system group and its user (no shell, no home): what server.group(group=user,
+    system=True) then server.user(user, group=user, system=True, shell=/usr/sbin/nologin,
+    home=/nonexistent, create_home=False, ensure_home=False) do. Where both are as wanted, one
+    fact read says so (those two operations read five facts, one of them every user's lastlog);
+    anywhere else, their own code runs, with their own facts and commands.
+
+    .. code:: python
+
+        server.service_account(user="llama")
+    """
+    account = host.get_fact(ServiceAccount, user=user)
+    if account["group"] and account["home"] == NO_HOME and account["shell"] == NO_SHELL \
+            and account["primary"] == user:
+        host.noop(f"group {user} and user {user} exist as wanted")
+        return
+    yield from server_ops.group._inner(group=user, system=True)
+    yield from server_ops.user._inner(user=user, group=user, system=True, shell=NO_SHELL, home=NO_HOME,
+                                      create_home=False, ensure_home=False)
 
 
 @operation()
@@ -114,9 +139,7 @@ def server(plan: HostPlan, model_ops=()):
     """
     cfg = plan.cfg
     user = cfg["server_user"]
-    server_ops.group(name="Service group", group=user, system=True)
-    server_ops.user(name="Service user (no shell, no home)", user=user, group=user, system=True,
-                    shell="/usr/sbin/nologin", home="/nonexistent", create_home=False, ensure_home=False)
+    service_account(name="Service group and user (no shell, no home)", user=user)
     if cfg["server_api_key_file"]:
         files.put(name="API key file (0600, service user only)", src=cfg["server_api_key_file"],
                   dest=API_KEY_PATH, user=user, group=user, mode="600")

@@ -24,6 +24,7 @@ from pyinfra.operations.util import any_changed
 from pyinfra.operations import apt, files, server, systemd
 
 from roles.common import host_fact
+from roles.filesync import Wanted, synced
 from roles.facts import Gpus
 from roles.toolchain.facts import DriverDiagnostics, NvidiaPci, SmiBusIds, driver_plan
 from voltafleet import nvidia
@@ -161,10 +162,9 @@ def cuda_stack(plan: HostPlan, before_driver_change=None):
                   dest=nvidia.DRIVER_PREFERENCES, mode="644")
     else:
         files.file(name="No pinned driver release", path=nvidia.DRIVER_PREFERENCES, present=False)
-    blacklist = files.put(name="Blacklist nouveau", dest=NOUVEAU_BLACKLIST, mode="644",
-                          src=StringIO("blacklist nouveau\noptions nouveau modeset=0\n"))
-    server.shell(name="Rebuild the initramfs without nouveau", commands=["update-initramfs -u"],
-                 _if=blacklist.did_change)
+    blacklist = synced(name="Blacklist nouveau (the initramfs rebuilt when it changed)",
+                       files=[Wanted(NOUVEAU_BLACKLIST, "644", text="blacklist nouveau\noptions nouveau modeset=0\n")],
+                       then=["update-initramfs -u"])
     driver = driver_converged(
         name=f"NVIDIA driver R{branch} {target or 'as installed'} ({flavour} kernel modules"
              f"{', fabric manager' if nvswitch else ''})",

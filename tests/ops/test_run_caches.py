@@ -199,7 +199,7 @@ def test_a_read_fact_is_a_copy_and_a_fake_host_is_always_read():
 
 # bench/scale.py's converged 8-GPU host, per host of a no-op `pyinfra -y deploy.py` (was 42 and 108):
 # every operation and every remote command costs the controller CPU on each host of the fleet
-OPERATIONS, COMMANDS = 27, 47
+OPERATIONS, COMMANDS = 25, 41
 
 
 def test_a_converged_host_costs_at_most_so_many_operations_and_commands(tmp_path):
