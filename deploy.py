@@ -12,11 +12,11 @@ hosts of the `mirror` group run nginx caching the model, which the server hosts 
 The rolling driver runs this file per phase (VOLTAFLEET_PHASE: preflight, gateway, batch; plan:
 preflight and the plan role only, reading facts, changing nothing); gateways and mirrors are
 configured in the gateway phase, before the first batch (in a plain run, their operations come
-first: they stand above the server hosts' ones here).
+first: every host passes one operation of this file's after theirs, before any server host's).
 """
 from pyinfra import host
 
-from roles.common import drain_host, is_gateway, is_mirror, is_server, run_context
+from roles.common import drain_host, is_gateway, is_mirror, is_server, mirrors_and_gateways_first, run_context
 from roles.gateway import gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
@@ -36,7 +36,9 @@ if not is_server(host):
             mirror()  # before any server host's model fetch
         if is_gateway(host):
             gateway()
-else:
+if phase == "all":
+    mirrors_and_gateways_first(host.state)  # every host, this line: the server hosts' operations come after
+if is_server(host):
     plan = preflight()
     if phase == "plan":
         planned(plan)  # read only: what a batch would change, or why preflight refuses (python -m rollout --plan)

@@ -4,9 +4,10 @@ fact of a converged 8-GPU host, the real inventory loader, group_vars and deploy
 one HAProxy gateway. No SSH; the model's GGUF header (the real Qwen3.6-27B tensor table and
 a vocabulary of its size, ~7 MiB) is served over HTTP Range from this process.
 
-    nice -n 10 .venv/bin/python bench/scale.py --hosts 10 100 [--compilers 2] [--json out.json]
+    nice -n 10 .venv/bin/python bench/scale.py --hosts 10 100 [--compilers 2] [--json out.json] [--profile /tmp/p]
 
-Prints per N: wall time, the pyinfra process's peak RSS, operations and remote commands per
+Prints per N: wall time, the pyinfra process's CPU seconds (user+sys: on a shared machine
+the wall time says little) and per host, its peak RSS, operations and remote commands per
 server host, cross-host fact reads (Host.get_fact on a host other than the one whose
 operation or deploy is running), model header / HEAD requests, changes (must be 0) and the
 exit code.
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -162,7 +164,8 @@ def child(out_path: str, argv: list[str]) -> None:
     main()
 
 
-def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int | None) -> dict:
+def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int | None,
+             profile: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counts.json"
         env = {**os.environ, "VOLTAFLEET_SCALE": json.dumps({"hosts": n, "compilers": compilers,
@@ -172,10 +175,14 @@ def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int
         for kind in ("outcome", "preflight", "smoke"):  # the fake hosts' names are "@fake/NAME"
             (Path(tmp) / "reports" / f"{kind}-@fake").mkdir(parents=True)
         argv = ["-y", "bench/scale_inventory.py", "deploy.py"] + (["--parallel", str(parallel)] if parallel else [])
+        prof = ["-m", "cProfile", "-o", f"{profile}.{n}"] if profile else []
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, __file__, "--child", str(out), "--", *argv], cwd=REPO, env=env,
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        proc = subprocess.run([sys.executable, *prof, __file__, "--child", str(out), "--", *argv], cwd=REPO, env=env,
                               capture_output=True, text=True)
         wall = time.monotonic() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         counts = json.loads(out.read_text()) if out.exists() else {}
         passed = sum(json.loads(p.read_text()).get("status") == "passed"
                      for p in (Path(tmp) / "reports" / "outcome-@fake").glob("*.json"))
@@ -185,6 +192,7 @@ def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int
     per = lambda key: sum(counts[key].get(h, 0) for h in servers) / max(len(servers), 1)  # noqa: E731
     http = mirror.take()
     return {"hosts": n, "compilers": compilers, "rc": proc.returncode, "wall_s": round(wall, 1),
+            "cpu_s": round(cpu, 1), "cpu_ms_per_host": round(1000 * cpu / max(n, 1)),
             "peak_mib": round(counts.get("peak_rss_kib", 0) / 1024), "ops_per_host": round(per("ops"), 1),
             "commands_per_host": round(per("commands"), 1), "gateway_commands": counts.get("commands", {}).get("@fake/gw", 0),
             "cross_host_reads": counts.get("cross", {}).get("reads", 0),
@@ -193,7 +201,7 @@ def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int
             "header_gets": http["GET"], "model_heads": http["HEAD"], "http_mib": round(http["bytes"] / 2 ** 20, 1)}
 
 
-COLUMNS = ("hosts", "compilers", "wall_s", "peak_mib", "ops_per_host", "commands_per_host", "cross_host_reads",
+COLUMNS = ("hosts", "compilers", "wall_s", "cpu_s", "cpu_ms_per_host", "peak_mib", "ops_per_host", "commands_per_host", "cross_host_reads",
            "header_gets", "model_heads", "http_mib", "changed_ops", "passed", "rc")
 
 
@@ -206,17 +214,18 @@ def main() -> int:
     p.add_argument("--compilers", type=int, default=1, choices=(1, 2))
     p.add_argument("--parallel", type=int, default=None, help="pyinfra --parallel (default: pyinfra's own)")
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--profile", metavar="PREFIX", help="run the pyinfra process under cProfile: PREFIX.N per N")
     a = p.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="vf-scale-"))
-    header = tmp / "header.gguf"
-    write_header(HEADER_FIXTURE, header)
-    mirror = Mirror(header)
-    rows = []
-    print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
-    for n in a.hosts:
-        row = run_once(n, a.compilers, mirror, header, a.parallel)
-        rows.append(row)
-        print("| " + " | ".join(str(row[c]) for c in COLUMNS) + " |", flush=True)
+    with tempfile.TemporaryDirectory(prefix="vf-scale-") as tmp:
+        header = Path(tmp) / "header.gguf"
+        write_header(HEADER_FIXTURE, header)
+        mirror = Mirror(header)
+        rows = []
+        print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
+        for n in a.hosts:
+            row = run_once(n, a.compilers, mirror, header, a.parallel, a.profile)
+            rows.append(row)
+            print("| " + " | ".join(str(row[c]) for c in COLUMNS) + " |", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0 if all(r["rc"] == 0 and r["changed_ops"] == 0 and r["passed"] == r["hosts"] for r in rows) else 1

@@ -23,7 +23,7 @@ from voltafleet import gguf_header, gpuhealth  # noqa: F401  (gpuhealth: the fac
 from voltafleet import gateway as gw
 from voltafleet.flags import pinned_help
 from voltafleet.groupvars import load_or_exit
-from voltafleet.hostplan import ENV_DIR, UNIT_PATH, HostFacts, make_plan, model_files
+from voltafleet.hostplan import HostFacts, make_plan, model_files
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "v100_16gb"
@@ -54,6 +54,17 @@ def _file(responses: list, path: str, content: str | bytes, mode: str = "-rw-r--
     responses.append((rf"stat -c .* {q} 2>", _stat(path, mode, len(content))))
 
 
+def _synced(files: list, directories: list = ()) -> tuple:
+    """roles/filesync.synced's one fact (FilesState) where every file and directory is in place."""
+    from roles.filesync import FilesState, fact_paths
+
+    wanted = {f.dest: f for f in files}
+    modes = dict(directories)
+    lines = [f"file {wanted[p].mode} {wanted[p].sha1()}" if p in wanted else f"dir {modes.get(p, '755')}"
+             for p in fact_paths(files, list(directories))]
+    return "^" + re.escape(FilesState().command(paths=fact_paths(files, list(directories)))) + "$", "\n".join(lines)
+
+
 def _dir(responses: list, path: str) -> None:
     pattern = rf"stat -c .* {re.escape(path)} 2>"
     if all(p != pattern for p, _ in responses):
@@ -77,7 +88,6 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     if plan.refusals:
         raise SystemExit("bench: the simulated host is refused: " + "; ".join(plan.refusals))
     fp = plan.build.fingerprint(NVCC, CXX[compiler])
-    root = plan.root
     info = json.dumps({"fingerprint": fp, "commit": plan.build.commit})
     lspci = "\n".join(f"0000:{b}:00.0 3D controller [0302]: NVIDIA Corporation GV100GL [Tesla V100 SXM2 16GB] "
                       "[10de:1db1] (rev a1)" for b in g.BUSES[:8])
@@ -118,20 +128,19 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
         *_service("nvidia-persistenced"),
     ]
     r = [(p, a) for p, a in r if p != r"nvcc --version"]
-    from roles.helpers import scripts
+    from roles import helpers, server, smoke
 
-    _dir(r, f"{root}/bin")
-    for name, src in scripts().items():
-        _file(r, f"{root}/bin/{name}", Path(src).read_bytes(), "-rwxr-xr-x")
-    _dir(r, ENV_DIR)
-    for i in plan.instances:
-        _file(r, f"{ENV_DIR}/{i.index}.env", plan.env_file(i.index))
-    from voltafleet.unitfile import render_unit
+    # the files of roles/filesync's operations, each operation's one fact: helpers, instance flags, unit, prompt
+    from roles.facts import ServiceAccount
+    from roles.filesync import Wanted
+    from roles.toolchain import NOUVEAU_BLACKLIST
 
-    _file(r, UNIT_PATH, render_unit(plan.cfg, 255))
-    _file(r, f"{root}/smoke-probe-prompt.txt", cfg["smoke_probe_prompt"])
-    _dir(r, "/etc/modprobe.d")
-    _file(r, "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n")
+    user = cfg["server_user"]
+    r[:0] = [_synced(*helpers.wanted(plan)), _synced(list(server.env_files(plan)[0].values()), server.env_files(plan)[1]),
+             _synced([server.unit_file(plan)]), _synced([smoke.prompt_file(plan)]),
+             _synced([Wanted(NOUVEAU_BLACKLIST, "644", text="blacklist nouveau\noptions nouveau modeset=0\n")]),
+             ("^" + re.escape(ServiceAccount().command(user=user)) + "$",
+              f"group=yes\nhome={server.NO_HOME}\nshell={server.NO_SHELL}\nprimary={user}")]
     return r
 
 
@@ -148,25 +157,28 @@ def _service(name: str) -> list:
             (rf"--property UnitFileState {name}.service", f"Id={name}.service\nUnitFileState=enabled")]
 
 
-def haproxy_cfg(cfg: dict, servers: list[str], ports: list[int]) -> str:
+def haproxy_cfg(cfg: dict, servers: list[str], ports: list[int], slots: int | None = None) -> str:
     """The gateway's configuration as roles/gateway renders it for these servers."""
     import jinja2
 
-    from roles.gateway import TEMPLATE
+    from roles.gateway import ERRORFILE, TEMPLATE
 
-    backends = gw.fleet_backends([(name, name, ports) for name in servers], [], [])
+    backends = gw.fleet_backends([(name, name, ports, slots) for name in servers], [], [])
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
                              lstrip_blocks=True)
     return env.from_string(TEMPLATE.read_text()).render(
         backends=backends, bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
         stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
-        maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE)
+        maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE,
+        queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
+        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
+        errorfile=ERRORFILE)
 
 
-def gateway_responses(cfg: dict, servers: list[str], ports: list[int]) -> list:
+def gateway_responses(cfg: dict, servers: list[str], ports: list[int], slots: int | None = None) -> list:
     rows = [f"llama,{gw.backend_name(name, i)},0,0,0,0,,0,0,0,0,0,0,0,0,0,0,UP"
             for name in servers for i in range(len(ports))]
-    live = haproxy_cfg(cfg, servers, ports)
+    live = haproxy_cfg(cfg, servers, ports, slots)
     stat = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status\n"
     r = [
         (r"show stat", stat + "\n".join(rows)),
@@ -176,6 +188,9 @@ def gateway_responses(cfg: dict, servers: list[str], ports: list[int]) -> list:
     ]
     _file(r, "/etc/haproxy/haproxy.cfg.voltafleet", live)  # staged, and the same live
     _file(r, "/etc/haproxy/haproxy.cfg", live)
+    from roles.gateway import ERRORFILE
+
+    _file(r, ERRORFILE, gw.busy_page(cfg["gateway_retry_after_s"]))
     return r
 
 
@@ -201,7 +216,7 @@ _cfg = {k: v for k, v in _loaded[GROUP][0][1].items() if not k.startswith(("fake
                                                                            "voltafleet_sources"))}
 _answers = {c: _responses(server_responses(_cfg, c, _header)) for c in range(1, _compilers + 1)}
 _gw_answers = _responses(gateway_responses(_loaded["gateway"][0][1], _names,
-                                           [_cfg["server_port_base"] + i for i in range(8)]))
+                                           [_cfg["server_port_base"] + i for i in range(8)], _cfg["server_parallel"]))
 v100_16gb = [(name, {**data, "fake_responses": _answers[1 if k < (_n + 1) // 2 or _compilers == 1 else 2]})
              for k, (name, data) in enumerate(_loaded[GROUP])]
 gateway = [(name, {**data, "fake_responses": _gw_answers}) for name, data in _loaded["gateway"]]

@@ -5,18 +5,21 @@ per-host outcome record the rolling driver reads."""
 from __future__ import annotations
 
 import atexit
+import copy
 import shlex
 import sys
 import time
 from functools import lru_cache
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
 from gevent.lock import Semaphore
 from pyinfra import host, inventory, logger
-from pyinfra.api import FunctionCommand, OperationError
+from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import PyinfraError
 
+import roles.speed  # noqa: F401  (pyinfra's cost per operation and fact, cut on import)
 from roles.facts import Gpus, HAProxyServers, HostBasics, NvccVersion
 from voltafleet import gateway as gw
 from voltafleet import hostplan, mirror, outcome, refs
@@ -208,21 +211,53 @@ def model_size(url: str) -> int | None:
     return remote_size(url)  # one `git ls-remote` per (repo, ref) and run, not one per greenlet
 
 
+# ---------------------------------------------------------------- facts read once until a change
+
+
+_FACTS: WeakKeyDictionary = WeakKeyDictionary()  # {host: {(fact, kwargs): ((stage, changes), value)}}
+
+
+def changes_so_far(h) -> int | None:
+    """How many of host h's operations have run commands on it so far in this run (None:
+    not a pyinfra host of a run, a test's fake one)."""
+    ops = getattr(h.state, "ops", None)
+    if not isinstance(ops, dict):
+        return None
+    return sum(1 for data in ops.get(h, {}).values() if data.operation_meta.executed)
+
+
+def host_fact(h, cls, **kwargs):
+    """h.get_fact(cls, **kwargs), read from the host once per run stage (prepare, execute)
+    until one of its operations runs a command on it; then once again, and so on: the same
+    value pyinfra's fresh read gives, for a fact only an operation changes (the compiler,
+    the toolkit, packages, releases, the GPUs a driver shows), never one that moves by
+    itself (a clock, a unit's state, the gateway's servers). An operation asks before its
+    first command (after it, its own command may have changed the value). A copy each time."""
+    executed = changes_so_far(h)
+    if executed is None:
+        return h.get_fact(cls, **kwargs)
+    key, epoch = (cls, tuple(sorted(kwargs.items()))), (h.state.is_executing, executed)
+    memo = _FACTS.setdefault(h, {})
+    if key not in memo or memo[key][0] != epoch:
+        memo[key] = (epoch, h.get_fact(cls, **kwargs))
+    return copy.deepcopy(memo[key][1])
+
+
 def host_build(h) -> BuildSpec:
     """Host h's build inputs, from its variables and GPUs (the same rule as its plan)."""
     cfg = host_config(h)
     cuda = cfg["voltafleet_backend"] == "cuda"
-    archs = hostplan.cuda_archs(cfg, h.get_fact(Gpus)) if cuda else []
+    archs = hostplan.cuda_archs(cfg, host_fact(h, Gpus)) if cuda else []
     return hostplan.build_spec(cfg, archs, resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"]))
 
 
 def host_fingerprint(h, build: BuildSpec | None = None) -> str | None:
     """Host h's fingerprint from its live facts; None while it has no compiler yet."""
-    cxx = h.get_fact(HostBasics)["cxx"]
+    cxx = host_fact(h, HostBasics)["cxx"]
     if not cxx:
         return None
     build = build or host_build(h)
-    toolkit = h.get_fact(NvccVersion, path=f"{build.cuda_bin}/nvcc") if build.cuda_bin else None
+    toolkit = host_fact(h, NvccVersion, path=f"{build.cuda_bin}/nvcc") if build.cuda_bin else None
     return build.fingerprint(toolkit, cxx)
 
 
@@ -263,6 +298,29 @@ def fleet_mirrors(state) -> tuple:
         return plan.mirrors
     return mirror.mirrors_of([(h.name, {**host_config(h), "ssh_hostname": h.data.get("ssh_hostname")})
                               for h in state.inventory if is_mirror(h)])
+
+
+@operation()
+def after_mirrors_and_gateways():
+    """Nothing on the host: an operation that every host of a plain run reaches from the same
+    line of deploy.py, so it is one step of pyinfra's operation order, after the mirrors' and
+    gateways' operations and before any server host's. pyinfra orders operations host by
+    host (each host's in its order, hosts side by side), not by the deploy file's lines: a
+    server host with fewer operations before its model fetch would otherwise fetch before
+    its mirror is up.
+
+    .. code:: python
+
+        after_mirrors_and_gateways(name="Mirrors and gateways first")
+    """
+    return
+    yield  # an operation is a generator; this one runs nothing
+
+
+def mirrors_and_gateways_first(state) -> None:
+    """In a run whose inventory has mirrors or gateways: every host's step after theirs."""
+    if any(is_mirror(h) or is_gateway(h) for h in state.inventory):
+        after_mirrors_and_gateways(name="Mirrors and gateways configured (server hosts from here)")
 
 
 def gateway_hosts(state) -> list:

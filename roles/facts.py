@@ -262,6 +262,40 @@ class EnvFiles(FactBase):
         return {i: {"sha1": f["sha1"], "text": "".join(line + "\n" for line in f["lines"])} for i, f in out.items()}
 
 
+class ServiceAccount(FactBase):
+    """A service account as pyinfra's Groups and Users facts see it (/etc/group, /etc/passwd,
+    the primary group by `id -gn`), in one command: {"group": True, "home": "/nonexistent",
+    "shell": "/usr/sbin/nologin", "primary": "llama"}; home, shell and primary are None
+    when /etc/passwd has no such user.
+
+    .. code:: python
+
+        host.get_fact(ServiceAccount, user="llama")
+    """
+
+    def command(self, user: str) -> str:
+        u = shlex.quote(user)
+        return (f"awk -F: -v u={u} '$1 == u {{print \"group=yes\"}}' /etc/group; "
+                f"awk -F: -v u={u} '$1 == u {{print \"home=\" $6; print \"shell=\" $7}}' /etc/passwd; "
+                f"echo \"primary=$(id -gn {u} 2>/dev/null)\"")
+
+    @staticmethod
+    def default():
+        return {"group": False, "home": None, "shell": None, "primary": None}
+
+    def process(self, output):
+        out = self.default()
+        for line in output:
+            key, _, value = line.partition("=")
+            if key == "group":
+                out["group"] = True
+            elif key in ("home", "shell") and out[key] is None:
+                out[key] = value
+            elif key == "primary":
+                out["primary"] = value or None
+        return out
+
+
 class AptHolds(FactBase):
     """Packages on hold (`apt-mark showhold`)."""
 

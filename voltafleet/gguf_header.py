@@ -59,6 +59,9 @@ class Header:
         return sum(t.nbytes for t in self.tensors)
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Reader:
     def __init__(self, data: bytes):
         self.data, self.pos = data, 0
@@ -73,6 +76,17 @@ class _Reader:
     def scalar(self, fmt: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
+    def skip_strings(self, count: int) -> None:
+        """Step over `count` strings (what `count` string() calls would read, and raise)."""
+        data, pos, unpack, end = self.data, self.pos, _U64.unpack_from, len(self.data)
+        for _ in range(count):
+            if pos + 8 > end:
+                raise Truncated(pos + 8)
+            pos += 8 + unpack(data, pos)[0]
+            if pos > end:
+                raise Truncated(pos)
+        self.pos = pos
+
     def string(self) -> str:
         return self.take(self.scalar("<Q")).decode("utf-8", errors="replace")
 
@@ -85,6 +99,9 @@ class _Reader:
             itype, count = self.scalar("<I"), self.scalar("<Q")
             if itype in _SCALARS and count > KEEP_ARRAY_ITEMS:
                 self.take(struct.calcsize(_SCALARS[itype]) * count)
+                return {"array_len": count}
+            if itype == _STRING and count > KEEP_ARRAY_ITEMS:  # a vocabulary: stepped over, not decoded
+                self.skip_strings(count)
                 return {"array_len": count}
             items = [self.value(itype) for _ in range(count)]
             return items if count <= KEEP_ARRAY_ITEMS else {"array_len": count}

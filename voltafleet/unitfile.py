@@ -3,6 +3,7 @@ with files.template's jinja2 settings): rendered here too for the plan (is the u
 the one a rollout would install?), the tests and the benchmarks."""
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import jinja2
@@ -22,7 +23,18 @@ def unit_vars(cfg: dict, systemd_version: int) -> dict:
 
 
 def render_unit(cfg: dict, systemd_version: int) -> str:
-    """The unit as files.template renders it (same template, same jinja2 settings)."""
+    """The unit as files.template renders it (same template, same jinja2 settings); rendered
+    once per distinct set of inputs (a fleet's hosts mostly share one)."""
+    return _render(tuple(sorted(unit_vars(cfg, systemd_version).items())))
+
+
+@lru_cache(maxsize=64)
+def _render(items: tuple) -> str:
+    return _template().render(**dict(items))
+
+
+@lru_cache(maxsize=1)
+def _template() -> jinja2.Template:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, **JINJA)
-    return env.get_template(UNIT_TEMPLATE.name).render(**unit_vars(cfg, systemd_version))
+    return env.get_template(UNIT_TEMPLATE.name)

@@ -111,6 +111,19 @@ class ModelShape:
                    cublas_pool_bytes(h.tensors, trunk))
 
 
+_SHAPES: dict[int, tuple[Header, ModelShape]] = {}
+
+
+def shape_of(header: Header) -> ModelShape:
+    """ModelShape.from_header, once per header (every host of a run plans from the same one)."""
+    hit = _SHAPES.get(id(header))
+    if hit is None or hit[0] is not header:
+        if len(_SHAPES) >= 4:
+            _SHAPES.clear()
+        hit = _SHAPES[id(header)] = (header, ModelShape.from_header(header))
+    return hit[1]
+
+
 def cublas_pool_bytes(tensors, trunk: int) -> int:
     """What the CUDA pool holds after prompts on a build that multiplies 64+ token batches
     through cuBLAS: weights dequantized to F16, the two largest distinct matrix sizes among the
@@ -294,7 +307,7 @@ def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group
                + "; to serve server_ctx/server_parallel unchecked set vram_plan_required: false")
         return Decision(ctx, np_, None, f"{source}: model_url: cannot read the GGUF header of {url} to plan "
                                         f"VRAM ({header}). Fix: {fix}")
-    m = ModelShape.from_header(header)
+    m = shape_of(header)
     draft = 0
     if cfg.get("server_spec_mtp"):
         if not m.nextn_layers:

@@ -20,7 +20,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config, fleet_plan, host_config, is_server
+from roles.common import changes, config, fleet_plan, host_config, host_fact, is_server
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet import gateway as gw
 from voltafleet import hostplan
@@ -47,7 +47,7 @@ def server_backends(state) -> list[gw.Backend]:
             unplanned.append(h.name)
             continue
         cfg = host_config(h)
-        gpus = h.get_fact(Gpus) if cfg["voltafleet_backend"] == "cuda" else []
+        gpus = host_fact(h, Gpus) if cfg["voltafleet_backend"] == "cuda" else []
         address = cfg["server_address"] or h.data.get("ssh_hostname") or h.name
         # slots: the instance's -np (unset, the VRAM plan picks it: known in a rollout's fleet plan)
         planned.append((h.name, address, [i.port for i in hostplan.instances(cfg, gpus)], cfg["server_parallel"]))

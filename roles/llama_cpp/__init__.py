@@ -19,7 +19,8 @@ from gevent.lock import Semaphore
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 
-from roles.common import bin_path, connector_args, fleet_plan, host_fingerprint, is_server, live, once_per_run, sh
+from roles.common import (bin_path, connector_args, fleet_plan, host_fact, host_fingerprint, is_server, live,
+                          once_per_run, sh)
 from roles.facts import HostBasics, NvccVersion, Releases
 from voltafleet import hostplan
 from voltafleet.fleetplan import release_cache, release_cached
@@ -80,12 +81,12 @@ def compiled(plan: HostPlan, strategy: str):
     if fp is None:  # prepare phase on a fresh host: the compiler comes with the toolchain role
         yield StringCommand(f"# compile llama.cpp {plan.build.commit[:12]} once the compiler is installed")
         return
-    if fp in host.get_fact(Releases, root=plan.root)["releases"]:
+    if fp in host_fact(host, Releases, root=plan.root)["releases"]:
         return
     if strategy == "shared" and (cached(fp) or builder_of(fp) != host.name):
         return  # shipped: from the controller's cache, or from the host that compiles it now
-    toolkit = host.get_fact(NvccVersion, path=f"{plan.build.cuda_bin}/nvcc") if plan.build.cuda_bin else None
-    yield live(build_command(plan, fp, toolkit, host.get_fact(HostBasics)["cxx"]))
+    toolkit = host_fact(host, NvccVersion, path=f"{plan.build.cuda_bin}/nvcc") if plan.build.cuda_bin else None
+    yield live(build_command(plan, fp, toolkit, host_fact(host, HostBasics)["cxx"]))
     if strategy == "shared":  # later batches of a rolling rollout install it without compiling again
         yield FunctionCommand(lambda state, host: _archive_from(host, plan.root, fp), (), {})
 
@@ -164,7 +165,7 @@ def shipped(plan: HostPlan):
     if fp is None:
         yield StringCommand("# install the release of this host's fingerprint")
         return
-    if fp in host.get_fact(Releases, root=plan.root)["releases"]:
+    if fp in host_fact(host, Releases, root=plan.root)["releases"]:
         return
     if builder_of(fp) == host.name and not cached(fp):
         return

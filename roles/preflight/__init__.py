@@ -9,7 +9,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.common import (config, hold_fleet_lock, host_fingerprint, is_gateway, missing_gateways, model_size,
+from roles.common import (config, hold_fleet_lock, host_fact, host_fingerprint, is_gateway, missing_gateways, model_size,
                           once_per_run, report_dir, resolve_ref, run_context, sources)
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
 from voltafleet import gguf_header
@@ -34,17 +34,17 @@ def model_header(url: str):
 
 def host_facts(cfg: dict) -> HostFacts:
     """The facts the plan needs, read from the current host."""
-    basics = host.get_fact(HostBasics)
+    basics = host_fact(host, HostBasics)
     cuda = cfg["voltafleet_backend"] == "cuda"
     model = model_files(cfg)[0].dest
     present = host.get_fact(FileState, path=model, sidecar=model + ".verified")
     free_model = host.get_fact(FreeDisk, path=cfg["model_dir"])
     free_root = host.get_fact(FreeDisk, path=cfg["voltafleet_root"])
-    gpus = host.get_fact(Gpus) if cuda else []
+    gpus = host_fact(host, Gpus) if cuda else []
     driver = bool(gpus) and not any(g.get("pci_only") for g in gpus)  # no driver yet: the smoke test judges the boards
     return HostFacts(
         os=basics["os"], gpus=gpus, gpu_health=host.get_fact(GpuHealth) if driver else None,
-        nvcc=host.get_fact(NvccVersion) if cuda else None,
+        nvcc=host_fact(host, NvccVersion) if cuda else None,
         free_model=free_model["free"], free_root=free_root["free"], same_fs=free_model["dev"] == free_root["dev"],
         model_present=bool(present and present.get("sidecar")),
         model_bytes=None if present else model_size(cfg["model_url"]),

@@ -10,24 +10,49 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
-from pyinfra.operations import files, server as server_ops, systemd
+from pyinfra.operations import files, server as server_ops
 
-from roles.common import bin_path, host_fingerprint, sources
-from roles.facts import HelpText, Releases, ServerInstances
+from roles.common import bin_path, host_fact, host_fingerprint, sources
+from roles.filesync import ChangeLog, FileChange, Wanted, synced
+from roles.facts import HelpText, Releases, ServerInstances, ServiceAccount
 from voltafleet import flags as flagmod
 from voltafleet.errors import format_errors
 from voltafleet.fingerprint import releases_to_prune
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
-from voltafleet.unitfile import JINJA, UNIT_TEMPLATE, unit_vars
+from voltafleet.unitfile import render_unit
 
 
 def _release(plan: HostPlan) -> str | None:
     """This host's release fingerprint; None in the prepare phase of a fresh host."""
     return host_fingerprint(host, plan.build)
+
+
+NO_SHELL, NO_HOME = "/usr/sbin/nologin", "/nonexistent"
+
+
+@operation()
+def service_account(user: str):
+    """The service's system group and its user (no shell, no home): what server.group(group=user,
+    system=True) then server.user(user, group=user, system=True, shell=/usr/sbin/nologin,
+    home=/nonexistent, create_home=False, ensure_home=False) do. Where both are as wanted, one
+    fact read says so (those two operations read five facts, one of them every user's lastlog);
+    anywhere else, their own code runs, with their own facts and commands.
+
+    .. code:: python
+
+        server.service_account(user="llama")
+    """
+    account = host.get_fact(ServiceAccount, user=user)
+    if account["group"] and account["home"] == NO_HOME and account["shell"] == NO_SHELL \
+            and account["primary"] == user:
+        host.noop(f"group {user} and user {user} exist as wanted")
+        return
+    yield from server_ops.group._inner(group=user, system=True)
+    yield from server_ops.user._inner(user=user, group=user, system=True, shell=NO_SHELL, home=NO_HOME,
+                                      create_home=False, ensure_home=False)
 
 
 @operation()
@@ -67,7 +92,7 @@ def release_switched(plan: HostPlan):
         server.release_switched(plan)
     """
     fp = _release(plan)
-    releases = host.get_fact(Releases, root=plan.root)
+    releases = host_fact(host, Releases, root=plan.root)
     if fp is None:
         yield StringCommand("# switch current to this host's release once it is built")
         return
@@ -114,22 +139,32 @@ def server(plan: HostPlan, model_ops=()):
     """
     cfg = plan.cfg
     user = cfg["server_user"]
-    server_ops.group(name="Service group", group=user, system=True)
-    server_ops.user(name="Service user (no shell, no home)", user=user, group=user, system=True,
-                    shell="/usr/sbin/nologin", home="/nonexistent", create_home=False, ensure_home=False)
+    service_account(name="Service group and user (no shell, no home)", user=user)
     if cfg["server_api_key_file"]:
         files.put(name="API key file (0600, service user only)", src=cfg["server_api_key_file"],
                   dest=API_KEY_PATH, user=user, group=user, mode="600")
     else:
         files.file(name="No API key file", path=API_KEY_PATH, present=False)
     flags_accepted(name="The release's llama-server accepts every flag", plan=plan)
-    files.directory(name="Instance directory", path=ENV_DIR, mode="755")
-    env_ops = {i.index: files.put(name=f"Instance {i.index} flags (port {i.port})", src=StringIO(plan.env_file(i.index)),
-                                  dest=f"{ENV_DIR}/{i.index}.env", mode="644")
-               for i in plan.instances}
-    unit = files.template(name="llama-server@.service", src=str(UNIT_TEMPLATE), dest=UNIT_PATH, mode="644",
-                          jinja_env_kwargs=JINJA, **unit_vars(cfg, plan.facts.systemd))
-    systemd.daemon_reload(name="Reload systemd after a unit change", _if=unit.did_change)
+    envs, directories = env_files(plan)
+    log = ChangeLog()
+    ports = [i.port for i in plan.instances]
+    env_op = synced(name=f"Instance flags ({len(envs)} instances, ports {min(ports, default=0)}-{max(ports, default=0)})",
+                    files=list(envs.values()), directories=directories, log=log)
+    env_ops = {index: FileChange(env_op, log, f.dest) for index, f in envs.items()}
+    unit = synced(name="llama-server@.service (systemd reloaded when it changed)", files=[unit_file(plan)],
+                  then=["systemctl daemon-reload"])
     switch = release_switched(name="Switch `current` to this release", plan=plan)
     retired(name="Retire instances the plan no longer has", plan=plan)
     return Changes(env_ops, (unit, switch, *(op for op in model_ops if op is not None)))
+
+
+def env_files(plan: HostPlan) -> tuple[dict[int, Wanted], list[tuple[str, str]]]:
+    """({instance: its environment file}, the directory): what the flags operation puts in place."""
+    return ({i.index: Wanted(f"{ENV_DIR}/{i.index}.env", "644", text=plan.env_file(i.index)) for i in plan.instances},
+            [(ENV_DIR, "755")])
+
+
+def unit_file(plan: HostPlan) -> Wanted:
+    """llama-server@.service as files.template rendered it (voltafleet.unitfile, once per distinct input)."""
+    return Wanted(UNIT_PATH, "644", text=render_unit(plan.cfg, plan.facts.systemd))

@@ -19,15 +19,14 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, deploy, operation
-from pyinfra.operations import files
 
-from roles.common import (SMOKE_CLIENT, DrainError, bin_path, changes, drain, drain_timeout, gateway_hosts, q,
+from roles.common import (SMOKE_CLIENT, DrainError, bin_path, changes, drain, drain_timeout, gateway_hosts, host_fact, q,
                           out_of_rotation, ready, record, report_dir, restart_command, run_context, sh)
 from roles.facts import GpuHealth, Releases, ServerInstances
+from roles.filesync import Wanted, synced
 from voltafleet import gpuhealth
 from voltafleet import probe as probemod
 from voltafleet import rollback
@@ -36,6 +35,11 @@ from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, GOOD_DIR, UNIT_PATH, Host
 from voltafleet.restarts import restart_set
 
 PROMPT_PATH = "smoke-probe-prompt.txt"  # under voltafleet_root
+
+
+def prompt_file(plan: HostPlan) -> Wanted:
+    """The quality probe's prompt, where the smoke client reads it."""
+    return Wanted(f"{plan.root}/{PROMPT_PATH}", "644", text=plan.cfg["smoke_probe_prompt"])
 
 
 def client_command(plan: HostPlan, probe_only: bool = False) -> str:
@@ -351,7 +355,7 @@ def _converged(plan: HostPlan):
                 return False
             yield FunctionCommand(fail, (), {})
             return
-    release = host.get_fact(Releases, root=plan.root)["current"]
+    release = host_fact(host, Releases, root=plan.root)["current"]
     record(cfg, host.name, "passed", "", release=release, probe="match" if gold is not None else None, **common)
     if out_of_rotation(host.state, host.name, idx):
         # an earlier run left instances drained (an interrupted rollout): they serve, so they go back
@@ -387,7 +391,6 @@ def smoke(plan: HostPlan, server_changes) -> None:
         smoke(plan, server(plan, model_ops))
     """
     if plan.cfg["smoke_probe"]:
-        files.put(name="Quality probe prompt", src=StringIO(plan.cfg["smoke_probe_prompt"]),
-                  dest=f"{plan.root}/{PROMPT_PATH}", mode="644")
+        synced(name="Quality probe prompt", files=[prompt_file(plan)])
     activated(name="Restart, smoke test (health, offload, TTFT, tok/s, probe), rollback on failure", plan=plan,
               env_ops=server_changes.env_ops, everything_ops=server_changes.everything_ops)

@@ -23,6 +23,8 @@ from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations.util import any_changed
 from pyinfra.operations import apt, files, server, systemd
 
+from roles.common import host_fact
+from roles.filesync import Wanted, synced
 from roles.facts import Gpus
 from roles.toolchain.facts import DriverDiagnostics, NvidiaPci, SmiBusIds, driver_plan
 from voltafleet import nvidia
@@ -101,7 +103,7 @@ def driver_verified(branch: int, gpu_count: int, version: str | None = None, all
     """
     if not host.state.is_executing:  # prepare phase: the driver may be installed by an earlier op
         return
-    gpus = [g for g in host.get_fact(Gpus) if not g.get("pci_only")]
+    gpus = [g for g in host_fact(host, Gpus) if not g.get("pci_only")]
     if not gpus:
         raise OperationError(nvidia.no_gpu_error(host.name, host.get_fact(DriverDiagnostics)))
     versions = {g["driver_version"] for g in gpus}
@@ -113,9 +115,9 @@ def driver_verified(branch: int, gpu_count: int, version: str | None = None, all
         raise OperationError(f"{host.name}: nvidia-smi reports driver {', '.join(sorted(versions))}, "
                              f"nvidia_driver_version pins {version}. Fix: check `apt-cache policy cuda-drivers` "
                              f"for {version} and `cat {nvidia.DRIVER_PREFERENCES}`, then rerun")
-    pci = host.get_fact(NvidiaPci)
+    pci = host_fact(host, NvidiaPci)
     if nvidia.gpu_addresses(pci):
-        health = nvidia.gpu_health(host.name, pci, host.get_fact(SmiBusIds), allow_degraded)
+        health = nvidia.gpu_health(host.name, pci, host_fact(host, SmiBusIds), allow_degraded)
         if health["error"]:
             raise OperationError(health["error"])
         if health["warning"]:
@@ -129,7 +131,7 @@ def driver_verified(branch: int, gpu_count: int, version: str | None = None, all
 
 def gpu_health(plan: HostPlan) -> dict:
     """GPUs on the PCI bus missing from nvidia-smi, read before the rollout (for the report)."""
-    health = nvidia.gpu_health(host.name, host.get_fact(NvidiaPci), host.get_fact(SmiBusIds),
+    health = nvidia.gpu_health(host.name, host_fact(host, NvidiaPci), host_fact(host, SmiBusIds),
                                plan.cfg["allow_degraded_gpus"])
     GPU_HEALTH[host.name] = health
     if health["warning"]:
@@ -151,7 +153,7 @@ def cuda_stack(plan: HostPlan, before_driver_change=None):
                         allow_degraded=cfg["allow_degraded_gpus"])
         return None
     source, flavour = cfg["nvidia_driver_source"], cfg["nvidia_driver_flavour"]
-    nvswitch = bool(nvidia.nvswitches(host.get_fact(NvidiaPci)))
+    nvswitch = bool(nvidia.nvswitches(host_fact(host, NvidiaPci)))
     if target == "latest":
         apt.update(name="Refresh apt to find the newest release of the branch", cache_time=3600)
     preferences = nvidia.driver_preferences(branch, target)
@@ -160,10 +162,9 @@ def cuda_stack(plan: HostPlan, before_driver_change=None):
                   dest=nvidia.DRIVER_PREFERENCES, mode="644")
     else:
         files.file(name="No pinned driver release", path=nvidia.DRIVER_PREFERENCES, present=False)
-    blacklist = files.put(name="Blacklist nouveau", dest=NOUVEAU_BLACKLIST, mode="644",
-                          src=StringIO("blacklist nouveau\noptions nouveau modeset=0\n"))
-    server.shell(name="Rebuild the initramfs without nouveau", commands=["update-initramfs -u"],
-                 _if=blacklist.did_change)
+    blacklist = synced(name="Blacklist nouveau (the initramfs rebuilt when it changed)",
+                       files=[Wanted(NOUVEAU_BLACKLIST, "644", text="blacklist nouveau\noptions nouveau modeset=0\n")],
+                       then=["update-initramfs -u"])
     driver = driver_converged(
         name=f"NVIDIA driver R{branch} {target or 'as installed'} ({flavour} kernel modules"
              f"{', fabric manager' if nvswitch else ''})",

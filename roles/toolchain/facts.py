@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
+from roles.common import host_fact
 from voltafleet import nvidia
 
 # Package name globs handed to dpkg-query; voltafleet.nvidia.driver_set keeps the driver ones.
@@ -126,5 +127,5 @@ def driver_plan(h, os_id: str, source: str, branch: int, flavour: str, target: s
     candidate apt would install when the target is "latest")."""
     key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
     candidate = h.get_fact(AptCandidate, package=key) if target == "latest" else None
-    return nvidia.driver_plan(os_id, source, branch, flavour, target, h.get_fact(NvidiaPackages),
-                              loaded=h.get_fact(LoadedDriver), candidate=candidate, nvswitch=nvswitch)
+    return nvidia.driver_plan(os_id, source, branch, flavour, target, host_fact(h, NvidiaPackages),
+                              loaded=host_fact(h, LoadedDriver), candidate=candidate, nvswitch=nvswitch)

@@ -207,6 +207,11 @@ def _reset() -> None:
     common._LOCK.clear()
     common.run_context.cache_clear()
     common.fleet_plan.cache_clear()
+    # pyinfra memoizes a host's temporary directory (its TmpDir fact) by the host's name, for
+    # the process: a new run of a host name read it again only in a new process
+    from pyinfra.api.host import Host
+
+    Host._get_temp_directory.cache.clear()
     toolchain.GPU_HEALTH.clear()
     for name, module in list(sys.modules.items()):
         if module is not None and (name == "roles" or name.startswith(("roles.", "voltafleet."))):

@@ -22,12 +22,8 @@ BUS2 = "00000000:06:00.0\n00000000:07:00.0"
 
 
 BLACKLIST_SHA1 = hashlib.sha1(b"blacklist nouveau\noptions nouveau modeset=0\n").hexdigest()
-BLACKLIST_PRESENT = [  # the nouveau blacklist is there from an earlier run
-    [r"stat .*voltafleet-blacklist-nouveau.conf", "user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "
-                                                  "ctime=0 size=44 '/etc/modprobe.d/voltafleet-blacklist-nouveau.conf'"],
-    [r"sha1sum .*voltafleet-blacklist-nouveau.conf", f"{BLACKLIST_SHA1}  /etc/modprobe.d/voltafleet-blacklist-nouveau.conf"],
-    [r"stat -c .* /etc/modprobe.d 2>", "user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 "
-                                       "size=4096 '/etc/modprobe.d'"],
+BLACKLIST_PRESENT = [  # the nouveau blacklist and its directory are there from an earlier run (roles/filesync's one fact)
+    [r"^for p in /etc/modprobe\.d /etc/modprobe\.d/voltafleet-blacklist-nouveau\.conf; ", f"dir 755\nfile 644 {BLACKLIST_SHA1}"],
 ]
 
 

@@ -204,3 +204,34 @@ def test_a_toolkit_upgrade_changes_the_fingerprint_and_a_driver_upgrade_does_not
     assert fp("580.82.07", "12.8.61") != before              # the toolkit is an input
     assert fp("580.82.07", "12.8.93", cxx="13.2.0") != before  # so is the compiler
     assert len({fp("580.95.05", "12.8.93", name=f"gpu-{n:02d}") for n in range(8)}) == 1  # identical hosts share it
+
+
+class Quiet(FakeHost):
+    def noop(self, description):
+        pass
+
+
+@pytest.mark.parametrize("account,users,groups", [
+    (None, {}, []),  # a fresh host: groupadd, then useradd
+    ({"group": True, "home": "/nonexistent", "shell": "/bin/bash", "primary": "llama"},
+     {"llama": {"home": "/nonexistent", "shell": "/bin/bash", "group": "llama", "groups": []}}, ["llama"]),
+    ({"group": False, "home": "/nonexistent", "shell": "/usr/sbin/nologin", "primary": "nogroup"},
+     {"llama": {"home": "/nonexistent", "shell": "/usr/sbin/nologin", "group": "nogroup", "groups": []}}, []),
+], ids=["fresh", "another shell", "no group"])
+def test_service_account_is_pyinfras_group_and_user_where_it_is_not_in_place(account, users, groups):
+    """server.group then server.user (their own code, facts and commands) unless the one fact
+    (ServiceAccount) shows both as wanted: then nothing, and nothing else read."""
+    from pyinfra.facts.server import Groups, Os, Users, Which
+    from pyinfra.operations import server as server_ops
+
+    from roles.server import service_account
+
+    facts = {F.ServiceAccount: account or F.ServiceAccount.default(), Groups: groups, Os: "Linux", Users: users,
+             Which: "/usr/sbin/x"}
+    theirs = commands(server_ops.group, Quiet(facts), group="llama", system=True) + commands(
+        server_ops.user, Quiet(facts), user="llama", group="llama", system=True, shell="/usr/sbin/nologin",
+        home="/nonexistent", create_home=False, ensure_home=False)
+    assert theirs and commands(service_account, Quiet(facts), user="llama") == theirs
+    in_place = Quiet({F.ServiceAccount: {"group": True, "home": "/nonexistent", "shell": "/usr/sbin/nologin",
+                                         "primary": "llama"}})
+    assert commands(service_account, in_place, user="llama") == []  # Groups, Users, Os never read: no such fact here

@@ -2,6 +2,10 @@
 the model's header, its size and a ref's commit are fetched once however many host greenlets
 ask at once; the builder of each fingerprint is elected in one pass over the fleet; the
 gateway's server states are read once for every server host, and again after a drain or ready."""
+import json
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import gevent
@@ -14,6 +18,7 @@ from roles import facts as F
 from roles.llama_cpp import builder_of, run_builders
 from tests.ops.fakes import FakeHost
 
+REPO = Path(__file__).resolve().parents[2]
 CXX = {1: "12.2.0 x86_64-linux-gnu", 2: "13.2.0 x86_64-linux-gnu"}
 GPUS = [{"index": i, "name": "Tesla V100-SXM2-16GB", "compute_cap": "7.0", "memory_mib": 16160,
          "driver_version": "580.95.05"} for i in range(8)]
@@ -139,3 +144,74 @@ def test_header_size_and_ref_fetched_once_per_run_not_per_greenlet(monkeypatch):
     assert calls == {"header": 1, "size": 1, "ref": 1}
     for once in (preflight.model_header, common.model_size, common._resolve):
         once.forget()
+
+
+# ---------------------------------------------------------------- facts read once until a change
+
+
+class RunHost(FakeHost):
+    """A host of a run (its state lists its operations) that counts its fact reads."""
+
+    def __init__(self, facts: dict, executing: bool = False):
+        super().__init__(facts)
+        self.state = SimpleNamespace(is_executing=executing, ops={self: {}})
+        self.read = []
+
+    def get_fact(self, cls, *args, **kwargs):
+        self.read.append(cls.__name__)
+        return super().get_fact(cls, *args, **kwargs)
+
+    def operation(self, ran_commands: bool):
+        """An operation of this host that ran (or did not run) commands on it."""
+        meta = SimpleNamespace(executed=ran_commands)
+        self.state.ops[self][f"op{len(self.state.ops[self])}"] = SimpleNamespace(operation_meta=meta)
+
+
+def test_a_fact_is_read_once_until_an_operation_changes_the_host():
+    h = RunHost({F.HostBasics: {"cxx": CXX[1]}, F.Releases: {"current": "a", "good": None, "releases": {}}})
+    for _ in range(3):
+        assert common.host_fact(h, F.HostBasics) == {"cxx": CXX[1]}
+    assert h.read == ["HostBasics"]  # prepare: once
+    h.state.is_executing = True
+    common.host_fact(h, F.HostBasics)
+    h.operation(ran_commands=False)  # a no-op changes nothing
+    common.host_fact(h, F.HostBasics)
+    assert h.read == ["HostBasics"] * 2  # execute: once more (a stage is never read from another)
+    h.operation(ran_commands=True)
+    h.facts[F.HostBasics] = {"cxx": CXX[2]}  # the operation installed another compiler
+    assert common.host_fact(h, F.HostBasics) == {"cxx": CXX[2]}
+    assert common.host_fact(h, F.Releases, root="/opt/voltafleet")["current"] == "a"  # each (fact, arguments) apart
+    assert h.read == ["HostBasics"] * 3 + ["Releases"]
+
+
+def test_a_read_fact_is_a_copy_and_a_fake_host_is_always_read():
+    h = RunHost({F.Releases: {"current": "a", "good": None, "releases": {}}})
+    common.host_fact(h, F.Releases, root="/r")["releases"]["x"] = {}
+    assert common.host_fact(h, F.Releases, root="/r")["releases"] == {}
+    plain = Host({F.HostBasics: {"cxx": None}}, reads=[])  # no run: nothing kept
+    plain.get_fact = lambda cls, **kw: plain.reads.append(cls) or {"cxx": None}
+    common.host_fact(plain, F.HostBasics), common.host_fact(plain, F.HostBasics)
+    assert len(plain.reads) == 2
+
+
+# ---------------------------------------------------------------- the cost of a converged host
+
+
+# bench/scale.py's converged 8-GPU host, per host of a no-op `pyinfra -y deploy.py` (was 42 and 108):
+# every operation and every remote command costs the controller CPU on each host of the fleet
+OPERATIONS, COMMANDS = 25, 41
+
+
+def test_a_converged_host_costs_at_most_so_many_operations_and_commands(tmp_path):
+    """The real deploy.py, inventory loader and group_vars on 3 simulated hosts and a gateway
+    (bench/scale.py): nothing changes, every host passes, and the operations and remote
+    commands per host stay within the bounds (issue 20: they may not grow back unnoticed)."""
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, "bench/scale.py", "--hosts", "3", "--json", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert out.exists(), proc.stdout + proc.stderr
+    row = json.loads(out.read_text())[0]
+    assert row["rc"] == 0 and row["changed_ops"] == 0 and row["passed"] == 3, proc.stdout + proc.stderr
+    assert row["ops_per_host"] <= OPERATIONS, row
+    assert row["commands_per_host"] <= COMMANDS, row
+    assert row["cross_host_reads"] <= 3 + 1 and row["header_gets"] <= 2, row  # the gateway reads each host's GPUs once

@@ -224,11 +224,8 @@ def test_converged_host_is_not_rebooted():
         ["/proc/driver/nvidia/version", LOADED.format("580.95.05")],
         ["dpkg -l", dpkg],
         ["apt-mark showhold", "cuda-drivers-580\nnvidia-dkms-580\nnvidia-driver-pinning-580"],
-        [r"stat .*voltafleet-blacklist-nouveau.conf", "user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "
-                                                      "ctime=0 size=44 '/etc/modprobe.d/voltafleet-blacklist-nouveau.conf'"],
-        [r"sha1sum .*voltafleet-blacklist-nouveau.conf", f"{blacklist_sha1}  /etc/modprobe.d/voltafleet-blacklist-nouveau.conf"],
-        [r"stat -c .* /etc/modprobe.d 2>", "user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 "
-                                           "size=4096 '/etc/modprobe.d'"],
+        # the blacklist and its directory in place: roles/filesync's one fact
+        [r"^for p in /etc/modprobe\.d /etc/modprobe\.d/voltafleet-blacklist-nouveau\.conf; ", f"dir 755\nfile 644 {blacklist_sha1}"],
         ["systemctl show", "nvidia-persistenced.service=running"],
         [r"update-success-stamp", "user=root group=root mode=-rw-r--r-- atime=9999999999 mtime=9999999999 "
                                   "ctime=0 size=0 '/var/lib/apt/periodic/update-success-stamp'"],

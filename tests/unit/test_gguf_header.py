@@ -37,3 +37,14 @@ def test_truncated_and_not_gguf(small_gguf):
         parse(data[:100])
     with pytest.raises(ValueError, match="not a GGUF"):
         parse(b"NOPE" + data[4:])
+
+
+def test_a_header_cut_anywhere_is_truncated_never_misread(small_gguf):
+    """The vocabulary is stepped over without decoding it (a 248k-token one took most of a
+    header's parse): any cut inside it or after it still says Truncated."""
+    data = small_gguf.read_bytes()
+    end = parse(data).header_bytes
+    for n in list(range(0, end, 97)) + [end - 1]:
+        with pytest.raises(Truncated):
+            parse(data[:n])
+    assert parse(data[:end]).meta["tokenizer.ggml.tokens"] == {"array_len": 1000}

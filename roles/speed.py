@@ -1,0 +1,190 @@
+"""pyinfra's own cost per operation and per fact, cut without changing what it computes
+(bench/scale.py: half the controller's CPU per host was here, at 100 hosts).
+
++ An operation's place in the run (pyinfra.api.util.get_operation_order_from_stack) is the
+  line numbers of its call stack. pyinfra reads them with inspect.stack(), which also reads
+  the source line of every frame (linecache, and inspect.getmodule scanning sys.modules for
+  a deploy file that is no module): ~40 % of a converged run's CPU. Here the same frames give
+  the same file names and line numbers, with no source line read (inspect's context=0).
++ The global arguments an operation or a fact takes (pyinfra.api.arguments.all_global_arguments)
+  are the type hints of a fixed TypedDict, evaluated again by typing.get_type_hints for every
+  operation and every fact: evaluated once here.
++ Each of those 32 arguments has a default in the host's data (pop_global_arguments): each
+  lookup (pyinfra.api.host.HostData) evaluated the host's five data layers again, merging
+  its groups' data into a new dict, for every argument of every operation and fact. Here the
+  layers are evaluated once per call, then looked up in the same order.
+
+Applied on import (roles.common imports this module, so every deploy of the roles runs with
+it) and only to the pyinfra these replacements were checked against: the source of each
+replaced function must be the one whose digest is below (tests/ops/test_speed.py compares
+the results with pyinfra's own). Another pyinfra leaves pyinfra as it is.
+VOLTAFLEET_PYINFRA_AS_IS=1 leaves it as it is too (to compare).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import os
+import sys
+from copy import copy
+
+import pyinfra
+
+_util = importlib.import_module("pyinfra.api.util")
+_operation = importlib.import_module("pyinfra.api.operation")
+_arguments = importlib.import_module("pyinfra.api.arguments")
+_facts = importlib.import_module("pyinfra.api.facts")
+_deploy = importlib.import_module("pyinfra.api.deploy")
+_host = importlib.import_module("pyinfra.api.host")
+
+# sha256 of inspect.getsource() of the pyinfra function each replacement stands in for (3.10.0)
+CHECKED = {
+    "get_operation_order_from_stack": "f4807f61585570e0",
+    "all_global_arguments": "f7afbc472d78c5d2",
+    "pop_global_arguments": "a12a311539ff5068",
+    "HostData.__getattr__": "87152f64f2a65e53",  # what pop_global_arguments' host lookups do
+    "extract_callable_datas": "5f05d834948d82be",
+}
+
+ORIGINAL = {"get_operation_order_from_stack": _util.get_operation_order_from_stack,
+            "all_global_arguments": _arguments.all_global_arguments,
+            "pop_global_arguments": _arguments.pop_global_arguments,
+            "HostData.__getattr__": _host.HostData.__getattr__,
+            "extract_callable_datas": _host.extract_callable_datas}
+APPLIED: list[str] = []
+
+
+def get_operation_order_from_stack(state) -> list[int]:
+    """pyinfra.api.util.get_operation_order_from_stack, reading no source line: the frames
+    from its caller (pyinfra's solve_operation_consistency) outwards, as inspect.stack() in
+    the original lists them from its own frame (a pyinfra frame too, skipped either way)."""
+    stack_items = list(reversed(inspect.getouterframes(sys._getframe(1), 0)))
+
+    i = 0
+    # Find the *first* occurrence of our deploy file in the reversed stack
+    if state.current_deploy_filename:
+        for i, stack_item in enumerate(stack_items):
+            if stack_item.filename == state.current_deploy_filename:
+                break
+
+    # Now generate a list of line numbers *following that file*
+    line_numbers = []
+
+    if pyinfra.is_cli:
+        line_numbers.append(state.current_op_file_number)
+
+    for stack_item in stack_items[i:]:
+        if stack_item.filename.startswith(_util.PYINFRA_INSTALL_DIR):
+            continue
+
+        line_numbers.append(stack_item.lineno)
+
+    del stack_items
+
+    return line_numbers
+
+
+_GLOBAL_ARGUMENTS: list[tuple[str, type]] = []
+
+
+def all_global_arguments() -> list[tuple[str, type]]:
+    """pyinfra.api.arguments.all_global_arguments, evaluated once (a new list each call)."""
+    if not _GLOBAL_ARGUMENTS:
+        _GLOBAL_ARGUMENTS.extend(ORIGINAL["all_global_arguments"]())
+    return list(_GLOBAL_ARGUMENTS)
+
+
+def _host_defaults(host):
+    """getattr(host.data, key, default_sentinel) for any key, as pyinfra.api.host.HostData
+    answers it (the first data layer that has the key, a shallow copy of its value), with
+    the layers (the override, host, groups, inventory and deploy data) evaluated once."""
+    data, sentinel = host.data, _arguments.default_sentinel
+    datas = data.__dict__.get("datas") if type(data) is _host.HostData else None
+    if datas is None:
+        return lambda key: getattr(data, key, sentinel)
+    layers = list(_host.extract_callable_datas(datas))
+
+    def lookup(key):
+        for layer in layers:
+            try:
+                return copy(layer[key])
+            except KeyError:
+                pass
+        return sentinel
+    return lookup
+
+
+def pop_global_arguments(state, host, kwargs):
+    """pyinfra.api.arguments.pop_global_arguments, the host's data layers evaluated once a
+    call (_host_defaults) instead of once an argument; the rest is pyinfra's, line for line."""
+    config = state.config
+    if _arguments.ctx_config.isset():
+        config = _arguments.ctx_config.get()
+        assert config is not None
+
+    cdkwargs = host.current_deploy_kwargs
+    meta_kwargs = cdkwargs or {}
+
+    arguments = {}
+    found_keys = []
+    host_default_of = _host_defaults(host)
+
+    for key, type_ in _arguments.all_global_arguments():
+        argument_meta = _arguments.all_argument_meta[key]
+        handler = argument_meta.handler
+        default = argument_meta.default(config)
+
+        host_default = host_default_of(key)
+        if host_default is not _arguments.default_sentinel:
+            default = host_default
+
+        if key in kwargs:
+            found_keys.append(key)
+            value = kwargs.pop(key)
+        else:
+            value = meta_kwargs.get(key, default)
+
+        if handler:
+            value = handler(config, value)
+
+        if value != default:
+            _arguments.raise_if_bad_type(
+                value,
+                type_,
+                _arguments.ArgumentTypeError,
+                f"Invalid argument `{key}`:",
+            )
+
+        arguments[key] = value
+    return arguments, found_keys
+
+
+def _digest(fn) -> str | None:
+    try:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
+
+
+def apply() -> list[str]:
+    """Put the replacements in place where pyinfra's source is the checked one; the names replaced."""
+    if APPLIED or os.environ.get("VOLTAFLEET_PYINFRA_AS_IS"):
+        return APPLIED
+    if _digest(ORIGINAL["get_operation_order_from_stack"]) == CHECKED["get_operation_order_from_stack"] \
+            and _operation.get_operation_order_from_stack is ORIGINAL["get_operation_order_from_stack"]:
+        _operation.get_operation_order_from_stack = get_operation_order_from_stack  # where it is called
+        APPLIED.append("get_operation_order_from_stack")
+    if _digest(ORIGINAL["all_global_arguments"]) == CHECKED["all_global_arguments"]:
+        _arguments.all_global_arguments = all_global_arguments  # pop_global_arguments calls it by module name
+        APPLIED.append("all_global_arguments")
+    names = ("pop_global_arguments", "HostData.__getattr__", "extract_callable_datas")
+    if all(_digest(ORIGINAL[n]) == CHECKED[n] for n in names) \
+            and all(m.pop_global_arguments is ORIGINAL["pop_global_arguments"] for m in (_facts, _operation, _deploy)):
+        for module in (_arguments, _facts, _operation, _deploy):  # each calls it by its own name
+            module.pop_global_arguments = pop_global_arguments
+        APPLIED.append("pop_global_arguments")
+    return APPLIED
+
+
+apply()

@@ -1,0 +1,102 @@
+"""roles/speed.py: pyinfra's operation order and global arguments, computed faster, are
+pyinfra's own, operation by operation of real runs (tests/ops/harness.py, CLI mode)."""
+import importlib
+
+import pytest
+
+from roles import speed
+from tests.ops.harness import deploy
+from tests.ops.test_toolchain import R580_NOBLE_DPKG, host
+
+operation = importlib.import_module("pyinfra.api.operation")
+CALLERS = [importlib.import_module(f"pyinfra.api.{m}") for m in ("arguments", "facts", "operation", "deploy")]
+
+
+def test_applied_to_the_pinned_pyinfra():
+    """requirements.txt pins the pyinfra whose functions the replacements were checked
+    against: another version (another source) is left as it is, and this test says so."""
+    assert speed.APPLIED == ["get_operation_order_from_stack", "all_global_arguments", "pop_global_arguments"]
+    assert operation.get_operation_order_from_stack is speed.get_operation_order_from_stack
+    assert all(m.pop_global_arguments is speed.pop_global_arguments for m in CALLERS)
+
+
+def test_global_arguments_are_pyinfras():
+    assert speed.all_global_arguments() == speed.ORIGINAL["all_global_arguments"]()
+    first = speed.all_global_arguments()
+    first.clear()  # a caller's list is its own
+    assert len(speed.all_global_arguments()) == len(speed.ORIGINAL["all_global_arguments"]())
+
+
+@pytest.fixture
+def both_orders(monkeypatch):
+    """Every operation's order computed both ways, from the same frame and line."""
+    seen = []
+
+    def compare(state):
+        # one line: the two calls see the same stack, this frame at the same line number
+        ours, theirs = speed.get_operation_order_from_stack(state), speed.ORIGINAL["get_operation_order_from_stack"](state)
+        seen.append((ours, theirs))
+        return theirs
+
+    monkeypatch.setattr(operation, "get_operation_order_from_stack", compare)
+    return seen
+
+
+@pytest.mark.parametrize("hosts", [
+    [host("fresh")],  # a driver install: every toolchain operation, the reboot
+    [host("fresh"), host("converged", extra=[[r"dpkg-query -W", R580_NOBLE_DPKG]]), host("h100", vars={"server_instances": 1})],
+])
+def test_operation_order_is_pyinfras(both_orders, hosts):
+    rc, cmds, out = deploy(hosts)
+    assert both_orders, out
+    for ours, theirs in both_orders:
+        assert ours == theirs
+    assert len({tuple(t) for _, t in both_orders}) > 10  # distinct call sites, not one
+
+
+@pytest.fixture
+def both_arguments(monkeypatch):
+    """Every pop_global_arguments call (operations, facts, deploys) made both ways on copies
+    of its keyword arguments: the same arguments, keys found and keyword arguments left."""
+    seen = []
+
+    def compare(state, host, kwargs):
+        mine, theirs = dict(kwargs), dict(kwargs)
+        ours = speed.pop_global_arguments(state, host, mine)
+        original = speed.ORIGINAL["pop_global_arguments"](state, host, theirs)
+        seen.append(((dict(ours[0]), ours[1]), (dict(original[0]), original[1]), mine, theirs))  # as returned: pyinfra pops from it later
+        kwargs.clear()
+        kwargs.update(theirs)
+        return original
+
+    for module in CALLERS:
+        monkeypatch.setattr(module, "pop_global_arguments", compare)
+    return seen
+
+
+def test_global_arguments_and_host_defaults_are_pyinfras(both_arguments):
+    # host data with connector arguments (as inventory/prod.py's _sudo) and without
+    rc, cmds, out = deploy([host("sudo", vars={"_sudo": True, "_sudo_user": "root", "_timeout": 7}),
+                            host("plain")])
+    assert len(both_arguments) > 50, out
+    for ours, original, mine, theirs in both_arguments:
+        assert ours == original and mine == theirs
+    assert any(o[0][0]["_sudo"] for o in both_arguments) and not all(o[0][0]["_sudo"] for o in both_arguments)
+
+
+def test_every_data_layer_in_pyinfras_order():
+    """Override data (--data), host data, groups' data (the last group wins), the inventory's
+    and none: each argument's default where pyinfra's HostData finds it."""
+    from pyinfra.api import Config, Inventory, State
+
+    inventory = Inventory((["a", ("b", {"_sudo_user": "host-b", "_timeout": 3})], {"_timeout": 9, "_env": {"A": "1"}}),
+                          override_data={"_retries": 2},
+                          g1=(["a"], {"_sudo": True, "_shell_executable": "bash"}),
+                          g2=(["a", "b"], {"_sudo": False, "_chdir": "/x", "_env": {"B": "2"}}))
+    state = State(inventory, Config())
+    for h in inventory:
+        for kwargs in ({}, {"_sudo": True, "name": "x"}, {"_timeout": 5, "path": "/p"}):
+            mine, theirs = dict(kwargs), dict(kwargs)
+            ours = speed.pop_global_arguments(state, h, mine)
+            assert ours == speed.ORIGINAL["pop_global_arguments"](state, h, theirs) and mine == theirs
+    assert speed.pop_global_arguments(state, inventory.get_host("b"), {})[0]["_timeout"] == 3
