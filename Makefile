@@ -45,9 +45,12 @@ unit: setup
 	$(PY) -m pytest -q tests/unit tests/ops
 
 # Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU tests skip without a GPU).
+# The fast tests first, each suite in its own process (the in-process pyinfra harness of
+# tests/ops keeps nothing from the lab tests' session), then the lab fleet from fresh hosts.
 test: setup
+	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops tests/gpu
 	$(PY) -m lab up --fresh --hosts 3 --gateway
-	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=50 tests
+	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=50 tests/lab
 
 bench: lab-up
 	$(PY) bench/rollout.py
