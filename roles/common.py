@@ -18,6 +18,7 @@ from pyinfra import host, inventory, logger
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.context import ContextObject
 
 import roles.speed  # noqa: F401  (pyinfra's cost per operation and fact, cut on import)
 from roles.facts import Gpus, HAProxyServers, HostBasics, NvccVersion
@@ -217,9 +218,16 @@ def model_size(url: str) -> int | None:
 _FACTS: WeakKeyDictionary = WeakKeyDictionary()  # {host: {(fact, kwargs): ((stage, changes), value)}}
 
 
+def real_host(h):
+    """The Host object itself: `pyinfra.host` is one context proxy for every host (hashed as
+    itself), so a memo keyed by it would mix the hosts up."""
+    return h._get_module() if isinstance(h, ContextObject) else h
+
+
 def changes_so_far(h) -> int | None:
     """How many of host h's operations have run commands on it so far in this run (None:
     not a pyinfra host of a run, a test's fake one)."""
+    h = real_host(h)
     ops = getattr(h.state, "ops", None)
     if not isinstance(ops, dict):
         return None
@@ -233,6 +241,7 @@ def host_fact(h, cls, **kwargs):
     the toolkit, packages, releases, the GPUs a driver shows), never one that moves by
     itself (a clock, a unit's state, the gateway's servers). An operation asks before its
     first command (after it, its own command may have changed the value). A copy each time."""
+    h = real_host(h)
     executed = changes_so_far(h)
     if executed is None:
         return h.get_fact(cls, **kwargs)
