@@ -181,20 +181,33 @@ def run_directory(a, rollout_id: str) -> tuple[Path, Path]:
     return report_dir, run_dir
 
 
-def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> int:
-    """--plan: one read-only pyinfra run (VOLTAFLEET_PHASE=plan) records what each host would
-    change; the batches, refusals and estimates are printed and written to plan.json."""
+def start(a, servers, data, mirrors):
+    """What a rollout and a plan both begin with: a run id and its directory, the fleet plan
+    resolved once and written there, the environment every pyinfra run of it gets.
+    (rollout_id, report_dir, run_dir, fleet, plan_path, base_env), or None: a ref that does
+    not resolve (said, nothing touched)."""
     rollout_id = runctx.new_id()
-    _, run_dir = run_directory(a, rollout_id)
+    report_dir, run_dir = run_directory(a, rollout_id)
     try:
         fleet = first_plan(rollout_id, servers, data, mirrors)
     except refs.RefError as e:
         say(f"refused before any host was touched: {e}")
-        return 2
+        return None
     plan_path = run_dir / "fleet-plan.json"
     plan_path.write_text(fleet.to_json())
-    env = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir), "VOLTAFLEET_FLEET_PLAN": str(plan_path),
-           "VOLTAFLEET_LOCK_OWNER": str(os.getpid()), "VOLTAFLEET_PHASE": "plan", "VOLTAFLEET_RUN": runctx.new_id()}
+    base_env = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir),
+                "VOLTAFLEET_FLEET_PLAN": str(plan_path), "VOLTAFLEET_LOCK_OWNER": str(os.getpid())}
+    return rollout_id, report_dir, run_dir, fleet, plan_path, base_env
+
+
+def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> int:
+    """--plan: one read-only pyinfra run (VOLTAFLEET_PHASE=plan) records what each host would
+    change; the batches, refusals and estimates are printed and written to plan.json."""
+    started = start(a, servers, data, mirrors)
+    if started is None:
+        return 2
+    rollout_id, _, run_dir, fleet, _, base_env = started
+    env = {**base_env, "VOLTAFLEET_PHASE": "plan", "VOLTAFLEET_RUN": runctx.new_id()}
     if a.no_gateway:
         env["VOLTAFLEET_NO_GATEWAY"] = "1"
         gateways = []
@@ -219,17 +232,10 @@ def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
 
 
 def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> int:
-    rollout_id = runctx.new_id()
-    report_dir, run_dir = run_directory(a, rollout_id)
-    try:
-        fleet = first_plan(rollout_id, servers, data, mirrors)
-    except refs.RefError as e:
-        say(f"refused before any host was touched: {e}")
+    started = start(a, servers, data, mirrors)
+    if started is None:
         return 2
-    plan_path = run_dir / "fleet-plan.json"
-    plan_path.write_text(fleet.to_json())
-    base_env = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir),
-                "VOLTAFLEET_FLEET_PLAN": str(plan_path), "VOLTAFLEET_LOCK_OWNER": str(os.getpid())}
+    rollout_id, report_dir, run_dir, fleet, plan_path, base_env = started
     # the gateway phase's hosts: the gateways and the mirrors (without the gateway, the mirrors
     # that are not also the unreachable gateway)
     configure = [h for h in inventory if h in gateways or h in mirrors]
