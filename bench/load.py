@@ -34,7 +34,7 @@ class Load:
 
     def __init__(self, url: str, clients: int = 4, tokens: int = 32, seconds: float = 120,
                  max_requests: int = 5000, key: str | None = None, client: str = "httpx",
-                 body: dict | None = None, headers: dict | None = None):
+                 body: dict | None = None, headers: dict | None = None, streams_only: bool = False):
         u = urlparse(url)
         if u.hostname not in ALLOWED_HOSTS:
             raise ValueError(f"load only goes to this machine's loopback, not {u.hostname}")
@@ -43,6 +43,7 @@ class Load:
         self.url, self.kind = url.rstrip("/"), client
         self.clients, self.tokens, self.seconds, self.max_requests, self.key = clients, tokens, seconds, max_requests, key
         self.body, self.headers = body or {}, headers or {}
+        self.streams_only = streams_only  # every request streamed (else streamed and not in turn)
         self.results: list[dict] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -141,7 +142,7 @@ class Load:
                 if self.n >= self.max_requests:
                     return
                 self.n += 1
-                stream = self.n % 2 == 1  # streamed and non-streamed in turn
+                stream = self.streams_only or self.n % 2 == 1  # streamed and non-streamed in turn
             rec = self.one(stream)
             with self.lock:
                 self.results.append(rec)
