@@ -1,19 +1,25 @@
 """Conversation affinity, measured: multi-turn chats through the gateway with affinity on and
 with least connections, same load, same run. Prints the mean TTFT of follow-up turns, the
 prompt tokens each follow-up made the server process (llama-server's own timings), and each
-instance's share of the requests (HAProxy's per-server totals).
+instance's load: its time-averaged concurrent requests (HAProxy's `scur`, sampled on the
+gateway every 0.25 s: what the bounded-load hash bounds) and its share of the requests.
 
-    .venv/bin/python bench/affinity.py --conversations 12 --turns 5 [--modes on off]
+    .venv/bin/python bench/affinity.py [--conversations 24] [--turns 5] [--parallel 8] [--reps 2]
 
-It serves Gemma 3 270M on the lab fleet (a rollout with 4K tokens a slot), switches the
-gateway's `gateway_affinity` for each mode (a gateway-only pyinfra run), and puts the lab's
-own configuration back at the end. Loopback only; every loop is bounded.
+The workload is a support desk's: every conversation opens with the same long system prompt
+(~600 tokens, cached everywhere after the first request) and its own incident log (~1,000
+tokens), then asks short follow-up questions about it. It serves Gemma 3 270M on the lab fleet
+(a rollout with 4K tokens a slot), warms every instance directly, then runs the modes in turn
+(off, on, off, on for --reps 2), each with conversations no earlier mode has seen, switching
+`gateway_affinity` with a gateway-only pyinfra run; the lab's own configuration is put back at
+the end. Loopback only; every loop is bounded. Raw record: reports/affinity.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -33,48 +39,106 @@ from lab.fleet import load_state  # noqa: E402
 URL = "http://127.0.0.1:18800"
 SYSTEM = ("You are the support assistant of a company that runs fleets of GPU servers for language models. "
           "Answer briefly, precisely and politely. ") * 24  # a long shared system prompt (~600 tokens)
+WORDS = ("gpu driver server fleet rollout gateway slot cache prompt token model build compile kernel memory "
+         "error warning restart drain health check latency throughput queue request stream client operator "
+         "ticket incident node rack power fan temperature clock firmware reboot upgrade downgrade version "
+         "branch commit release binary library toolkit nvcc cmake flag thread batch context window state "
+         "checkpoint replica instance port socket timeout retry failure success pass fail log line journal "
+         "unit service daemon network switch cable link bandwidth disk file download checksum mirror").split()
+SOCK = "/run/haproxy/admin.sock"
 
 
-def stats(gw_ssh: list[str]) -> dict[str, int]:
-    out = subprocess.run(gw_ssh + ["echo 'show stat' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock"],
+def incident(seed: str, words: int = 700) -> str:
+    """A conversation's own incident log (~1,000 Gemma tokens), the same for the same seed."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(words // 14):
+        lines.append(f"{i:03d} " + " ".join(rng.choice(WORDS) for _ in range(14)) + ".")
+    return "\n".join(lines)
+
+
+def first_messages(seed: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Incident {seed}. Here is the log:\n{incident(seed)}\n\n"
+                                        "Which component failed first?"}]
+
+
+def ask(c: httpx.Client, messages: list[dict]) -> dict:
+    t0 = time.monotonic()
+    ttft, text, final = None, "", {}
+    with c.stream("POST", "/v1/chat/completions", json={"messages": messages, "max_tokens": 16, "stream": True,
+                                                         "temperature": 0}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
+            if delta:
+                ttft = ttft or (time.monotonic() - t0) * 1000
+                text += delta
+            if chunk.get("timings"):
+                final = chunk["timings"]
+    return {"ttft_ms": ttft, "text": text, "prompt_n": final.get("prompt_n"), "cache_n": final.get("cache_n"),
+            "seconds": time.monotonic() - t0}
+
+
+def conversation(c: httpx.Client, seed: str, turns: int, out: list) -> None:
+    messages = first_messages(seed)
+    for turn in range(turns):
+        r = ask(c, messages)
+        out.append({"conversation": seed, "turn": turn, **{k: r[k] for k in ("ttft_ms", "prompt_n", "cache_n")}})
+        messages += [{"role": "assistant", "content": r["text"] or "."},
+                     {"role": "user", "content": f"Thanks. Question {turn + 1}: what should the operator check next?"}]
+
+
+class Sampler:
+    """HAProxy's per-server `scur` (requests in flight) every 0.25 s, from one ssh session on the gateway."""
+
+    def __init__(self, gw_ssh: list[str]):
+        loop = (f"while :; do echo 'show stat' | socat stdio UNIX-CONNECT:{SOCK} | "
+                "awk -F, '$1==\"llama\" && $2!=\"FRONTEND\" && $2!=\"BACKEND\" {printf \"%s=%s \", $2, $5}'; "
+                "echo; sleep 0.25; done")
+        self.p = subprocess.Popen(gw_ssh + [loop], stdout=subprocess.PIPE, text=True)
+        self.samples: list[dict[str, int]] = []
+        self.t = threading.Thread(target=self.read, daemon=True)
+        self.t.start()
+
+    def read(self) -> None:
+        for line in self.p.stdout:
+            row = dict(kv.split("=") for kv in line.split() if "=" in kv)
+            if row:
+                self.samples.append({k: int(v) for k, v in row.items()})
+
+    def stop(self) -> dict[str, float]:
+        self.p.terminate()
+        self.p.wait(timeout=10)
+        self.t.join(timeout=10)
+        busy = [s for s in self.samples if sum(s.values())]  # while the load ran
+        return {k: round(statistics.mean(s.get(k, 0) for s in busy), 3) for k in busy[0]} if busy else {}
+
+
+def totals(gw_ssh: list[str]) -> dict[str, int]:
+    out = subprocess.run(gw_ssh + [f"echo 'show stat' | socat stdio UNIX-CONNECT:{SOCK}"],
                          capture_output=True, text=True, check=True).stdout
     cols = out.splitlines()[0][2:].split(",")
     return {r.split(",")[1]: int(dict(zip(cols, r.split(",")))["stot"]) for r in out.splitlines()[1:]
             if r.startswith("llama,") and r.split(",")[1] not in ("FRONTEND", "BACKEND")}
 
 
-def conversation(c: httpx.Client, n: int, turns: int, out: list) -> None:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Customer {n}: what is a GPU?"}]
-    for turn in range(turns):
-        t0 = time.monotonic()
-        ttft = None
-        final = {}
-        with c.stream("POST", "/v1/chat/completions", json={"messages": messages, "max_tokens": 16, "stream": True,
-                                                             "temperature": 0, "timings_per_token": False}) as r:
-            r.raise_for_status()
-            text = ""
-            for line in r.iter_lines():
-                if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
-                if delta:
-                    ttft = ttft or (time.monotonic() - t0) * 1000
-                    text += delta
-                if chunk.get("timings"):
-                    final = chunk["timings"]
-        out.append({"conversation": n, "turn": turn, "ttft_ms": ttft, "prompt_n": final.get("prompt_n"),
-                    "cache_n": final.get("cache_n")})
-        messages += [{"role": "assistant", "content": text or "."},
-                     {"role": "user", "content": f"Thanks. Follow-up question {turn + 1} from customer {n}?"}]
+def ratio(per: dict[str, float]) -> float | None:
+    mean = statistics.mean(per.values()) if per else 0
+    return round(max(per.values()) / mean, 2) if mean else None
 
 
-def run_mode(conversations: int, turns: int, parallel: int, gw_ssh: list[str]) -> dict:
-    before = stats(gw_ssh)
+def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: list[str]) -> dict:
+    before = totals(gw_ssh)
+    sampler = Sampler(gw_ssh)
     out: list[dict] = []
-    with httpx.Client(base_url=URL, timeout=300,
+    t0 = time.monotonic()
+    with httpx.Client(base_url=URL, timeout=600,
                       limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)) as c:
-        todo = list(range(conversations))
+        todo = [f"{tag}-{n}" for n in range(conversations)]
         lock = threading.Lock()
 
         def worker():
@@ -82,23 +146,28 @@ def run_mode(conversations: int, turns: int, parallel: int, gw_ssh: list[str]) -
                 with lock:
                     if not todo:
                         return
-                    n = todo.pop(0)
-                conversation(c, n, turns, out)
+                    seed = todo.pop(0)
+                conversation(c, seed, turns, out)
 
         threads = [threading.Thread(target=worker) for _ in range(parallel)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=1800)
-    after = stats(gw_ssh)
+            t.join(timeout=3600)
+    seconds = time.monotonic() - t0
+    concurrency = sampler.stop()
+    after = totals(gw_ssh)
     per = {k: after[k] - before.get(k, 0) for k in after}
     follow = [r for r in out if r["turn"] > 0 and r["ttft_ms"] is not None]
-    mean_load = statistics.mean(per.values()) if per else 0
-    return {"requests": len(out), "follow_up_ttft_mean_ms": round(statistics.mean(r["ttft_ms"] for r in follow), 1),
+    first = [r for r in out if r["turn"] == 0 and r["ttft_ms"] is not None]
+    return {"tag": tag, "requests": len(out), "seconds": round(seconds, 1),
+            "follow_up_ttft_mean_ms": round(statistics.mean(r["ttft_ms"] for r in follow), 1),
             "follow_up_ttft_p50_ms": round(statistics.median(r["ttft_ms"] for r in follow), 1),
             "follow_up_prompt_tokens_mean": round(statistics.mean(r["prompt_n"] or 0 for r in follow), 1),
-            "first_turn_ttft_mean_ms": round(statistics.mean(r["ttft_ms"] for r in out if r["turn"] == 0), 1),
-            "per_instance": per, "max_over_mean_load": round(max(per.values()) / mean_load, 2) if mean_load else None}
+            "first_turn_ttft_mean_ms": round(statistics.mean(r["ttft_ms"] for r in first), 1),
+            "first_turn_prompt_tokens_mean": round(statistics.mean(r["prompt_n"] or 0 for r in first), 1),
+            "concurrency": concurrency, "max_over_mean_concurrency": ratio(concurrency),
+            "per_instance": per, "max_over_mean_requests": ratio(per), "turns": out}
 
 
 def pyinfra(args: list[str], vars_: dict) -> None:
@@ -109,35 +178,68 @@ def pyinfra(args: list[str], vars_: dict) -> None:
     subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
+def warm(st: dict) -> None:
+    """One request straight to every instance: the model's pages in, before any mode is timed."""
+    for h in st["hosts"]:
+        for i in range(2):
+            with httpx.Client(base_url=f"http://127.0.0.1:{h['server_port_base'] + i}", timeout=300) as c:
+                ask(c, first_messages(f"warm-{h['name']}-{i}")[:1] + [{"role": "user", "content": "Hello."}])
+
+
+def summary(results: list[dict]) -> dict:
+    """Per mode, the mean over its repetitions."""
+    out = {}
+    for mode in ("on", "off"):
+        runs = [r for r in results if r["mode"] == mode]
+        if runs:
+            out[mode] = {k: round(statistics.mean(r[k] for r in runs), 2) for k in (
+                "follow_up_ttft_mean_ms", "follow_up_prompt_tokens_mean", "first_turn_ttft_mean_ms",
+                "max_over_mean_concurrency", "max_over_mean_requests")}
+    if {"on", "off"} <= set(out):
+        out["follow_up_ttft_ratio"] = round(out["off"]["follow_up_ttft_mean_ms"] / out["on"]["follow_up_ttft_mean_ms"], 2)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--conversations", type=int, default=12)
+    p.add_argument("--conversations", type=int, default=24)
     p.add_argument("--turns", type=int, default=5)
-    p.add_argument("--parallel", type=int, default=6)
-    p.add_argument("--modes", nargs="+", default=["on", "off"])
+    p.add_argument("--parallel", type=int, default=8)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--modes", nargs="+", default=["off", "on"])
     a = p.parse_args()
     st = load_state()
     g = st["gemma"]
     gemma = {"model_url": g["url"], "model_sha256": g["sha256"], "smoke_probe_prompt": g["prompt"],
              "server_ctx": 16384, "smoke_tokens": 16, "smoke_parallel": 2}
     gw_ssh = ["ssh", "-F", st["ssh_config"], st["gateway"]["name"]]
-    results = {}
+    results: list[dict] = []
+    record = {"argv": sys.argv, "conversations": a.conversations, "turns": a.turns, "parallel": a.parallel,
+              "runs": results}
+    run_id = time.strftime("%H%M%S")
     try:
         pyinfra([], gemma)  # every server serves Gemma, 4K tokens a slot
-        for mode in a.modes:
-            pyinfra(["--limit", st["gateway"]["name"]], {**gemma, "gateway_affinity": mode == "on"})
-            results[mode] = run_mode(a.conversations, a.turns, a.parallel, gw_ssh)
-            print(f"affinity {mode}: {json.dumps(results[mode])}", flush=True)
+        warm(st)
+        for rep in range(a.reps):
+            for mode in a.modes:
+                pyinfra(["--limit", st["gateway"]["name"]], {**gemma, "gateway_affinity": mode == "on"})
+                r = run_mode(f"{run_id}-{mode}{rep}", a.conversations, a.turns, a.parallel, gw_ssh)
+                results.append({"mode": mode, "rep": rep, **r})
+                print(f"affinity {mode} (rep {rep}): " + json.dumps({k: v for k, v in r.items() if k != "turns"}),
+                      flush=True)
     finally:
         pyinfra([], {})  # the lab's own configuration again
-    if {"on", "off"} <= set(results):
-        on, off = results["on"], results["off"]
+        record["summary"] = summary(results)
+        (REPO / "reports").mkdir(exist_ok=True)
+        (REPO / "reports" / "affinity.json").write_text(json.dumps(record, indent=1) + "\n")
+    s = record["summary"]
+    if "follow_up_ttft_ratio" in s:
+        on, off = s["on"], s["off"]
         print(f"follow-up TTFT: affinity {on['follow_up_ttft_mean_ms']} ms, least connections "
-              f"{off['follow_up_ttft_mean_ms']} ms ({off['follow_up_ttft_mean_ms'] / on['follow_up_ttft_mean_ms']:.2f}x); "
-              f"prompt tokens a follow-up: {on['follow_up_prompt_tokens_mean']} vs {off['follow_up_prompt_tokens_mean']}; "
-              f"max/mean load {on['max_over_mean_load']} vs {off['max_over_mean_load']}")
-    (REPO / "reports").mkdir(exist_ok=True)
-    (REPO / "reports" / "affinity.json").write_text(json.dumps(results, indent=1) + "\n")
+              f"{off['follow_up_ttft_mean_ms']} ms ({s['follow_up_ttft_ratio']}x); prompt tokens a follow-up: "
+              f"{on['follow_up_prompt_tokens_mean']} vs {off['follow_up_prompt_tokens_mean']}; max/mean concurrency "
+              f"{on['max_over_mean_concurrency']} vs {off['max_over_mean_concurrency']}; max/mean requests "
+              f"{on['max_over_mean_requests']} vs {off['max_over_mean_requests']}")
     return 0
 
 

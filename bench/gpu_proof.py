@@ -124,6 +124,22 @@ def run_plan() -> dict:
         cfg["server_extra_flags"] = list(extra)
         return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
 
+    def v32_spec(ngram):
+        cfg = group_cfg("v100_32gb")
+        cfg.update(server_spec_ngram=ngram)
+        return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
+
+    # issue 19 §6: n-gram drafting on the hybrid (a recurrent-state checkpoint per verified draft),
+    # v100_32gb as shipped with and without `server_spec_ngram: ngram-mod`, both builds; two prompt
+    # kinds: distinct tokens, and a 32-token run repeated 8 times (n-grams to draft from)
+    spec = [{"name": f"v32-{n or 'nospec'}{'-cublas' if b == 'cublas' else ''}", "build": b, "args": v32_spec(n),
+             "streams": [1, 16] if b == "default" else [16], "tokens": 128}
+            for b in ("default", "cublas") for n in (None, "ngram-mod")]
+    # the same, sampled from the top 2 or 3 tokens (temperature 1, a seed a request): the random-weight
+    # model's greedy output loops, so every draft is accepted; sampling makes some drafts wrong
+    spec += [{**x, "name": x["name"] + "-sampled", "kinds": ["plain", "plain-k2", "plain-k3"],
+              "streams": [1, 2, 16] if x["build"] == "default" else [16]} for x in spec]
+
     m32 = {"conversations": 20, "turns": 3, "first": 512, "turn": 64, "reply": 32}
     m16 = {"conversations": 4, "turns": 3, "first": 512, "turn": 64, "reply": 32}
     return {
@@ -153,6 +169,7 @@ def run_plan() -> dict:
             {**serve("v32-ub1024-cublas", ub[1024], [16], None), "build": "cublas"},
             {**serve("v32-ub2048-cublas", ub[2048], [16], None), "build": "cublas"},
         ],
+        "spec": spec,
         "g32": {k: g32[k] for k in ("server_ctx", "server_parallel")},
     }
 

@@ -207,6 +207,57 @@ class Proof(Run):
             self.save()
             say("serve", item["name"], s.ok, [(x["streams"], wall_rate(x["recs"])) for x in r["rounds"]])
 
+    # ------------------------------------------------------------ n-gram speculation
+    @staticmethod
+    def spec_prompt(kind: str, i: int) -> list:
+        """`plain`: 128 distinct tokens; `repeat`: one 32-token run 8 times (n-grams to draft from)."""
+        return prompt_ids(i, 128) if kind.split("-")[0] == "plain" else prompt_ids(i, 32) * 8
+
+    @staticmethod
+    def spec_sampling(kind: str, i: int) -> dict | None:
+        """`-kN`: sampled from the top N tokens at temperature 1 (seeded); else greedy."""
+        k = kind.partition("-k")[2]
+        return {"temperature": 1.0, "top_k": int(k), "top_p": 1.0, "min_p": 0.0, "seed": i} if k else None
+
+    def spec(self, names=None):
+        """Each plan["spec"] server: a warm-up, then plan["runs"] rounds of each prompt kind at each
+        stream count (greedy, prompt cache off), every request's TTFT, token times, drafts drafted
+        and accepted, and its text's hash (speculation must not change greedy output)."""
+        out = self.results.setdefault("spec", [])
+        for item in self.plan["spec"]:
+            if names and item["name"] not in names:
+                continue
+            s = self.server(item["build"], item["name"], item["args"])
+            r = {"name": item["name"], "build": item["build"], "args": s.args, "healthy": s.ok, "load_s": s.load_s,
+                 "rounds": []}
+            try:
+                if s.ok:
+                    complete(self.port, prompt_ids(9900, 32), 8)  # warm-up
+                    for rep in range(self.plan["runs"]):
+                        for kind in item.get("kinds", ["plain", "repeat"]):
+                            for k in item["streams"]:
+                                tag = 1000 * (rep + 1) + k
+                                recs = concurrent(self.port, [
+                                    (lambda i=i: complete(self.port, self.spec_prompt(kind, tag * 100 + i),
+                                                          item["tokens"],
+                                                          sampling=self.spec_sampling(kind, tag * 100 + i)))
+                                    for i in range(k)])
+                                keep = ("ttft_ms", "t_start", "times_ms", "n", "decode_tps", "draft_n",
+                                        "draft_accepted", "text_sha", "error")
+                                r["rounds"].append({"rep": rep, "kind": kind, "streams": k,
+                                                    "recs": [{x: q.get(x) for x in keep} for q in recs]})
+                                self.save()
+                    r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
+            finally:
+                s.stop()
+            r["log"] = self.loglines(s)
+            out.append(r)
+            self.save()
+            say("spec", item["name"], s.ok, [(x["kind"], x["streams"], wall_rate(x["recs"]),
+                                              sum(q.get("draft_accepted") or 0 for q in x["recs"]))
+                                             for x in r["rounds"]])
+
+
 def main():
     ap = argparse.ArgumentParser()
     for k in ("plan", "bin", "models", "res"):
@@ -221,7 +272,7 @@ def main():
         say("phase", ph)
         try:
             fn = getattr(run, name)
-            if name == "serve":
+            if name in ("serve", "spec"):
                 fn(arg.split("+") if arg else None)
             elif arg:
                 fn(arg)

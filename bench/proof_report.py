@@ -125,7 +125,45 @@ def splits(serve_or_vram: list) -> set:
     return {s for r in serve_or_vram for s in graph_splits("\n".join(r.get("log", [])))}
 
 
+def spec_table(spec: list) -> dict:
+    """{(config, kind, N): wall aggregate (median, min, max), drafted, accepted, TTFT p50, text hashes by round}."""
+    out = {}
+    for item in spec:
+        for kind in sorted({x["kind"] for x in item["rounds"]}):
+            for k in sorted({x["streams"] for x in item["rounds"]}):
+                rounds = [x for x in item["rounds"] if x["kind"] == kind and x["streams"] == k]
+                if not rounds:
+                    continue
+                recs = [q for x in rounds for q in x["recs"]]
+                out[(item["name"], kind, k)] = {
+                    "wall": mmm([round_figures(x["recs"])["wall"] for x in rounds]),
+                    "drafted": sum(q.get("draft_n") or 0 for q in recs),
+                    "accepted": sum(q.get("draft_accepted") or 0 for q in recs),
+                    "tokens": sum(q.get("n") or 0 for q in recs),
+                    "ttft_p50": percentile([q["ttft_ms"] for q in recs if q.get("ttft_ms")], 50),
+                    "texts": [[q.get("text_sha") for q in x["recs"]] for x in rounds],
+                    "mem_after": item.get("mem_after")}
+    return out
+
+
+def spec_report(res: dict) -> str:
+    """The n-gram speculation table (phase `spec`): each config beside its no-speculation twin."""
+    t = spec_table(res["spec"])
+    lines = ["| config | prompt | N | wall agg tok/s | vs nospec | drafted / accepted | TTFT p50 ms | "
+             "greedy text = nospec | MiB after |", "|---|---|---|---|---|---|---|---|---|"]
+    for (name, kind, k), f in t.items():
+        base = t.get((name.replace("ngram-mod", "nospec"), kind, k))
+        ratio = f"{f['wall'][0] / base['wall'][0]:.2f}x" if base and "ngram" in name else "-"
+        same = (f"{sum(a == b for x, y in zip(f['texts'], base['texts']) for a, b in zip(x, y))}"
+                f"/{sum(len(x) for x in f['texts'])}") if base and "ngram" in name and "-k" not in kind else "-"
+        lines.append(f"| {name} | {kind} | {k} | {fmt(f['wall'], 1)} | {ratio} | {f['drafted']} / {f['accepted']} | "
+                     f"{f['ttft_p50']:,.0f} | {same} | {f['mem_after']} |")
+    return "\n".join(lines)
+
+
 def report(res: dict) -> str:
+    if "vram" not in res and "spec" in res:
+        return spec_report(res)
     lines = []
     v = vram_table(res["vram"])
     lines.append("VRAM (MiB, nvidia-smi process memory; peak sampled every 0.1 s while one 1,536-token prompt per "

@@ -11,6 +11,7 @@ every step, so a run cut short still leaves what it measured.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -80,9 +81,9 @@ class Server:
 
 
 def complete(port: int, prompt, n: int, stream: bool = True, cache_prompt: bool = False, slot: int | None = None,
-             timeout: float = 600) -> dict:
+             timeout: float = 600, sampling: dict | None = None) -> dict:
     body = {"prompt": prompt, "n_predict": n, "stream": stream, "ignore_eos": True, "temperature": 0,
-            "cache_prompt": cache_prompt}
+            "cache_prompt": cache_prompt, **(sampling or {})}
     if slot is not None:
         body["id_slot"] = slot
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -120,7 +121,8 @@ def complete(port: int, prompt, n: int, stream: bool = True, cache_prompt: bool 
             "n": t.get("predicted_n"), "decode_tps": t.get("predicted_per_second"),
             "prompt_n": t.get("prompt_n"), "prompt_ms": t.get("prompt_ms"), "cache_n": t.get("cache_n"),
             "draft_n": t.get("draft_n"), "draft_accepted": t.get("draft_n_accepted"),
-            "text_tail": "".join(text)[-16:], "t_start": t0, "t_end": last or time.time(), "times_ms": times}
+            "text_tail": "".join(text)[-16:], "text_sha": hashlib.sha256("".join(text).encode()).hexdigest()[:16],
+            "t_start": t0, "t_end": last or time.time(), "times_ms": times}
 
 
 def prompt_ids(i: int, n: int) -> list[int]:

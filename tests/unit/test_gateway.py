@@ -57,8 +57,9 @@ def render(**over):
 
 def test_an_instance_never_gets_more_requests_than_its_slots():
     text = render()
-    assert "server h1-0 10.0.0.1:8080 check maxconn 4\n" in text and "server h1-1 10.0.0.1:8081 check maxconn 4\n" in text
-    assert "server h2-0 10.0.0.2:8080 check\n" in text  # slots unknown: no cap rather than a wrong one
+    assert "server h1-0 10.0.0.1:8080 check maxconn 4 weight 64\n" in text
+    assert "server h1-1 10.0.0.1:8081 check maxconn 4 weight 64\n" in text
+    assert "server h2-0 10.0.0.2:8080 check weight 64\n" in text  # slots unknown: no cap rather than a wrong one
     assert "timeout queue 30s" in text and "errorfile 503 /etc/haproxy/voltafleet-503.http" in text
 
 
@@ -81,7 +82,9 @@ def test_affinity_is_a_bounded_consistent_hash_and_switchable():
     text = render()
     assert "balance hash var(txn.affinity)" in text and "hash-type consistent" in text
     assert "hash-balance-factor 125" in text and "req.hdr(x-session-id)" in text
+    assert text.count(" weight 64\n") == text.count("    server ")  # 1,024 ring points a server: even shares
     off = render(affinity=False)
+    assert " weight " not in off
     assert "balance leastconn" in off and "balance hash" not in off
 
 

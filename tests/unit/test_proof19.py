@@ -117,3 +117,28 @@ def test_32gb_at_16_clients_is_over_2_3x_the_seed_in_one_session():
     # the FORCE_CUBLAS build (every batch through cuBLAS, decode steps included: not Volta's path)
     cub, seed_cub = t["v32-ship-cublas"][16]["wall"], t["seed-stage3-cublas"][16]["wall"]
     assert round(cub[0] / seed_cub[0], 2) == 1.12
+
+
+# ---- §6 on the GPU: n-gram drafting on the hybrid 27B (bench/proof19c/results.json, one session)
+SPEC = pr.spec_table(json.loads((ROOT / "bench/proof19c/results.json").read_text())["spec"])
+
+
+@pytest.mark.parametrize("name,kind,n,ratio", [("v32-ngram-mod", "plain", 1, 2.35), ("v32-ngram-mod", "repeat", 1, 2.44),
+                                               ("v32-ngram-mod", "plain", 16, 0.94), ("v32-ngram-mod", "repeat", 16, 1.01),
+                                               ("v32-ngram-mod-cublas", "plain", 16, 1.52),
+                                               ("v32-ngram-mod-cublas", "repeat", 16, 1.56)])
+def test_ngram_ratios_recomputed_and_greedy_output_unchanged(name, kind, n, ratio):
+    f, base = SPEC[(name, kind, n)], SPEC[(name.replace("ngram-mod", "nospec"), kind, n)]
+    assert round(f["wall"][0] / base["wall"][0], 2) == ratio
+    assert f["texts"] == base["texts"] and len(f["texts"]) == 3        # every greedy text, every round
+    assert f["accepted"] == f["drafted"] > 0 and base["drafted"] == 0  # the random-weight model: all accepted
+
+
+def test_ngram_stays_off_where_16_clients_gain_nothing_and_vram_grows():
+    default = [SPEC[("v32-ngram-mod", k, 16)]["wall"][0] / SPEC[("v32-nospec", k, 16)]["wall"][0]
+               for k in ("plain", "repeat")]
+    assert max(default) < 1.05                                          # even with every draft accepted
+    grow = SPEC[("v32-ngram-mod-cublas", "plain", 16)]["mem_after"] - SPEC[("v32-nospec-cublas", "plain", 16)]["mem_after"]
+    assert grow == 674 and SPEC[("v32-ngram-mod", "plain", 1)]["mem_after"] - SPEC[("v32-nospec", "plain", 1)]["mem_after"] == 400
+    for g in ("v100_16gb", "v100_32gb"):
+        assert group(g).get("server_spec_ngram") is None and "674 MiB" in text(g)
