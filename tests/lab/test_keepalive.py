@@ -83,6 +83,23 @@ def test_a_conversation_stays_on_one_instance(gw):
             assert len(grew) == 1 and sum(grew.values()) == 6, grew
 
 
+def test_a_long_conversation_stays_on_one_instance(gw):
+    """A conversation whose body outgrows HAProxy's default 16 KB buffer (a pasted document) still
+    keeps its instance: the key is read from the whole body, not from a truncated one (the lab's
+    512-token slots refuse the prompt itself; where it went is what counts)."""
+    doc = " ".join(f"line {i}: the fleet's log says nothing unusual here." for i in range(600))  # ~30 KB
+    with httpx.Client(base_url=URL, timeout=60) as c:
+        before = served_by(gw)
+        messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": doc}]
+        for turn in range(6):
+            r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+            assert r.status_code < 500, r.text
+            messages = messages + [{"role": "assistant", "content": "Noted."},
+                                   {"role": "user", "content": f"Another {turn}."}]
+        grew = {k: v - before[k] for k, v in served_by(gw).items() if v != before[k]}
+        assert len(grew) == 1 and sum(grew.values()) == 6, grew
+
+
 def test_closed_by_default_slots_props_and_listeners(gw):
     h = lab()["hosts"][0]
     with httpx.Client(base_url=URL, timeout=30) as c:
