@@ -163,6 +163,13 @@ class Proof(Run):
             say("batched", run, extra, [(r.get("pl"), round(r.get("speed_tg", 0))) for r in rows])
 
     # ------------------------------------------------------------ serving
+    def close(self, s: Server, r: dict, out: list) -> None:
+        """Stop the server; its record goes to the results with its log lines, saved."""
+        s.stop()
+        r["log"] = self.loglines(s)
+        out.append(r)
+        self.save()
+
     def round_(self, k: int, tokens: int, plen: int, tag: int) -> list:
         recs = concurrent(self.port, [(lambda i=i: complete(self.port, prompt_ids(tag * 100 + i, plen), tokens))
                                       for i in range(k)])
@@ -201,10 +208,7 @@ class Proof(Run):
                         r["multi"].append({"rep": rep, **m, "convs": convs})
                     r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
             finally:
-                s.stop()
-            r["log"] = self.loglines(s)
-            out.append(r)
-            self.save()
+                self.close(s, r, out)
             say("serve", item["name"], s.ok, [(x["streams"], wall_rate(x["recs"])) for x in r["rounds"]])
 
     # ------------------------------------------------------------ n-gram speculation
@@ -249,10 +253,7 @@ class Proof(Run):
                                 self.save()
                     r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
             finally:
-                s.stop()
-            r["log"] = self.loglines(s)
-            out.append(r)
-            self.save()
+                self.close(s, r, out)
             say("spec", item["name"], s.ok, [(x["kind"], x["streams"], wall_rate(x["recs"]),
                                               sum(q.get("draft_accepted") or 0 for q in x["recs"]))
                                              for x in r["rounds"]])
