@@ -164,6 +164,8 @@ def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: li
             "follow_up_ttft_mean_ms": round(statistics.mean(r["ttft_ms"] for r in follow), 1),
             "follow_up_ttft_p50_ms": round(statistics.median(r["ttft_ms"] for r in follow), 1),
             "follow_up_prompt_tokens_mean": round(statistics.mean(r["prompt_n"] or 0 for r in follow), 1),
+            # a follow-up that reprocessed its incident log (~1,000 tokens): its instance had no cache of it
+            "follow_up_log_reprocessed": sum(1 for r in follow if (r["prompt_n"] or 0) > 500),
             "first_turn_ttft_mean_ms": round(statistics.mean(r["ttft_ms"] for r in first), 1),
             "first_turn_prompt_tokens_mean": round(statistics.mean(r["prompt_n"] or 0 for r in first), 1),
             "concurrency": concurrency, "max_over_mean_concurrency": ratio(concurrency),
