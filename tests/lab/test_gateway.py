@@ -22,7 +22,7 @@ def test_every_instance_is_a_health_checked_backend(gw):
     assert th(gw).service("haproxy").is_running and th(gw).service("haproxy").is_enabled
     cfg = ssh(gw, "cat /etc/haproxy/haproxy.cfg")
     assert "balance hash var(txn.affinity)" in cfg and "option httpchk GET /health" in cfg and "timeout server 600s" in cfg
-    assert "option http-server-close" in cfg and "maxconn 4\n" in cfg  # keep-alive safe; slot-aware
+    assert "option http-server-close" in cfg and "check maxconn 4 weight 64\n" in cfg  # keep-alive safe; slot-aware; even hash shares
 
 
 def test_requests_and_prometheus_metrics_through_the_gateway(gw):

@@ -192,3 +192,5 @@ def test_a_host_missing_from_a_run_keeps_its_backends():
     # a kept backend keeps its slot cap
     assert configured_servers("backend llama\n    server h3-0 10.0.0.3:8080 check maxconn 4\n") == [
         ("h3-0", "10.0.0.3", 8080, 4)]
+    assert configured_servers("backend llama\n    server h3-0 10.0.0.3:8080 check maxconn 4 weight 64\n") == [
+        ("h3-0", "10.0.0.3", 8080, 4)]  # affinity's ring weight after it
