@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lab.fleet import load_state  # noqa: E402
+from voltafleet import gateway  # noqa: E402
 
 URL = "http://127.0.0.1:18800"
 SYSTEM = ("You are the support assistant of a company that runs fleets of GPU servers for language models. "
@@ -45,7 +46,6 @@ WORDS = ("gpu driver server fleet rollout gateway slot cache prompt token model 
          "branch commit release binary library toolkit nvcc cmake flag thread batch context window state "
          "checkpoint replica instance port socket timeout retry failure success pass fail log line journal "
          "unit service daemon network switch cable link bandwidth disk file download checksum mirror").split()
-SOCK = "/run/haproxy/admin.sock"
 
 
 def incident(seed: str, words: int = 700) -> str:
@@ -95,20 +95,25 @@ def conversation(c: httpx.Client, seed: str, turns: int, out: list) -> None:
 class Sampler:
     """HAProxy's per-server `scur` (requests in flight) every 0.25 s, from one ssh session on the gateway."""
 
+    END = "#end"
+
     def __init__(self, gw_ssh: list[str]):
-        loop = (f"while :; do echo 'show stat' | socat stdio UNIX-CONNECT:{SOCK} | "
-                "awk -F, '$1==\"llama\" && $2!=\"FRONTEND\" && $2!=\"BACKEND\" {printf \"%s=%s \", $2, $5}'; "
-                "echo; sleep 0.25; done")
+        loop = f"while :; do {gateway.runtime('show stat')}; echo '{self.END}'; sleep 0.25; done"
         self.p = subprocess.Popen(gw_ssh + [loop], stdout=subprocess.PIPE, text=True)
         self.samples: list[dict[str, int]] = []
         self.t = threading.Thread(target=self.read, daemon=True)
         self.t.start()
 
     def read(self) -> None:
+        block: list[str] = []
         for line in self.p.stdout:
-            row = dict(kv.split("=") for kv in line.split() if "=" in kv)
-            if row:
-                self.samples.append({k: int(v) for k, v in row.items()})
+            if line.strip() != self.END:
+                block.append(line)
+                continue
+            rows = gateway.server_rows("".join(block))
+            block = []
+            if rows:
+                self.samples.append({name: int(row["scur"] or 0) for name, row in rows.items()})
 
     def stop(self) -> dict[str, float]:
         self.p.terminate()
@@ -119,11 +124,8 @@ class Sampler:
 
 
 def totals(gw_ssh: list[str]) -> dict[str, int]:
-    out = subprocess.run(gw_ssh + [f"echo 'show stat' | socat stdio UNIX-CONNECT:{SOCK}"],
-                         capture_output=True, text=True, check=True).stdout
-    cols = out.splitlines()[0][2:].split(",")
-    return {r.split(",")[1]: int(dict(zip(cols, r.split(",")))["stot"]) for r in out.splitlines()[1:]
-            if r.startswith("llama,") and r.split(",")[1] not in ("FRONTEND", "BACKEND")}
+    out = subprocess.run(gw_ssh + [gateway.runtime("show stat")], capture_output=True, text=True, check=True).stdout
+    return {name: int(row["stot"]) for name, row in gateway.server_rows(out).items()}
 
 
 def ratio(per: dict[str, float]) -> float | None:

@@ -51,31 +51,26 @@ def set_state(host: str, index: int, state: str) -> str:
     return runtime(f"set server {BACKEND}/{backend_name(host, index)} state {state}")
 
 
-def current_sessions(stat_csv: str, server: str) -> int | None:
-    """scur of one server from `show stat` CSV output (None if it is not listed)."""
-    lines = stat_csv.splitlines()
-    if not lines or not lines[0].startswith("# "):
-        return None
-    cols = lines[0][2:].split(",")
-    for line in lines[1:]:
-        row = line.split(",")
-        if len(row) >= len(cols) - 1 and row[0] == BACKEND and row[1] == server:
-            return int(row[cols.index("scur")] or 0)
-    return None
-
-
-def server_states(stat_csv: str) -> dict[str, str]:
-    """{server: status} (UP, DOWN, DRAIN, MAINT, ...) of the llama backend, from `show stat`."""
+def server_rows(stat_csv: str) -> dict[str, dict[str, str]]:
+    """{server: its `show stat` row by column name} of the llama backend's servers (whole rows only)."""
     lines = stat_csv.splitlines()
     if not lines or not lines[0].startswith("# "):
         return {}
     cols = lines[0][2:].split(",")
-    out = {}
-    for line in lines[1:]:
-        row = line.split(",")
-        if len(row) > cols.index("status") and row[0] == BACKEND and row[1] not in ("FRONTEND", "BACKEND"):
-            out[row[1]] = row[cols.index("status")]
-    return out
+    rows = (line.split(",") for line in lines[1:])
+    return {row[1]: dict(zip(cols, row)) for row in rows
+            if len(row) >= len(cols) - 1 and row[0] == BACKEND and row[1] not in ("FRONTEND", "BACKEND")}
+
+
+def current_sessions(stat_csv: str, server: str) -> int | None:
+    """scur of one server from `show stat` CSV output (None if it is not listed)."""
+    row = server_rows(stat_csv).get(server)
+    return int(row.get("scur") or 0) if row is not None else None
+
+
+def server_states(stat_csv: str) -> dict[str, str]:
+    """{server: status} (UP, DOWN, DRAIN, MAINT, ...) of the llama backend, from `show stat`."""
+    return {name: row["status"] for name, row in server_rows(stat_csv).items() if "status" in row}
 
 
 SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+):(\d+)\b(?:.*\bmaxconn\s+(\d+))?")

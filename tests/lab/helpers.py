@@ -13,6 +13,7 @@ import testinfra
 import yaml
 
 from lab.fleet import load_state
+from voltafleet import gateway
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -160,7 +161,4 @@ def pids(hosts) -> dict:
 
 def gateway_stat(gw) -> dict:
     """{server: HAProxy's `show stat` row as a dict} of the llama backend's instances."""
-    out = ssh(gw, "echo 'show stat' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock")
-    cols = out.splitlines()[0][2:].split(",")
-    return {r.split(",")[1]: dict(zip(cols, r.split(","))) for r in out.splitlines()[1:]
-            if r.startswith("llama,") and r.split(",")[1] not in ("FRONTEND", "BACKEND")}
+    return gateway.server_rows(ssh(gw, gateway.runtime("show stat")))
