@@ -4,11 +4,15 @@ prompt tokens each follow-up made the server process (llama-server's own timings
 instance's load: its time-averaged concurrent requests (HAProxy's `scur`, sampled on the
 gateway every 0.25 s: what the bounded-load hash bounds) and its share of the requests.
 
-    .venv/bin/python bench/affinity.py [--conversations 24] [--turns 5] [--parallel 8] [--reps 2]
+    .venv/bin/python bench/affinity.py [--conversations 24] [--turns 5] [--parallel 8] [--think 4] [--reps 2]
+        [--factor 125] [--queue-timeout S]
+
+bench/RESULTS.md's figures: --conversations 36 --turns 5 --parallel 28 --think 4 --queue-timeout 600 --reps 2.
 
 The workload is a support desk's: every conversation opens with the same long system prompt
 (~600 tokens, cached everywhere after the first request) and its own incident log (~1,000
-tokens), then asks short follow-up questions about it. It serves Gemma 3 270M on the lab fleet
+tokens), then asks short follow-up questions about it, a user reading each answer for a while
+before the next one (--think: a mean in seconds, exponential, the same draws in every mode). It serves Gemma 3 270M on the lab fleet
 (a rollout with 4K tokens a slot), warms every instance directly, then runs the modes in turn
 (off, on, off, on for --reps 2), each with conversations no earlier mode has seen, switching
 `gateway_affinity` with a gateway-only pyinfra run; the lab's own configuration is put back at
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -83,9 +88,17 @@ def ask(c: httpx.Client, messages: list[dict]) -> dict:
             "seconds": time.monotonic() - t0}
 
 
-def conversation(c: httpx.Client, seed: str, turns: int, out: list) -> None:
+def think_s(seed: str, turn: int, mean_s: float) -> float:
+    """The pause before a follow-up: exponential, drawn from the conversation's number and the turn, so
+    that every mode's n-th conversation pauses the same."""
+    return random.Random(f"{seed.rsplit('-', 1)[-1]}/{turn}").expovariate(1 / mean_s) if mean_s > 0 else 0.0
+
+
+def conversation(c: httpx.Client, seed: str, turns: int, out: list, think: float = 0.0) -> None:
     messages = first_messages(seed)
     for turn in range(turns):
+        if turn:
+            time.sleep(think_s(seed, turn, think))
         r = ask(c, messages)
         out.append({"conversation": seed, "turn": turn, **{k: r[k] for k in ("ttft_ms", "prompt_n", "cache_n")}})
         messages += [{"role": "assistant", "content": r["text"] or "."},
@@ -101,6 +114,7 @@ class Sampler:
         loop = f"while :; do {gateway.runtime('show stat')}; echo '{self.END}'; sleep 0.25; done"
         self.p = subprocess.Popen(gw_ssh + [loop], stdout=subprocess.PIPE, text=True)
         self.samples: list[dict[str, int]] = []
+        self.at: list[float] = []  # monotonic time of each sample
         self.t = threading.Thread(target=self.read, daemon=True)
         self.t.start()
 
@@ -114,13 +128,27 @@ class Sampler:
             block = []
             if rows:
                 self.samples.append({name: int(row["scur"] or 0) for name, row in rows.items()})
+                self.at.append(time.monotonic())
 
-    def stop(self) -> dict[str, float]:
+    def stop(self, until: float | None = None) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+        """The samples while the load ran, and those of them taken before `until` (every user still busy)."""
         self.p.terminate()
         self.p.wait(timeout=10)
         self.t.join(timeout=10)
-        busy = [s for s in self.samples if sum(s.values())]  # while the load ran
-        return {k: round(statistics.mean(s.get(k, 0) for s in busy), 3) for k in busy[0]} if busy else {}
+        busy = [(s, t) for s, t in zip(self.samples, self.at) if sum(s.values())]
+        return [s for s, _ in busy], [s for s, t in busy if until is None or t < until]
+
+
+def time_averaged(samples: list[dict[str, int]]) -> dict[str, float]:
+    """Each instance's mean requests in flight over the samples."""
+    return {k: round(statistics.mean(s.get(k, 0) for s in samples), 3) for k in samples[0]} if samples else {}
+
+
+def over_bound(samples: list[dict[str, int]], factor: int) -> list[dict[str, int]]:
+    """The samples where an instance held more requests than the bounded-load hash lets it take: the
+    mean in flight times factor/100, in whole requests (HAProxy's hash-balance-factor), never below 1."""
+    return [s for s in samples
+            if max(s.values()) > max(1, math.ceil(sum(s.values()) * factor / 100 / len(s) - 1e-9))]
 
 
 def totals(gw_ssh: list[str]) -> dict[str, int]:
@@ -133,7 +161,8 @@ def ratio(per: dict[str, float]) -> float | None:
     return round(max(per.values()) / mean, 2) if mean else None
 
 
-def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: list[str]) -> dict:
+def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: list[str], think: float = 0.0,
+             factor: int = 125) -> dict:
     before = totals(gw_ssh)
     sampler = Sampler(gw_ssh)
     out: list[dict] = []
@@ -142,14 +171,16 @@ def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: li
                       limits=httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)) as c:
         todo = [f"{tag}-{n}" for n in range(conversations)]
         lock = threading.Lock()
+        drained: list[float] = []  # when a user found no conversation left: from then on, the tail
 
         def worker():
             while True:
                 with lock:
                     if not todo:
+                        drained.append(time.monotonic())
                         return
                     seed = todo.pop(0)
-                conversation(c, seed, turns, out)
+                conversation(c, seed, turns, out, think)
 
         threads = [threading.Thread(target=worker) for _ in range(parallel)]
         for t in threads:
@@ -157,7 +188,9 @@ def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: li
         for t in threads:
             t.join(timeout=3600)
     seconds = time.monotonic() - t0
-    concurrency = sampler.stop()
+    samples, steady = sampler.stop(min(drained) if drained else None)
+    concurrency = time_averaged(samples)
+    over = over_bound(samples, factor)
     after = totals(gw_ssh)
     per = {k: after[k] - before.get(k, 0) for k in after}
     follow = [r for r in out if r["turn"] > 0 and r["ttft_ms"] is not None]
@@ -171,6 +204,11 @@ def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: li
             "first_turn_ttft_mean_ms": round(statistics.mean(r["ttft_ms"] for r in first), 1),
             "first_turn_prompt_tokens_mean": round(statistics.mean(r["prompt_n"] or 0 for r in first), 1),
             "concurrency": concurrency, "max_over_mean_concurrency": ratio(concurrency),
+            # the same while every user had a conversation to run (before the first ran out: the tail)
+            "steady_samples": len(steady), "steady_concurrency": time_averaged(steady),
+            "steady_max_over_mean_concurrency": ratio(time_averaged(steady)),
+            # the bounded-load check, sample by sample: an instance above factor/100 of the mean in flight
+            "samples": len(samples), "samples_over_bound": len(over), "over_bound_examples": over[:5],
             "per_instance": per, "max_over_mean_requests": ratio(per), "turns": out}
 
 
@@ -198,7 +236,12 @@ def summary(results: list[dict]) -> dict:
         if runs:
             out[mode] = {k: round(statistics.mean(r[k] for r in runs), 2) for k in (
                 "follow_up_ttft_mean_ms", "follow_up_prompt_tokens_mean", "first_turn_ttft_mean_ms",
-                "max_over_mean_concurrency", "max_over_mean_requests")}
+                "max_over_mean_concurrency", "max_over_mean_requests", "follow_up_log_reprocessed")}
+            steady = [r["steady_max_over_mean_concurrency"] for r in runs if r.get("steady_max_over_mean_concurrency")]
+            out[mode]["steady_max_over_mean_concurrency"] = round(statistics.mean(steady), 2) if steady else None
+            samples = sum(r.get("samples", 0) for r in runs)
+            out[mode]["samples_over_bound_share"] = (
+                round(sum(r.get("samples_over_bound", 0) for r in runs) / samples, 4) if samples else None)
     if {"on", "off"} <= set(out):
         out["follow_up_ttft_ratio"] = round(out["off"]["follow_up_ttft_mean_ms"] / out["on"]["follow_up_ttft_mean_ms"], 2)
     return out
@@ -209,6 +252,10 @@ def main() -> int:
     p.add_argument("--conversations", type=int, default=24)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--parallel", type=int, default=8)
+    p.add_argument("--think", type=float, default=4.0, help="mean seconds a user reads before a follow-up")
+    p.add_argument("--factor", type=int, default=125, help="gateway_hash_balance_factor under affinity")
+    p.add_argument("--queue-timeout", type=int, default=None,
+                   help="gateway_queue_timeout_s for the run (both modes); default: the group's")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--modes", nargs="+", default=["off", "on"])
     a = p.parse_args()
@@ -219,15 +266,17 @@ def main() -> int:
     gw_ssh = ["ssh", "-F", st["ssh_config"], st["gateway"]["name"]]
     results: list[dict] = []
     record = {"argv": sys.argv, "conversations": a.conversations, "turns": a.turns, "parallel": a.parallel,
-              "runs": results}
+              "think_s": a.think, "factor": a.factor, "queue_timeout_s": a.queue_timeout, "runs": results}
     run_id = time.strftime("%H%M%S")
+    queue = {"gateway_queue_timeout_s": a.queue_timeout} if a.queue_timeout else {}
     try:
         pyinfra([], gemma)  # every server serves Gemma, 4K tokens a slot
         warm(st)
         for rep in range(a.reps):
             for mode in a.modes:
-                pyinfra(["--limit", st["gateway"]["name"]], {**gemma, "gateway_affinity": mode == "on"})
-                r = run_mode(f"{run_id}-{mode}{rep}", a.conversations, a.turns, a.parallel, gw_ssh)
+                pyinfra(["--limit", st["gateway"]["name"]], {**gemma, "gateway_affinity": mode == "on",
+                                                         "gateway_hash_balance_factor": a.factor, **queue})
+                r = run_mode(f"{run_id}-{mode}{rep}", a.conversations, a.turns, a.parallel, gw_ssh, a.think, a.factor)
                 results.append({"mode": mode, "rep": rep, **r})
                 print(f"affinity {mode} (rep {rep}): " + json.dumps({k: v for k, v in r.items() if k != "turns"}),
                       flush=True)
@@ -243,7 +292,8 @@ def main() -> int:
               f"{off['follow_up_ttft_mean_ms']} ms ({s['follow_up_ttft_ratio']}x); prompt tokens a follow-up: "
               f"{on['follow_up_prompt_tokens_mean']} vs {off['follow_up_prompt_tokens_mean']}; max/mean concurrency "
               f"{on['max_over_mean_concurrency']} vs {off['max_over_mean_concurrency']}; max/mean requests "
-              f"{on['max_over_mean_requests']} vs {off['max_over_mean_requests']}")
+              f"{on['max_over_mean_requests']} vs {off['max_over_mean_requests']}; samples with an instance above "
+              f"the bound: {on['samples_over_bound_share']} vs {off['samples_over_bound_share']}")
     return 0
 
 

@@ -3,6 +3,7 @@ one pooled keep-alive httpx.Client and the OpenAI Python SDK (max_retries=0), st
 non-streamed requests in turn; slot-aware admission; conversation affinity; closed by
 default. Numbers go to reports/."""
 import json
+import socket
 import sys
 
 import httpx
@@ -110,6 +111,22 @@ def test_closed_by_default_slots_props_and_listeners(gw):
         port = h["server_port_base"] + i
         assert listeners(h, port) == {"127.0.0.1"}                 # only the host and the gateway reach it
     assert listeners(gw, 18404) == {"127.0.0.1"}                   # stats and exporter: loopback
+    # from the outside: the lab shares this machine's network, so its own non-loopback address is a
+    # client on the network; every port above refuses it and answers on loopback
+    outside = [a for a in ssh(h, "hostname -I").split() if "." in a and not a.startswith("127.")]
+    if not outside:
+        pytest.skip("this machine has no non-loopback IPv4 address to try the ports from")
+    for port in (h["server_port_base"], h["server_port_base"] + 1, 18404):
+        assert reachable("127.0.0.1", port), port
+        assert not reachable(outside[0], port), f"{outside[0]}:{port} accepts a connection from the network"
+
+
+def reachable(addr: str, port: int) -> bool:
+    try:
+        socket.create_connection((addr, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
 
 
 def listeners(h, port: int) -> set[str]:
