@@ -172,6 +172,7 @@ def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: li
         todo = [f"{tag}-{n}" for n in range(conversations)]
         lock = threading.Lock()
         drained: list[float] = []  # when a user found no conversation left: from then on, the tail
+        failed: list[str] = []  # conversations a request of which failed: counted, never dropped unseen
 
         def worker():
             while True:
@@ -180,7 +181,11 @@ def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: li
                         drained.append(time.monotonic())
                         return
                     seed = todo.pop(0)
-                conversation(c, seed, turns, out, think)
+                try:
+                    conversation(c, seed, turns, out, think)
+                except Exception as e:  # noqa: BLE001 - a failed request is a result of the run
+                    with lock:
+                        failed.append(f"{seed}: {type(e).__name__}: {e}")
 
         threads = [threading.Thread(target=worker) for _ in range(parallel)]
         for t in threads:
@@ -189,13 +194,14 @@ def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: li
             t.join(timeout=3600)
     seconds = time.monotonic() - t0
     samples, steady = sampler.stop(min(drained) if drained else None)
-    concurrency = time_averaged(samples)
+    concurrency, steady_concurrency = time_averaged(samples), time_averaged(steady)
     over = over_bound(samples, factor)
     after = totals(gw_ssh)
     per = {k: after[k] - before.get(k, 0) for k in after}
     follow = [r for r in out if r["turn"] > 0 and r["ttft_ms"] is not None]
     first = [r for r in out if r["turn"] == 0 and r["ttft_ms"] is not None]
-    return {"tag": tag, "requests": len(out), "seconds": round(seconds, 1),
+    return {"tag": tag, "requests": len(out), "failed": len(failed), "failures": failed[:5],
+            "seconds": round(seconds, 1),
             "follow_up_ttft_mean_ms": round(statistics.mean(r["ttft_ms"] for r in follow), 1),
             "follow_up_ttft_p50_ms": round(statistics.median(r["ttft_ms"] for r in follow), 1),
             "follow_up_prompt_tokens_mean": round(statistics.mean(r["prompt_n"] or 0 for r in follow), 1),
@@ -205,8 +211,8 @@ def run_mode(tag: str, conversations: int, turns: int, parallel: int, gw_ssh: li
             "first_turn_prompt_tokens_mean": round(statistics.mean(r["prompt_n"] or 0 for r in first), 1),
             "concurrency": concurrency, "max_over_mean_concurrency": ratio(concurrency),
             # the same while every user had a conversation to run (before the first ran out: the tail)
-            "steady_samples": len(steady), "steady_concurrency": time_averaged(steady),
-            "steady_max_over_mean_concurrency": ratio(time_averaged(steady)),
+            "steady_samples": len(steady), "steady_concurrency": steady_concurrency,
+            "steady_max_over_mean_concurrency": ratio(steady_concurrency),
             # the bounded-load check, sample by sample: an instance above factor/100 of the mean in flight
             "samples": len(samples), "samples_over_bound": len(over), "over_bound_examples": over[:5],
             "per_instance": per, "max_over_mean_requests": ratio(per), "turns": out}
@@ -239,6 +245,7 @@ def summary(results: list[dict]) -> dict:
                 "max_over_mean_concurrency", "max_over_mean_requests", "follow_up_log_reprocessed")}
             steady = [r["steady_max_over_mean_concurrency"] for r in runs if r.get("steady_max_over_mean_concurrency")]
             out[mode]["steady_max_over_mean_concurrency"] = round(statistics.mean(steady), 2) if steady else None
+            out[mode]["failed"] = sum(r.get("failed", 0) for r in runs)  # conversations cut by a failed request
             samples = sum(r.get("samples", 0) for r in runs)
             out[mode]["samples_over_bound_share"] = (
                 round(sum(r.get("samples_over_bound", 0) for r in runs) / samples, 4) if samples else None)
@@ -288,6 +295,7 @@ def main() -> int:
     s = record["summary"]
     if "follow_up_ttft_ratio" in s:
         on, off = s["on"], s["off"]
+        print(f"failed conversations: affinity {on['failed']}, least connections {off['failed']}")
         print(f"follow-up TTFT: affinity {on['follow_up_ttft_mean_ms']} ms, least connections "
               f"{off['follow_up_ttft_mean_ms']} ms ({s['follow_up_ttft_ratio']}x); prompt tokens a follow-up: "
               f"{on['follow_up_prompt_tokens_mean']} vs {off['follow_up_prompt_tokens_mean']}; max/mean concurrency "

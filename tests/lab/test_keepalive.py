@@ -3,12 +3,12 @@ one pooled keep-alive httpx.Client and the OpenAI Python SDK (max_retries=0), st
 non-streamed requests in turn; slot-aware admission; conversation affinity; closed by
 default. Numbers go to reports/."""
 import json
-import socket
 import sys
 
 import httpx
 import pytest
 
+from lab.fleet import port_open
 from tests.lab.helpers import REPO, deploy, gateway_stat, lab, ssh
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -117,16 +117,8 @@ def test_closed_by_default_slots_props_and_listeners(gw):
     if not outside:
         pytest.skip("this machine has no non-loopback IPv4 address to try the ports from")
     for port in (h["server_port_base"], h["server_port_base"] + 1, 18404):
-        assert reachable("127.0.0.1", port), port
-        assert not reachable(outside[0], port), f"{outside[0]}:{port} accepts a connection from the network"
-
-
-def reachable(addr: str, port: int) -> bool:
-    try:
-        socket.create_connection((addr, port), timeout=5).close()
-        return True
-    except OSError:
-        return False
+        assert port_open(port), port
+        assert not port_open(port, outside[0]), f"{outside[0]}:{port} accepts a connection from the network"
 
 
 def listeners(h, port: int) -> set[str]:

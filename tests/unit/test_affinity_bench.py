@@ -39,6 +39,13 @@ def test_a_larger_factor_allows_more():
     assert af.over_bound([{"a": 3, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1}], 200) == []
 
 
+def test_a_failed_conversation_is_counted_in_the_summary():
+    run = {"follow_up_ttft_mean_ms": 1, "follow_up_prompt_tokens_mean": 1, "first_turn_ttft_mean_ms": 1,
+           "max_over_mean_concurrency": 1, "max_over_mean_requests": 1, "follow_up_log_reprocessed": 0}
+    s = af.summary([{"mode": "on", **run, "failed": 2}, {"mode": "on", **run, "failed": 1}, {"mode": "off", **run}])
+    assert s["on"]["failed"] == 3 and s["off"]["failed"] == 0
+
+
 def test_time_averaged_load_and_its_ratio():
     per = af.time_averaged([{"a": 2, "b": 0}, {"a": 1, "b": 1}])
     assert per == {"a": 1.5, "b": 0.5}
@@ -56,7 +63,7 @@ def test_the_recorded_runs_hold_what_their_summary_says(path):
         assert r["follow_up_ttft_mean_ms"] == pytest.approx(statistics.mean(t["ttft_ms"] for t in follow), abs=0.1)
         assert r["follow_up_log_reprocessed"] == sum(1 for t in follow if (t["prompt_n"] or 0) > 500)
         assert r["max_over_mean_requests"] == af.ratio(r["per_instance"])
-        assert len(r["turns"]) == record["conversations"] * record["turns"]
+        assert len(r["turns"]) == record["conversations"] * record["turns"] and not r.get("failed")
         assert r["max_over_mean_concurrency"] == af.ratio(r["concurrency"])
     s = af.summary(runs)
     for mode in ("on", "off"):  # what the record's summary says, recomputed (older ones say less)
