@@ -39,7 +39,7 @@ TOOLKIT = "13.0"        # the H200 machine's nvcc; nvcc 13 cannot build sm_70 (t
 ARCH = 90
 PORT = 18080
 PACK_TOKEN = "@PACK@"   # replaced on the GPU machine by the pack's own path
-TARGETS = ["llama-server", "llama-bench", "llama-batched-bench"]
+TARGETS = ["llama-server", "llama-bench", "llama-batched-bench", "llama-quantize"]
 SDIST_CACHE = REPO / ".voltafleet" / "sdist"
 LIMIT = 64 << 20        # what one device call carries
 
@@ -174,6 +174,58 @@ def run_plan() -> dict:
     }
 
 
+PEAK_SLOTS = (2, 4, 8, 12, 16)       # issue 27: the planner against the Volta-rule build's peaks
+SHORT, LONG32, LONG16 = 128, 7000, 3900  # prompt tokens: short (>= 64: the cuBLAS path), ~85 % of a slot's 8K / 4K
+LONG_PROBE = REPO / "voltafleet" / "data" / "probe-long.txt"
+
+
+def v32_at(n: int, **over) -> list[str]:
+    """v100_32gb's argv with n slots of 8K each (the group's per-slot context), changes in `over`."""
+    cfg = group_cfg("v100_32gb")
+    cfg.update(server_ctx=8192 * n, server_parallel=n, **over)
+    return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
+
+
+def plan27() -> dict:
+    """Issue 27's measurements, on the Volta-rule build (`volta`: Volta's exact kernel choice) and
+    the same tree with GGML_CUDA_FORCE_MMQ (`mmq`): every argv rendered from group_vars.
+
+    peaks    one prompt per slot at once (short and long), the process's peak GPU memory; the
+             v100_16gb argv; n-gram drafting at 16 slots (a repeated prompt, so drafts happen)
+    bench    llama-bench pp128/512/2048 and tg128, 3 repetitions, each build
+    serve    the shipped v100_32gb argv: 3 rounds at 1/4/16 clients,
+             512-token prompts (the 64+ path), 128 tokens, TTFT and tok/s
+    probe    the smoke client's long and short quality probes (greedy), through both builds, on a
+             random-weight qwen35 (Q8_0, quantized there) and on the 27B shape"""
+    peaks = []
+    for build in ("volta", "mmq"):
+        slots = PEAK_SLOTS if build == "volta" else (16,)
+        for n in slots:
+            for kind, plen in (("short", SHORT), ("long", LONG32)):
+                if build == "mmq" and kind == "short":
+                    continue
+                peaks.append({"build": build, "name": f"v32-np{n}-{kind}", "group": "v100_32gb", "args": v32_at(n),
+                              "ctx": 8192 * n, "parallel": n, "prompt": plen, "tokens": 8, "kind": "plain"})
+        for kind, plen in (("short", SHORT), ("long", LONG16)) if build == "volta" else (("long", LONG16),):
+            peaks.append({"build": build, "name": f"v16-np2-{kind}", "group": "v100_16gb", "args": render("v100_16gb"),
+                          "ctx": 8192, "parallel": 2, "prompt": plen, "tokens": 8, "kind": "plain"})
+        peaks.append({"build": build, "name": "v32-np16-ngram", "group": "v100_32gb",
+                      "args": v32_at(16, server_spec_ngram="ngram-mod"), "ctx": 131072, "parallel": 16,
+                      "prompt": 256, "tokens": 128, "kind": "repeat", "spec": "ngram-mod"})
+    g16 = group_cfg("v100_16gb")
+    common = ["-ngl", "99", "-fa", "1", "-ctk", g16["server_cache_type_k"], "-ctv", g16["server_cache_type_v"],
+              "-t", str(g16["server_threads"]), "-ub", "512", "-b", "2048", "-r", "3"]
+    serve = [{"build": b, "name": f"{g}-ship", "group": g, "args": render(g), "streams": s, "prompt": 512,
+              "tokens": 128} for b in ("volta", "mmq") for g, s in (("v100_32gb", [1, 4, 16]),)]
+    return {"peaks": peaks, "bench": {"pp": common + ["-p", "128,512,2048", "-n", "0"],
+                                      "tg": common + ["-p", "0", "-n", "128"]},
+            "serve27": serve, "runs27": 3,
+            "probe": {"long": LONG_PROBE.read_text(), "short": group_cfg("v100_32gb")["smoke_probe_prompt"],
+                      "tokens": 16, "min_tokens": 512,
+                      "args": render("v100_16gb"), "tiny_args": ["-m", "MODEL", "-ngl", "99", "-c", "4096", "-np", "1",
+                                                                 "-fa", "on", "--host", "127.0.0.1", "--port", str(PORT)]}}
+
+
 # ---------------------------------------------------------------- pack
 
 
@@ -224,9 +276,10 @@ def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT,
 def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict:
     """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json)."""
     pack_sources(dest, checkout, commit)
-    for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py"):
+    for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py",
+              "bench/voltarule.py", "voltafleet/smoke.py"):
         shutil.copy(REPO / f, dest)
-    plan = {"build": build_plan(), **run_plan()}
+    plan = {"build": build_plan(), **run_plan(), **plan27()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)

@@ -3,8 +3,8 @@
 # Start or attach: the first call starts the run detached (setsid); every call waits up to
 # WAIT seconds (0: until it ends) and copies what $RES holds into $OUT when OUT is set.
 #   facts -> CUDA build through vf-build-release.sh with voltafleet's argv -> the shape-exact
-#   Qwen3.6-27B Q4_K_S -> a FORCE_CUBLAS variant (the Volta path for 64+ token batches) ->
-#   proof_bench.py: VRAM, llama-bench, llama-batched-bench, the servers
+#   Qwen3.6-27B Q4_K_S -> the Volta-rule variant (voltarule.py: Volta's exact kernel choice) and
+#   the same with FORCE_MMQ -> proof_bench.py: peaks, llama-bench, the servers, the probes (issue 27)
 set -u
 W=$(cd "$(dirname "$0")" && pwd)
 RES=${RES:-/tmp/proof}
@@ -44,21 +44,32 @@ PY
   fi
   "$BIN/llama-server" --version >> "$RES/build.txt" 2>&1
   log "build ok: $(grep 'build rc' "$RES/build.txt")"
-  # FORCE_CUBLAS: only mmq.cu (the kernel choice) and ggml-cuda.cu (the feature list) read the
-  # macro at this commit, so defining it there and rebuilding those two objects in the same tree
-  # gives the binary -DGGML_CUDA_FORCE_CUBLAS=ON would, without recompiling every kernel.
-  ( src=/tmp/vf/src/llama.cpp; t0=$(date +%s)
-    for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_CUBLAS' "$src/$f"; done
-    PATH=$(dirname "$NVCC"):$PATH cmake --build "/tmp/vf/build/$FP" --target llama-server llama-bench -j 16 > "$RES/build-cublas.txt" 2>&1
-    echo "cublas rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-cublas.txt"
-    mkdir -p /tmp/cublas/bin && cp "/tmp/vf/build/$FP/bin/llama-server" "/tmp/vf/build/$FP/bin/llama-bench" /tmp/cublas/bin/
-    git -C "$src" checkout -- ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu ) &
-  CUBLAS=$!
-  B=(python3 "$W/proof_bench.py" --plan "$W/plan.json" --bin "$BIN" --cublas-bin /tmp/cublas/bin --models /tmp/models --res "$RES")
-  "${B[@]}" --phases "${PHASES1:-vram:default}" 2>&1 | tee -a "$RES/progress.txt"
-  wait $CUBLAS
-  log "$(tail -1 "$RES/build-cublas.txt")"
-  "${B[@]}" --phases "${PHASES2:-vram:cublas,pp:default,pp:cublas,tg,batched,serve}" 2>&1 | tee -a "$RES/progress.txt"
+  # issue 27: Volta's exact kernel choice (voltarule.py: two hunks, recorded in voltarule.diff), then
+  # the same tree with GGML_CUDA_FORCE_MMQ. Only mmq.cu (the choice) and ggml-cuda.cu (cuBLAS output,
+  # the feature list) read what changes, so each variant rebuilds those two objects.
+  src=/tmp/vf/src/llama.cpp
+  variant() {  # NAME: rebuild llama-server and llama-bench in the tree as it stands, copy to /tmp/NAME/bin
+    local t0; t0=$(date +%s)
+    PATH=$(dirname "$NVCC"):$PATH cmake --build "/tmp/vf/build/$FP" --target llama-server llama-bench -j 16 \
+      > "$RES/build-$1.txt" 2>&1
+    echo "$1 rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-$1.txt"
+    mkdir -p "/tmp/$1/bin" && cp "/tmp/vf/build/$FP/bin/llama-server" "/tmp/vf/build/$FP/bin/llama-bench" "/tmp/$1/bin/"
+    "/tmp/$1/bin/llama-server" --version >> "$RES/build-$1.txt" 2>&1
+    log "$(grep " rc=" "$RES/build-$1.txt")"
+  }
+  python3 "$W/voltarule.py" "$src" > "$RES/voltarule.diff" || { log "voltarule: anchors moved"; echo failed > "$RES/DONE"; exit 1; }
+  variant volta
+  for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_MMQ' "$src/$f"; done
+  variant mmq
+  git -C "$src" diff > "$RES/variants.diff"
+  # a random-weight qwen35 for the probes, quantized to Q8_0 by the build's own llama-quantize
+  PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/tiny-f16.gguf --shape tiny \
+    --dense >> "$RES/progress.txt" 2>&1 && "$BIN/llama-quantize" /tmp/models/tiny-f16.gguf /tmp/models/tiny-q8_0.gguf q8_0 \
+    > "$RES/quantize.txt" 2>&1
+  B=(python3 "$W/proof_bench.py" --plan "$W/plan.json" --bin "$BIN" --bins "volta=/tmp/volta/bin,mmq=/tmp/mmq/bin"
+     --models /tmp/models --res "$RES")
+  PYTHONPATH=$W "${B[@]}" --phases "${PHASES:-peak:volta,bench27:volta,bench27:mmq,serve27:volta,serve27:mmq,probe27,peak:mmq}" \
+    2>&1 | tee -a "$RES/progress.txt"
   ( cd /tmp && tar czf "$RES/logs.tgz" load-*.log 2>/dev/null )
   log "done"
   echo ok > "$RES/DONE"
@@ -73,7 +84,7 @@ WAIT=${WAIT:-540}
 t0=$(date +%s)
 while [ ! -e "$RES/DONE" ] && { [ "$WAIT" = 0 ] || [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; }; do sleep 5; done
 if [ -n "${OUT:-}" ]; then
-  for f in results.json progress.txt build.txt build-cublas.txt facts.txt logs.tgz pipeline.txt DONE; do
+  for f in results.json progress.txt build.txt build-volta.txt build-mmq.txt voltarule.diff facts.txt logs.tgz; do
     [ -e "$RES/$f" ] && cp "$RES/$f" "$OUT/"
   done
 fi

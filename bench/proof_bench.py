@@ -77,10 +77,14 @@ class Proof(Run):
         self.model_path = os.path.join(a.models, "q4ks.gguf")
 
     def bindir(self, label: str) -> str:
+        bins = dict(kv.split("=", 1) for kv in (self.a.bins or "").split(",") if kv)
+        if label in bins:
+            return bins[label]
         return self.a.cublas_bin if label == "cublas" else self.a.bin
 
-    def server(self, label: str, name: str, args: list) -> Server:
-        return Server(f"{self.bindir(label)}/llama-server", args, self.model_path, self.port, f"/tmp/load-{label}-{name}.log")
+    def server(self, label: str, name: str, args: list, model: str | None = None) -> Server:
+        return Server(f"{self.bindir(label)}/llama-server", args, model or self.model_path, self.port,
+                      f"/tmp/load-{label}-{name}.log")
 
     @staticmethod
     def loglines(s: Server) -> list:
@@ -259,14 +263,104 @@ class Proof(Run):
                                              for x in r["rounds"]])
 
 
+class Proof27(Proof):
+    """Issue 27's phases: the Volta-rule build (`volta`) against FORCE_MMQ (`mmq`)."""
+
+    def peak(self, label: str):
+        """plan["peaks"] of this build: load, then one prompt per slot at once (each its own
+        tokens), the peak of the process's GPU memory sampled every 0.1 s, and after; the load
+        log's buffer lines (compute buffer re-reservations included)."""
+        out = self.results.setdefault("peaks", [])
+        for item in self.plan["peaks"]:
+            if item["build"] != label:
+                continue
+            s = self.server(label, item["name"], item["args"])
+            r = {k: item[k] for k in ("build", "name", "group", "ctx", "parallel", "prompt", "tokens", "kind")}
+            r.update(args=s.args, healthy=s.ok, spec=item.get("spec"))
+            try:
+                time.sleep(1)
+                r["mem_load"] = gpu_mem(s.p.pid).get("proc_mib")
+                if s.ok:
+                    n, plen = item["parallel"], item["prompt"]
+                    sampler = Sampler(s.p.pid)
+                    ids = (lambda i: prompt_ids(700 + i, 32) * (plen // 32)) if item["kind"] == "repeat" else \
+                        (lambda i: prompt_ids(700 + i, plen))
+                    reqs = concurrent(self.port, [(lambda i=i: complete(self.port, ids(i), item["tokens"]))
+                                                  for i in range(n)])
+                    time.sleep(0.5)
+                    r["mem_peak"] = sampler.stop()
+                    r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
+                    r["requests"] = [{k: q.get(k) for k in ("prompt_n", "prompt_ms", "ttft_ms", "n", "draft_n",
+                                                            "draft_accepted", "error")} for q in reqs]
+            finally:
+                s.stop()
+            r["buffers"], r["log"] = s.buffers(), self.loglines(s)
+            out.append(r)
+            self.save()
+            say("peak", label, item["name"], r.get("mem_load"), r.get("mem_peak"), r.get("mem_after"))
+
+    def bench27(self, label: str):
+        for what in ("pp", "tg"):
+            self.llama_bench(label, f"{what}27", self.plan["bench"][what])
+
+    def serve27(self, label: str):
+        """The shipped argv: a warm-up, then runs27 rounds at each client count (distinct 512-token
+        prompts, 128 tokens): TTFT and every token's arrival kept."""
+        out = self.results.setdefault("serve27", [])
+        for item in self.plan["serve27"]:
+            if item["build"] != label:
+                continue
+            s = self.server(label, item["name"], item["args"])
+            r = {"name": item["name"], "build": label, "group": item["group"], "args": s.args, "healthy": s.ok,
+                 "load_s": s.load_s, "rounds": []}
+            try:
+                if s.ok:
+                    self.round_(1, 8, 32, 9900)
+                    for rep in range(self.plan["runs27"]):
+                        for k in item["streams"]:
+                            recs = self.round_(k, item["tokens"], item["prompt"], 2000 + 100 * rep + k)
+                            r["rounds"].append({"rep": rep, "streams": k, "recs": recs})
+                            self.save()
+                    r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
+            finally:
+                self.close(s, r, out)
+            say("serve27", label, item["name"], [(x["streams"], wall_rate(x["recs"])) for x in r["rounds"]])
+
+    def probe27(self):
+        """The smoke client's probes (voltafleet/smoke.py, as shipped to hosts), greedy, 3 times
+        each, on both builds: the 27B shape at the v100_16gb argv, and a random-weight qwen35
+        (lab/qwen35gen.py --dense, quantized to Q8_0: MMQ-capable, so the 64+ rule applies)."""
+        import smoke
+        pr = self.plan["probe"]
+        out = self.results.setdefault("probe", [])
+        tiny = os.path.join(self.a.models, "tiny-q8_0.gguf")
+        for model, args in ((self.model_path, pr["args"]), (tiny, pr["tiny_args"])):
+            if not os.path.exists(model):
+                continue
+            for label in ("volta", "mmq"):
+                s = self.server(label, "probe-" + os.path.basename(model), args, model=model)
+                r = {"build": label, "model": os.path.basename(model), "args": s.args, "healthy": s.ok, "runs": []}
+                try:
+                    for _ in range(3 if s.ok else 0):
+                        r["runs"].append({w: smoke.probe(self.port, None, pr[w], pr["tokens"]) for w in ("short", "long")})
+                finally:
+                    s.stop()
+                r["log"] = self.loglines(s)
+                out.append(r)
+                self.save()
+                say("probe", label, os.path.basename(model), [(w, x[w].get("prompt_n"), x[w]["tokens"][:4])
+                                                              for x in r["runs"][:1] for w in ("short", "long")])
+
+
 def main():
     ap = argparse.ArgumentParser()
     for k in ("plan", "bin", "models", "res"):
         ap.add_argument(f"--{k}", required=True)
     ap.add_argument("--cublas-bin")
+    ap.add_argument("--bins", help="label=BINDIR,... (issue 27: volta, mmq)")
     ap.add_argument("--phases", required=True)
     a = ap.parse_args()
-    run = Proof(a)
+    run = Proof27(a)
     for ph in a.phases.split(","):
         name, _, arg = ph.partition(":")
         t = time.time()

@@ -1,5 +1,5 @@
 """The inventory of bench/scale.py: N simulated converged V100 hosts on pyinfra's fake
-connector (8 x V100-SXM2-16GB each, R580 held, CUDA 12.9, llama.cpp built, the model
+connector (8 x V100-SXM2-16GB each, R580 held, CUDA 12.8, llama.cpp built, the model
 verified, 8 instances running, every helper, env file and unit in place) and one HAProxy
 gateway listing every instance. Every fact a converged host asks is answered as such a host
 answers it, so a run of deploy.py changes nothing.
@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 GROUP = "v100_16gb"
 # The lab's tiny qwen35 model has a golden probe in probes/: a converged host's probe matches it.
 PROBE = json.loads((REPO / "probes" / "09e6174a62b21d31-1a890a92bce7.json").read_text())
+PROBE_LONG = json.loads((REPO / "probes" / "09e6174a62b21d31-ae7ce201650c.json").read_text())  # the long probe
 DRIVER = "580.95.05"
-NVCC = "12.9.86"
+NVCC = "12.8.93"
 CXX = {1: "12.2.0 x86_64-linux-gnu", 2: "13.2.0 x86_64-linux-gnu"}
 OS = "ubuntu-24.04"
 MODEL_SIZE, MODEL_MTIME = 15575320576 + 7618076, 1760000000
@@ -96,14 +97,16 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
         ("hi ", "nvidia-driver-pinning-580", "580.95.05-1"), ("ii ", "nvidia-driver-580", f"{DRIVER}-0ubuntu1"),
         ("ii ", "libnvidia-compute-580", f"{DRIVER}-0ubuntu1")))
     packages = ["build-essential", "cmake", "git", "ccache", "python3", "curl", "ca-certificates",
-                "cuda-toolkit-12-9", "cuda-keyring"]
+                "cuda-toolkit-12-8", "cuda-keyring"]
     probe = {"instances": [{"instance": i.index, "port": i.port,
-                            "probe": {"tokens": PROBE["tokens"], "logprobs": PROBE["logprobs"]}}
+                            "probe": {"tokens": PROBE["tokens"], "logprobs": PROBE["logprobs"]},
+                            "probe_long": {"tokens": PROBE_LONG["tokens"], "logprobs": PROBE_LONG["logprobs"],
+                                           "prompt_n": 552}}
                            for i in plan.instances]}
     r = [
         (r"^nvidia-smi --query-gpu=index", smi),
         (r"nvcc --version", ""),  # replaced below by the answer of the nvcc loop
-        (r"^for n in ", f"nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 12.9, V{NVCC}"),
+        (r"^for n in ", f"nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 12.8, V{NVCC}"),
         (r"^\. /etc/os-release", f"os={OS}\ncpus=64\nmem_kib=527000000\nsystemd=255\ncxx={CXX[compiler]}"),
         (r"df -PB1", "2049 966367641600"),
         (rf"stat -c 'stat=%s %Y' ", f"stat={MODEL_SIZE} {MODEL_MTIME}\nside={sha} {MODEL_SIZE} {MODEL_MTIME}"),
@@ -137,7 +140,7 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
 
     user = cfg["server_user"]
     r[:0] = [_synced(*helpers.wanted(plan)), _synced(list(server.env_files(plan)[0].values()), server.env_files(plan)[1]),
-             _synced([server.unit_file(plan)]), _synced([smoke.prompt_file(plan)]),
+             _synced([server.unit_file(plan)]), _synced(smoke.prompt_files(plan)),
              _synced([Wanted(NOUVEAU_BLACKLIST, "644", text="blacklist nouveau\noptions nouveau modeset=0\n")]),
              ("^" + re.escape(ServiceAccount().command(user=user)) + "$",
               f"group=yes\nhome={server.NO_HOME}\nshell={server.NO_SHELL}\nprimary={user}")]

@@ -178,6 +178,8 @@ SCHEMA: dict[str, Var] = {
     "smoke_probe": Var(bool),
     "smoke_probe_prompt": Var(str, pattern=re.compile(r"^[^\x00]{1,4000}$", re.S), hint="a prompt of 1-4000 characters"),
     "smoke_probe_tokens": Var(int, min=1, max=256),
+    "smoke_probe_long": Var(bool),
+    "smoke_probe_long_min_tokens": Var(int, min=64, max=8192),
     "smoke_probe_tolerance": Var((int, float), min=0, max=100),
     "smoke_gpu_sample_s": Var((int, float), min=0, max=60),
     "smoke_textfile_dir": Var(str, nullable=True, check=_safe_path_error, hint="an absolute path without spaces"),

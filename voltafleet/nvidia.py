@@ -83,7 +83,7 @@ def refusals(host: str, cfg: dict, gpus: list[dict], installed_nvcc: str | None,
     if pre_turing and major(cfg["cuda_toolkit_version"]) >= 13:
         out.append(f"{host}: cuda_toolkit_version is {cfg['cuda_toolkit_version']}, but the host has "
                    f"{names} (compute capability {low}): CUDA 13 removed Volta support and nvcc 13 cannot "
-                   'build sm_70. Fix: set cuda_toolkit_version: "12.9"')
+                   'build sm_70. Fix: set cuda_toolkit_version: "12.8"')
     if pre_turing and installed_nvcc and major(installed_nvcc) >= 13:
         out.append(f"{host}: the installed CUDA toolkit is {installed_nvcc} (nvcc on PATH or /usr/local/cuda), "
                    f"but the host has {names} (compute capability {low}): CUDA 13 cannot build sm_70. "

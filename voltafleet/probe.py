@@ -3,6 +3,12 @@ of the model for the probe's settings, recorded once when the model is pinned an
 the repository (probes/<key>.json). Every instance of every host is compared with it in
 every run; a missing or empty golden probe is an error, never a match.
 
+Two probes run (`probes(cfg)`): the short one (smoke_probe_prompt) and, with smoke_probe_long,
+a fixed prompt of 600+ tokens (voltafleet/data/probe-long.txt). A prompt of 64 tokens or more
+is multiplied in batches of 64+ rows: on Volta through cuBLAS on F16-dequantized weights (FP16
+overflow has turned such answers into NaN: llama.cpp #12946, #26044), elsewhere through MMQ.
+The short probe never reaches that path; the long one must (smoke_probe_long_min_tokens).
+
     key("ab" * 32, "The capital of France is", 16) is
     'abababababababab-' followed by 12 hex digits of the settings
 """
@@ -10,10 +16,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 DIR = REPO / "probes"
+LONG_PROMPT_FILE = REPO / "voltafleet" / "data" / "probe-long.txt"
+
+
+class Probe(NamedTuple):
+    """One probe a host runs: the smoke report's key for it, its prompt and token count."""
+    name: str        # "probe" (short) or "probe_long": the smoke client's report key
+    prompt: str
+    tokens: int
+    min_prompt_tokens: int = 0   # the server must have evaluated at least this many prompt tokens
+
+
+def long_prompt() -> str:
+    return LONG_PROMPT_FILE.read_text()
+
+
+def probes(cfg: dict) -> list[Probe]:
+    """The probes of this configuration: [] with smoke_probe off; the short one; the long one
+    with smoke_probe_long (same token count, its prompt the fixed long text)."""
+    if not cfg["smoke_probe"]:
+        return []
+    out = [Probe("probe", cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"])]
+    if cfg.get("smoke_probe_long"):
+        out.append(Probe("probe_long", long_prompt(), cfg["smoke_probe_tokens"], cfg["smoke_probe_long_min_tokens"]))
+    return out
 
 
 class ProbeError(ValueError):
@@ -75,6 +107,9 @@ def compare(golden: dict, probe: dict | None, tolerance: float) -> str | None:
     if not probe or not probe.get("tokens"):
         return "no probe tokens from this instance"
     tokens = probe["tokens"]
+    bad = [i for i, v in enumerate(probe.get("logprobs") or []) if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        return f"log-probability of token {bad[0]} is {probe['logprobs'][bad[0]]} (NaN or infinite logits)"
     for i, (a, b) in enumerate(zip(ref_tokens, tokens)):
         if a != b:
             return f"token {i} is {b}, the golden probe's is {a}"
@@ -87,3 +122,15 @@ def compare(golden: dict, probe: dict | None, tolerance: float) -> str | None:
     if worst > tolerance:
         return f"log-probability differs by {worst:.3f} (> {tolerance}) from the golden probe's"
     return None
+
+
+def check(golden: dict, probe: dict | None, tolerance: float, spec: Probe) -> str | None:
+    """compare(), and for a probe with a minimum prompt length, that the server evaluated at
+    least that many prompt tokens (else it did not run the 64+ token path it exists for)."""
+    if spec.min_prompt_tokens and probe and probe.get("tokens"):
+        n = probe.get("prompt_n")
+        if n is None or n < spec.min_prompt_tokens:
+            return (f"the long probe's prompt was {n} tokens, fewer than smoke_probe_long_min_tokens "
+                    f"({spec.min_prompt_tokens}): it did not reach the 64+ token path")
+    why = compare(golden, probe, tolerance)
+    return f"long probe: {why}" if why and spec.name == "probe_long" else why

@@ -182,6 +182,7 @@ def probe(port: int, key: str | None, prompt: str, tokens: int, top: int = 5) ->
         raise RuntimeError(f"probe on port {port}: HTTP {r.status}")
     steps = data.get("completion_probabilities") or []
     return {"prompt": prompt, "text": data.get("content", ""),
+            "prompt_n": data.get("tokens_evaluated") or (data.get("timings") or {}).get("prompt_n"),
             "tokens": [s.get("id") for s in steps],
             "logprobs": [s.get("logprob") for s in steps],
             "top": [[(t.get("id"), t.get("logprob")) for t in s.get("top_logprobs", [])] for s in steps]}
@@ -279,8 +280,13 @@ def gpu_summary(samples: list[dict], index: int) -> dict | None:
             "reasons": sorted({r for s in mine for r in s["reasons"]})}
 
 
+def probes(port: int, key: str | None, prompts: dict, tokens: int) -> dict:
+    """Each named probe prompt's probe ({"probe": short, "probe_long": long}), in that order."""
+    return {name: probe(port, key, text, tokens) for name, text in prompts.items() if text}
+
+
 def measure(port: int, tokens: int, parallel: int, key: str | None, health_timeout: float,
-            unit: str | None, probe_prompt: str | None = None, probe_tokens: int = 16) -> dict:
+            unit: str | None, probe_prompts: dict | None = None, probe_tokens: int = 16) -> dict:
     out: dict = {"port": port}
     out["health_s"] = wait_health(port, health_timeout)
     log = journal(unit) if unit else None
@@ -296,8 +302,7 @@ def measure(port: int, tokens: int, parallel: int, key: str | None, health_timeo
     dt = after.get("tokens_predicted_seconds_total", 0) - before.get("tokens_predicted_seconds_total", 0)
     dn = after.get("tokens_predicted_total", 0) - before.get("tokens_predicted_total", 0)
     out["single_metrics_tps"] = dn / dt if dt > 0 and dn > 0 else None
-    if probe_prompt:
-        out["probe"] = probe(port, key, probe_prompt, probe_tokens)
+    out.update(probes(port, key, probe_prompts or {}, probe_tokens))
     results: list[dict] = []
     errors: list[str] = []
 
@@ -333,12 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key-file")
     p.add_argument("--unit-prefix", help="systemd unit prefix, e.g. llama-server@ (instance = index)")
     p.add_argument("--probe-prompt-file", help="record the quality probe for this prompt (greedy)")
+    p.add_argument("--probe-long-prompt-file", help="the long probe (a prompt of 512+ tokens: the 64+ token path)")
     p.add_argument("--probe-tokens", type=int, default=16)
     p.add_argument("--probe-only", action="store_true", help="only the quality probe (a converged host)")
     p.add_argument("--gpu-sample-interval", type=float, default=1.0,
                    help="sample every GPU with nvidia-smi this often (s) while measuring; 0: never")
     a = p.parse_args(argv)
-    prompt = open(a.probe_prompt_file).read() if a.probe_prompt_file else None
+    prompts = {name: open(f).read() for name, f in (("probe", a.probe_prompt_file),
+                                                     ("probe_long", a.probe_long_prompt_file)) if f}
     key = open(a.api_key_file).read().strip() if a.api_key_file else None
     report = {"instances": []}
     sampler = GpuSampler(a.gpu_sample_interval) if a.gpu_sample_interval > 0 and shutil.which("nvidia-smi") else None
@@ -350,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if a.probe_only:
                 m = {"port": port, "health_s": wait_health(port, min(a.health_timeout, 30)),
-                     "probe": probe(port, key, prompt, a.probe_tokens) if prompt else None}
+                     **probes(port, key, prompts, a.probe_tokens)}
             else:
-                m = measure(port, a.tokens, a.parallel, key, a.health_timeout, unit, prompt, a.probe_tokens)
+                m = measure(port, a.tokens, a.parallel, key, a.health_timeout, unit, prompts, a.probe_tokens)
         except Exception as e:
             m = {"port": port, "error": f"{type(e).__name__}: {e}"}
         m["instance"] = i

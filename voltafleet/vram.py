@@ -13,10 +13,21 @@
                          dequantized to f16) + the KQ mask of one slot (measured, see below)
     speculation (MTP)    the nextn block's weights (skipped at load unless served), its f16
                          KV cache and compute buffer, the extra recurrent copies
-    cuBLAS pool          builds that multiply 64+ token batches through cuBLAS (Volta, and any
-                         GGML_CUDA_FORCE_CUBLAS build): the CUDA pool keeps F16-dequantized
-                         weights, the two largest distinct matrices (290 MiB for Qwen3.6-27B;
-                         FORCE_CUBLAS on an H200: 15,760-16,060 MiB peaks, bench/proof19)
+    CUDA pool            what the quantized matrix products leave in llama.cpp's CUDA pool (a
+                         stack: its size is the largest op's buffers). Which op goes through
+                         cuBLAS is the build's route (`route()`, ggml_cuda_should_use_mmq):
+                         `volta` (sm_70, default build) multiplies a batch of 64+ rows through
+                         cuBLAS on F16-dequantized weights; `cublas` (GGML_CUDA_FORCE_CUBLAS)
+                         every batch over 8 rows; `mmq` (FORCE_MMQ, or Turing and newer) none.
+                         Such an op holds the weight matrix in F16 and its input rows in F16 (and
+                         an F16 output except on Volta, which writes F32 directly). Prompt
+                         ubatches (512 tokens) route the trunk's matrices (the largest: the FFN,
+                         5120 x 17408 = 170 MiB F16); the output matrix (248,320 x 5120 = 2,425
+                         MiB F16) is routed when a ubatch carries enough logits rows: one a slot
+                         when decoding, draft + 1 a slot when verifying speculation. Plus the
+                         pool's scratch (cuBLAS's first use, FA's F16 K/V, sampling), measured
+                         (POOL_SCRATCH). Held within 1 %, never under, of the peaks of an H200
+                         made to take Volta's exact choice (bench/proof27)
     CUDA overhead        context, cuBLAS workspace: 592 MiB after load + 18 MiB after the first
                          request on an H200 (CUDA 13)
     headroom             kept free for load spikes (default 1 GiB: ../shared/DOMAIN.md)
@@ -62,7 +73,8 @@ class ModelShape:
     recurrent_bytes_per_seq: int = 0
     nextn_layers: int = 0     # MTP blocks (nextn_predict_layers), counted in n_layer
     mtp_bytes: int = 0        # their weights: on the GPU only when MTP speculation is served
-    pool_f16_bytes: int = 0   # the cuBLAS path's dequantized weights (cublas_pool_bytes)
+    n_vocab: int = 0          # rows of the output matrix
+    trunk_mat: tuple = (0, 0)  # the largest trunk matrix (cols in, rows out): the cuBLAS path's largest op
 
     @property
     def hybrid(self) -> bool:
@@ -108,7 +120,7 @@ class ModelShape:
             swa = attn
         return cls(h.arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_k, head_v,
                    int(h.get("context_length", 0)), weights, attn, swa, window, recurrent, nextn, mtp,
-                   cublas_pool_bytes(h.tensors, trunk))
+                   _n_vocab(h), largest_trunk_matrix(h.tensors, trunk))
 
 
 _SHAPES: dict[int, tuple[Header, ModelShape]] = {}
@@ -124,34 +136,90 @@ def shape_of(header: Header) -> ModelShape:
     return hit[1]
 
 
-def cublas_pool_bytes(tensors, trunk: int) -> int:
-    """What the CUDA pool holds after prompts on a build that multiplies 64+ token batches
-    through cuBLAS: weights dequantized to F16, the two largest distinct matrix sizes among the
-    trunk's 2-D weights (not token_embd: a row lookup; not output: only the last token of a
-    sequence reaches it). Fitted on a FORCE_CUBLAS build on an H200 (bench/proof19): Qwen3.6-27B's
-    ffn (5120 x 17408) and attention query+gate (5120 x 12288) give 290 MiB; measured 292-306 MiB
-    over the after-load figure, which the CUDA overhead's 18 MiB cuBLAS workspace covers in part."""
-    sizes = set()
+def _n_vocab(h: Header) -> int:
+    for t in h.tensors:
+        if t.name in ("output.weight", "token_embd.weight") and len(t.shape) == 2:
+            return int(t.shape[1])
+    return 0
+
+
+def largest_trunk_matrix(tensors, trunk: int) -> tuple:
+    """(columns in, rows out) of the trunk's largest 2-D weight, the wider input first (its F16
+    input rows are the larger): the largest op a prompt ubatch sends through cuBLAS (not
+    token_embd: a row lookup; not output: only logits rows reach it). Qwen3.6-27B: ffn_down."""
+    best = (0, 0)
     for t in tensors:
         parts = t.name.split(".")
         if parts[0] == "blk" and int(parts[1]) < trunk and len(t.shape) == 2 and min(t.shape) > 1 \
                 and t.name.endswith(".weight") and "conv1d" not in t.name:
-            sizes.add(t.shape[0] * t.shape[1] * 2)
-    return sum(sorted(sizes)[-2:])
+            if (t.shape[0] * t.shape[1], t.shape[0]) > (best[0] * best[1], best[0]):
+                best = (int(t.shape[0]), int(t.shape[1]))
+    return best
 
 
-def cublas_prompt_path(cfg: dict, archs: list[int] | None) -> bool:
-    """Whether the build multiplies prompt batches (64+ tokens) of quantized weights through
-    cuBLAS on F16-dequantized copies: GGML_CUDA_FORCE_CUBLAS, or GPUs without int8 tensor cores
-    (compute capability < 7.5: Volta and older) unless GGML_CUDA_FORCE_MMQ keeps them on MMQ
-    (ggml-cuda mmq.cu, ggml_cuda_should_use_mmq, at the pinned commit)."""
+ROUTES = ("mmq", "volta", "cublas")
+MMVQ_MAX_BATCH = 8           # ggml-cuda: MMVQ up to 8 columns (every type on Volta and Hopper)
+MMQ_MAX_BATCH = 64           # MMQ_DP4A_MAX_BATCH_SIZE: Volta's MMQ below 64 columns
+NGRAM_DRAFT_MAX = 64         # common_params_speculative_ngram_mod.n_max: an n-gram draft's largest
+# The pool's scratch beside its largest op, measured on the H200 (bench/proof27; not traced op by op):
+# cuBLAS's first use (handle, workspace, kernels), flash attention's F16 K/V copies, MMQ's q8_1 rows,
+# sampling. cuBLAS routes: the largest residual of the 13 Volta-rule loads (peak - planned after-load -
+# largest op: 82-159 MiB, growing with slots, prompt length and n-gram verification), rounded up. MMQ: the largest growth
+# after long prompts on MMQ-only builds (16-28 MiB, bench/proof19, proof19b), rounded up.
+POOL_SCRATCH = {"volta": 160 * MIB, "cublas": 160 * MIB, "mmq": 32 * MIB}
+
+
+def route(cfg: dict, archs: list[int] | None) -> str:
+    """Which quantized matrix products the build sends through cuBLAS (ggml-cuda mmq.cu,
+    ggml_cuda_should_use_mmq, at the pinned commit):
+      cublas  GGML_CUDA_FORCE_CUBLAS: every batch over 8 rows (MMVQ takes up to 8)
+      mmq     GGML_CUDA_FORCE_MMQ, a CPU build, or only GPUs with int8 tensor cores (7.5+): none
+      volta   otherwise, a GPU below 7.5 (Volta): batches of 64+ rows"""
     extra = " ".join(cfg.get("llama_cpp_cmake_extra") or [])
     if "GGML_CUDA_FORCE_CUBLAS=ON" in extra:
-        return True
+        return "cublas"
     if cfg.get("voltafleet_backend", "cuda") != "cuda" or "GGML_CUDA_FORCE_MMQ=ON" in extra:
-        return False
+        return "mmq"
     archs = archs or cfg.get("llama_cpp_cuda_archs") or []
-    return any(a < 75 for a in archs)
+    return "volta" if any(a < 75 for a in archs) else "mmq"
+
+
+def routed(how: str, rows: int) -> bool:
+    """Whether a batch of `rows` rows of a quantized matrix goes through cuBLAS on this route."""
+    return (how == "volta" and rows >= MMQ_MAX_BATCH) or (how == "cublas" and rows > MMVQ_MAX_BATCH)
+
+
+def spec_rows(parallel: int, draft_max: int) -> int:
+    """Logits rows of one ubatch while every slot verifies a draft (capped at the ubatch)."""
+    return min(N_UBATCH, parallel * (draft_max + 1)) if draft_max else 0
+
+
+def pool_bytes(m: "ModelShape", how: str, parallel: int, verify_rows: int = 0) -> int:
+    """The CUDA pool's peak: the largest routed op (weights in F16, input rows in F16, an F16
+    output unless Volta's F32 one) plus the measured scratch. Prompt ubatches are full (a
+    prompt of 512+ tokens), so the trunk's largest matrix is routed on volta and cublas; the
+    output matrix when the logits rows of a ubatch (one a slot decoding, verify_rows while
+    speculating) reach the route's threshold."""
+    if how not in ROUTES:
+        raise ValueError(f"route {how!r}: one of {ROUTES}")
+    dst = 0 if how == "volta" else 2
+
+    def op(cols: int, rows_out: int, batch: int) -> int:
+        return cols * rows_out * 2 + batch * cols * 2 + batch * rows_out * dst
+
+    ops = [0]
+    if how != "mmq":
+        ops.append(op(*m.trunk_mat, N_UBATCH))
+        out_rows = max(parallel, verify_rows)
+        if routed(how, out_rows) and m.n_vocab:
+            ops.append(op(m.n_embd, m.n_vocab, out_rows))
+    return max(ops) + POOL_SCRATCH[how]
+
+
+def verify_bytes(m: "ModelShape", verify_rows: int) -> int:
+    """The compute buffer's growth for a verify ubatch: every row's F32 logits (llama.cpp
+    re-reserves the graph for it: +399 MiB at 512 rows of Qwen3.6-27B measured, 485 planned)."""
+    return verify_rows * m.n_vocab * 4
 
 
 def _max_of(v):
@@ -173,7 +241,8 @@ class Plan:
     overhead: int
     headroom: int
     spec: int = 0             # what MTP speculation adds (0: not served)
-    pool: int = 0             # the cuBLAS path's dequantized weights (0: MMQ builds)
+    pool: int = 0             # the CUDA pool's peak: the largest cuBLAS-routed op + scratch (pool_bytes)
+    route: str = "mmq"        # which batches go through cuBLAS (route())
 
     @property
     def needed(self) -> int:
@@ -188,7 +257,7 @@ class Plan:
         return (f"-c {self.ctx} -np {self.parallel} K {self.cache_k} V {self.cache_v}: weights {m(self.weights)} + "
                 f"KV {m(self.kv)} + recurrent {m(self.recurrent)} + compute {m(self.compute)} + "
                 + (f"MTP speculation {m(self.spec)} + " if self.spec else "")
-                + (f"cuBLAS pool {m(self.pool)} + " if self.pool else "") + "CUDA "
+                + (f"CUDA pool ({self.route}) {m(self.pool)} + " if self.pool else "") + "CUDA "
                 f"{m(self.overhead)} = {m(self.needed)} MiB, + headroom {m(self.headroom)} = "
                 f"{m(self.needed + self.headroom)} MiB of {self.gpu_mib:,} MiB: "
                 + ("fits" if self.fits else f"short by {m(self.needed + self.headroom - self.gpu_mib * MIB)} MiB"))
@@ -244,34 +313,26 @@ def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int) -> int:
 
 
 def plan(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, gpu_mib: int,
-         headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, cublas: bool = False) -> Plan:
+         headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, how: str = "mmq",
+         ngram: bool = False) -> Plan:
+    """The plan of one configuration; `how` the build's route(), `ngram` n-gram speculation
+    (drafts of up to NGRAM_DRAFT_MAX tokens a slot, verified in the main context)."""
+    rows = max(spec_rows(parallel, spec_draft_max), spec_rows(parallel, NGRAM_DRAFT_MAX if ngram else 0))
+    spec = spec_bytes(m, ctx, parallel, spec_draft_max) + (verify_bytes(m, rows) if ngram else 0)
     return Plan(ctx, parallel, cache_k, cache_v, gpu_mib, m.weights_gpu,
                 kv_bytes(m, ctx, parallel, cache_k, cache_v), m.recurrent_bytes_per_seq * parallel,
                 compute_bytes(m, ctx, parallel, cache_k, cache_v), overhead_mib * MIB, headroom_mib * MIB,
-                spec_bytes(m, ctx, parallel, spec_draft_max),
-                m.pool_f16_bytes + cublas_slots_bytes(parallel) if cublas else 0)
-
-
-# Measured on an H200 FORCE_CUBLAS build with Qwen3.6-27B Q4_K_S (bench/proof19b): after one
-# 1,536-token prompt on every slot at once, the pool grew 292-306 MiB over after-load at 2-4 slots
-# (the dequantized weights above) and 2,524-2,536 MiB at 16 slots (-c 131072, checkpoints on or
-# off, -ub 512/1024/2048 alike). Which buffers hold the difference was not traced: this is a fit
-# of those two points, linear in the slots beyond 4; 5-15 slots were not measured.
-CUBLAS_SLOT_BYTES = 186 * MIB
-
-
-def cublas_slots_bytes(parallel: int) -> int:
-    """The cuBLAS path's pool growth with many sequences in one prompt batch (fitted, see above)."""
-    return max(0, parallel - 4) * CUBLAS_SLOT_BYTES
+                spec, pool_bytes(m, how, parallel, rows), how)
 
 
 def choose(m: ModelShape, ctx: int | None, parallel: int | None, cache_k: str, cache_v: str, gpu_mib: int,
-           headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, cublas: bool = False) -> Plan:
+           headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, how: str = "mmq",
+           ngram: bool = False) -> Plan:
     """The set values, or for unset ones the largest of the ladder (ctx first, then slots)
     that fits. The plan returned may not fit: the caller refuses it with its numbers."""
     ctxs = [ctx] if ctx else [c for c in CTX_LADDER if not m.n_ctx_train or c <= m.n_ctx_train] or [CTX_LADDER[-1]]
     slots = [parallel] if parallel else list(SLOT_LADDER)
-    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max, cublas)
+    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max, how, ngram)
                   for c in ctxs for s in slots]
     return next((p for p in candidates if p.fits), candidates[-1])
 
@@ -318,11 +379,12 @@ def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group
                 "(block_count 65, nextn_predict_layers 1 for Qwen3.6-27B)"))
         draft = int(cfg.get("server_spec_draft_max", 3))
     p = choose(m, ctx, np_, cfg["server_cache_type_k"], cfg["server_cache_type_v"], gpu_mib,
-               cfg["vram_headroom_mib"], cfg["vram_cuda_overhead_mib"], draft, cublas_prompt_path(cfg, archs))
+               cfg["vram_headroom_mib"], cfg["vram_cuda_overhead_mib"], draft, route(cfg, archs),
+               bool(cfg.get("server_spec_ngram")))
     if p.fits:
         return Decision(p.ctx, p.parallel, p.describe(), None, p)
     fix = "lower server_ctx or server_parallel, use q8_0 KV (server_cache_type_k/v), or a smaller quant"
-    if p.pool:
+    if p.route != "mmq":
         fix += ', or build with llama_cpp_cmake_extra: ["-DGGML_CUDA_FORCE_MMQ=ON"] (no dequantized weights)'
 
     if draft:

@@ -59,10 +59,11 @@ def run_refusals(cfg: dict) -> list[str]:
     if cfg["smoke_enabled"] and cfg["smoke_probe"] and not run_context().record_probe \
             and run_context().phase != "gateway":
         sha = model_files(cfg)[0].sha256
-        try:
-            probemod.load(sha, cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"])
-        except probemod.ProbeError as e:
-            errors.append(f"{host.name}: smoke_probe: {e}")
+        for p in probemod.probes(cfg):
+            try:
+                probemod.load(sha, p.prompt, p.tokens)
+            except probemod.ProbeError as e:
+                errors.append(f"{host.name}: {'smoke_probe_long' if p.min_prompt_tokens else 'smoke_probe'}: {e}")
     missing = missing_gateways(host.state)
     if missing and run_context().phase in ("all", "batch", "plan") and not run_context().no_gateway:
         errors.append(f"{host.name}: gateway {', '.join(missing)} is not reachable in this run: no instance could "

@@ -34,12 +34,13 @@ from voltafleet import smoke as smokemod
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, GOOD_DIR, UNIT_PATH, HostPlan
 from voltafleet.restarts import restart_set
 
-PROMPT_PATH = "smoke-probe-prompt.txt"  # under voltafleet_root
+PROMPT_PATHS = {"probe": "smoke-probe-prompt.txt", "probe_long": "smoke-probe-long-prompt.txt"}  # under voltafleet_root
+PROMPT_FLAGS = {"probe": "--probe-prompt-file", "probe_long": "--probe-long-prompt-file"}
 
 
-def prompt_file(plan: HostPlan) -> Wanted:
-    """The quality probe's prompt, where the smoke client reads it."""
-    return Wanted(f"{plan.root}/{PROMPT_PATH}", "644", text=plan.cfg["smoke_probe_prompt"])
+def prompt_files(plan: HostPlan) -> list[Wanted]:
+    """The quality probes' prompts, where the smoke client reads them."""
+    return [Wanted(f"{plan.root}/{PROMPT_PATHS[p.name]}", "644", text=p.prompt) for p in probemod.probes(plan.cfg)]
 
 
 def client_command(plan: HostPlan, probe_only: bool = False) -> str:
@@ -52,8 +53,10 @@ def client_command(plan: HostPlan, probe_only: bool = False) -> str:
              "--gpu-sample-interval", str(cfg["smoke_gpu_sample_s"] if plan.cuda else 0)]
     if cfg["server_api_key_file"]:
         args += ["--api-key-file", API_KEY_PATH]
+    for p in probemod.probes(cfg):
+        args += [PROMPT_FLAGS[p.name], f"{plan.root}/{PROMPT_PATHS[p.name]}"]
     if cfg["smoke_probe"]:
-        args += ["--probe-prompt-file", f"{plan.root}/{PROMPT_PATH}", "--probe-tokens", str(cfg["smoke_probe_tokens"])]
+        args += ["--probe-tokens", str(cfg["smoke_probe_tokens"])]
     if probe_only:
         args += ["--probe-only"]
     return "python3 " + q(*args)
@@ -64,27 +67,29 @@ def _good(plan: HostPlan, action: str) -> str:
 
 
 def golden(plan: HostPlan) -> dict | None:
-    """The golden probe every instance is compared with (None: smoke_probe off, or this run
-    records it)."""
+    """The golden probes every instance is compared with, {Probe: golden record} (None:
+    smoke_probe off, or this run records them)."""
     cfg = plan.cfg
     if not cfg["smoke_probe"] or run_context().record_probe:
         return None
-    return probemod.load(plan.model_files[0].sha256, cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"])
+    return {p: probemod.load(plan.model_files[0].sha256, p.prompt, p.tokens) for p in probemod.probes(cfg)}
 
 
 def probe_verdicts(report: dict, gold: dict | None, tolerance: float) -> list[str]:
-    """Every instance's probe against the golden one: the failures, [] when all match. The
-    first divergence is kept in report["probe_diverged"] for the outcome record."""
+    """Every instance's probes (short and long) against the golden ones: the failures, []
+    when all match. The first divergence is kept in report["probe_diverged"] for the outcome
+    record."""
     if gold is None:
         return []
     fails, whys = [], []
     for m in report["instances"]:
         if "error" in m:
             continue
-        why = probemod.compare(gold, m.get("probe"), tolerance)
-        if why:
-            whys.append(why)
-            fails.append(f"instance {m['instance']} (port {m['port']}): quality probe diverged: {why}")
+        for spec, ref in gold.items():
+            why = probemod.check(ref, m.get(spec.name), tolerance, spec)
+            if why:
+                whys.append(why)
+                fails.append(f"instance {m['instance']} (port {m['port']}): quality probe diverged: {why}")
     report["probe_diverged"] = whys[0] if whys else None
     return fails
 
@@ -305,16 +310,22 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
 
 
 def _record_golden(plan: HostPlan, report: dict) -> None:
+    """Every probe of the first instance, once all instances agree (and a long probe's prompt
+    reached its minimum length), saved as the golden probes."""
     cfg = plan.cfg
-    probes = [m.get("probe") for m in report["instances"] if "error" not in m]
-    first = probes[0] if probes else None
-    for p in probes[1:]:
-        why = probemod.compare(first, p, cfg["smoke_probe_tolerance"])
-        if why:
-            raise Failed("probe", f"instances disagree, golden probe not recorded: {why}")
-    path = probemod.save(plan.model_files[0].sha256, cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"],
-                         first or {}, source=f"{host.name} release {report.get('fingerprint')}")
-    logger.info(f"{host.name}: golden probe recorded in {path}: commit it beside the model's pin")
+    for spec in probemod.probes(cfg):
+        probes = [m.get(spec.name) for m in report["instances"] if "error" not in m]
+        first = probes[0] if probes else None
+        for p in probes[1:]:
+            why = probemod.check(first, p, cfg["smoke_probe_tolerance"], spec)
+            if why:
+                raise Failed("probe", f"instances disagree, golden probe not recorded: {why}")
+        short = probemod.check(first, first, 0, spec) if first else None
+        if short:
+            raise Failed("probe", f"golden probe not recorded: {short}")
+        path = probemod.save(plan.model_files[0].sha256, spec.prompt, spec.tokens, first or {},
+                             source=f"{host.name} release {report.get('fingerprint')}")
+        logger.info(f"{host.name}: golden probe recorded in {path}: commit it beside the model's pin")
 
 
 class ProbeOnly(FactBase):
@@ -391,6 +402,6 @@ def smoke(plan: HostPlan, server_changes) -> None:
         smoke(plan, server(plan, model_ops))
     """
     if plan.cfg["smoke_probe"]:
-        synced(name="Quality probe prompt", files=[prompt_file(plan)])
+        synced(name="Quality probe prompts", files=prompt_files(plan))
     activated(name="Restart, smoke test (health, offload, TTFT, tok/s, probe), rollback on failure", plan=plan,
               env_ops=server_changes.env_ops, everything_ops=server_changes.everything_ops)

@@ -78,7 +78,7 @@ def test_cli_and_harness_agree_on_a_bad_value(bad_input):
 
 
 VOLTA_CUDA13 = ("cuda_toolkit_version is 13.0, but the host has Tesla V100-SXM2-16GB (compute capability 7.0): CUDA 13 "
-                "removed Volta support and nvcc 13 cannot build sm_70. Fix: set cuda_toolkit_version: \"12.9\"")
+                "removed Volta support and nvcc 13 cannot build sm_70. Fix: set cuda_toolkit_version: \"12.8\"")
 
 
 @pytest.fixture(scope="module")

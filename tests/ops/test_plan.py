@@ -146,7 +146,7 @@ def test_a_v100_host_reports_its_driver_move_and_every_restart(tmp_path):
 
     v100 = driver_host("plan-v100", "ubuntu-24.04", nvidia_repo_ubuntu(580, "580.82.07"), before="580.82.07",
                        vars={"nvidia_driver_version": "580.95.05"}, extra=[
-                           [r"^for n in /usr/local/cuda-12.9/bin/nvcc", "Cuda compilation tools, release 12.9, V12.9.86"],
+                           [r"^for n in /usr/local/cuda-12.8/bin/nvcc", "Cuda compilation tools, release 12.8, V12.8.93"],
                            [r"releases/\*/", "current=someother\n"],
                            [r"systemctl is-active", "0 active enabled\n1 active enabled"]])
     rc, cmds, records, out = run_plan([v100], tmp_path, group="v100_16gb")

@@ -104,7 +104,7 @@ def test_v100_ubuntu_2404_from_nvidia_repo():
     assert any(KEYRING.format("ubuntu2404") in c for c in cmds)
     assert installs(cmds) == [
         "--no-install-recommends build-essential cmake git ccache python3 curl ca-certificates",
-        "--no-install-recommends cuda-toolkit-12-9",
+        "--no-install-recommends cuda-toolkit-12-8",
         "nvidia-driver-pinning-580",
         "cuda-drivers-580 nvidia-dkms-580",
     ]
@@ -164,7 +164,7 @@ def test_blackwell_needs_open_modules():
 @pytest.mark.parametrize("vars,nvcc,message", [
     ({"cuda_toolkit_version": "13.0"}, None,
      "cuda_toolkit_version is 13.0, but the host has Tesla V100-SXM2-16GB (compute capability 7.0): CUDA 13 "
-     "removed Volta support and nvcc 13 cannot build sm_70. Fix: set cuda_toolkit_version: \"12.9\""),
+     "removed Volta support and nvcc 13 cannot build sm_70. Fix: set cuda_toolkit_version: \"12.8\""),
     ({}, NVCC_13, "the installed CUDA toolkit is 13.0.48 (nvcc on PATH or /usr/local/cuda), but the host has "
                   "Tesla V100-SXM2-16GB (compute capability 7.0): CUDA 13 cannot build sm_70"),
     ({"nvidia_driver_branch": 590}, None,
@@ -192,7 +192,7 @@ def test_newer_gpu_with_cuda_13_is_not_refused():
 def test_unmanaged_driver_is_left_alone_but_checked():
     rc, cmds, out = run("v100-unmanaged", vars={"manage_driver": False})
     assert rc == 0, out
-    assert installs(cmds)[1:] == ["--no-install-recommends cuda-toolkit-12-9"]
+    assert installs(cmds)[1:] == ["--no-install-recommends cuda-toolkit-12-8"]
     assert not [c for c in cmds if "reboot" in c or "apt-mark hold" in c or "nouveau" in c]
 
 
@@ -217,7 +217,7 @@ def test_no_driver_yet_gpus_come_from_lspci_and_nvidia_smi_is_checked_after_rebo
 def test_converged_host_is_not_rebooted():
     dpkg = "\n".join(f"ii  {p}  580.95.05-1  amd64  x" for p in (
         "build-essential", "cmake", "git", "ccache", "python3", "curl", "ca-certificates", "cuda-keyring",
-        "cuda-toolkit-12-9", "nvidia-driver-pinning-580", "cuda-drivers-580", "nvidia-dkms-580"))
+        "cuda-toolkit-12-8", "nvidia-driver-pinning-580", "cuda-drivers-580", "nvidia-dkms-580"))
     blacklist_sha1 = hashlib.sha1(b"blacklist nouveau\noptions nouveau modeset=0\n").hexdigest()
     rc, cmds, out = run("v100-converged", extra=[
         ["dpkg-query -W", R580_NOBLE_DPKG],

@@ -113,6 +113,33 @@ def test_probe_compare_never_matches_emptiness():
     assert probe.compare(gold, {"tokens": [5, 6, 7], "logprobs": [None, -0.2, -0.3]}, 0.5) == "log-probabilities missing"
 
 
+def test_a_nan_probe_never_matches():
+    # NaN logits (FP16 overflow on Volta's cuBLAS path) give NaN log-probabilities: abs(NaN - x) > tol is False
+    gold = {"tokens": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3]}
+    why = probe.compare(gold, {"tokens": [5, 6, 7], "logprobs": [-0.1, float("nan"), -0.3]}, 0.5)
+    assert why and "token 1 is nan" in why and "NaN" in why
+    assert "inf" in probe.compare(gold, {"tokens": [5, 6, 7], "logprobs": [float("-inf"), -0.2, -0.3]}, 0.5)
+
+
+def test_the_long_probe_must_reach_the_64_token_path():
+    cfg = {"smoke_probe": True, "smoke_probe_prompt": "p", "smoke_probe_tokens": 4, "smoke_probe_long": True,
+           "smoke_probe_long_min_tokens": 512}
+    short, long_ = probe.probes(cfg)
+    assert (short.name, short.prompt, short.min_prompt_tokens) == ("probe", "p", 0)
+    assert long_.name == "probe_long" and long_.prompt == probe.long_prompt() and long_.min_prompt_tokens == 512
+    assert len(long_.prompt.split()) > 400  # ~600+ tokens in the lab's and Qwen's tokenizers (checked on the lab)
+    assert probe.probes({**cfg, "smoke_probe_long": False}) == [short]
+    assert probe.probes({**cfg, "smoke_probe": False}) == []
+    gold = {"tokens": [5, 6], "logprobs": [-0.1, -0.2]}
+    ok = {"tokens": [5, 6], "logprobs": [-0.1, -0.2], "prompt_n": 640}
+    assert probe.check(gold, ok, 0.5, long_) is None
+    assert "fewer than smoke_probe_long_min_tokens (512)" in probe.check(gold, {**ok, "prompt_n": 100}, 0.5, long_)
+    assert "None tokens" in probe.check(gold, {**ok, "prompt_n": None}, 0.5, long_)
+    assert probe.check(gold, {**ok, "tokens": [5, 9]}, 0.5, long_) == "long probe: token 1 is 9, the golden probe's is 6"
+    assert probe.check(gold, {**ok, "tokens": [5, 9]}, 0.5, short) == "token 1 is 9, the golden probe's is 6"
+    assert probe.check(gold, {**ok, "prompt_n": 3}, 0.5, short) is None  # the short probe has no minimum
+
+
 # ---------------------------------------------------------------- lock
 
 

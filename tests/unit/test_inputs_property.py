@@ -139,12 +139,12 @@ def test_every_string_variable_refuses_a_command_substitution(key):
 def test_free_text_never_reaches_a_shell(cfg):
     """The probe prompt is uploaded as a file and sent as JSON: the smoke command line
     names only the file."""
-    from roles.smoke import PROMPT_PATH, client_command
+    from roles.smoke import PROMPT_PATHS, client_command
     from voltafleet.hostplan import HostFacts, make_plan
 
     cfg.update(voltafleet_backend="cpu", server_instances=1, smoke_probe_prompt="$(touch /tmp/vf-canary)")
     cmd = client_command(make_plan("h", cfg, HostFacts(os="debian-12"), None, "0" * 40))
-    assert "vf-canary" not in cmd and PROMPT_PATH in cmd
+    assert "vf-canary" not in cmd and PROMPT_PATHS["probe"] in cmd
 
 
 def test_the_property_covers_every_string_variable():

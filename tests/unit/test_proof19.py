@@ -9,7 +9,7 @@ import yaml
 
 from bench import proof_report as pr
 from voltafleet.gguf_header import from_json
-from voltafleet.vram import MIB, ModelShape, cublas_prompt_path, decide, plan
+from voltafleet.vram import MIB, ModelShape, decide, plan, route
 
 ROOT = Path(__file__).resolve().parents[2]
 RES = json.loads((ROOT / "bench/proof19/results.json").read_text())
@@ -37,30 +37,33 @@ def text(name):
                                                  ("default", "v16-np4", 4)])
 def test_planner_within_1_percent_of_the_peak_after_long_prompts(build, name, parallel):
     m = ModelShape.from_header(header())
-    assert round(m.pool_f16_bytes / MIB) == 290  # ffn 5120 x 17408 + attention q+gate 5120 x 12288, F16
+    assert m.trunk_mat == (17408, 5120)  # ffn_down: the largest matrix a prompt ubatch sends through cuBLAS
     peak = pr.vram_table(RES["vram"])[(build, name)]["peak"]
     assert peak[1] == peak[2]  # the 3 runs agree to the MiB
-    p = plan(m, 8192, parallel, "q8_0", "q8_0", V100_16, 512, 610, cublas=build == "cublas")
+    p = plan(m, 8192, parallel, "q8_0", "q8_0", V100_16, 512, 610, how="cublas" if build == "cublas" else "mmq")
     assert abs(p.needed / MIB - peak[0]) / peak[0] < 0.01, (p.describe(), peak)
 
 
 def test_the_cublas_path_is_volta_unless_forced():
-    assert cublas_prompt_path(group("v100_32gb"), None)             # [70]: cuBLAS for 64+ token batches
-    assert not cublas_prompt_path(group("v100_16gb"), None)         # GGML_CUDA_FORCE_MMQ=ON
-    assert not cublas_prompt_path({**group("v100_32gb"), "llama_cpp_cuda_archs": None}, [90])
-    assert cublas_prompt_path({**group("v100_32gb"), "llama_cpp_cmake_extra": ["-DGGML_CUDA_FORCE_CUBLAS=ON"]}, [90])
-    assert not cublas_prompt_path({**group("v100_32gb"), "voltafleet_backend": "cpu"}, None)
+    volta = {**group("v100_32gb"), "llama_cpp_cmake_extra": []}
+    assert route(volta, None) == "volta"                            # [70]: cuBLAS for 64+ row batches
+    assert route(group("v100_16gb"), None) == "mmq"                 # GGML_CUDA_FORCE_MMQ=ON
+    assert route({**volta, "llama_cpp_cuda_archs": None}, [90]) == "mmq"
+    assert route({**volta, "llama_cpp_cmake_extra": ["-DGGML_CUDA_FORCE_CUBLAS=ON"]}, [90]) == "cublas"
+    assert route({**volta, "voltafleet_backend": "cpu"}, None) == "mmq"
 
 
 def test_groups_re_decided_with_the_pool():
     d16 = decide(group("v100_16gb"), V100_16, header())
-    assert d16.error is None and d16.plan.pool == 0 and round(V100_16 - d16.plan.needed / MIB) == 681
-    cublas16 = decide({**group("v100_16gb"), "llama_cpp_cmake_extra": []}, V100_16, header())
-    assert cublas16.error and "short by 121 MiB" in cublas16.error and "GGML_CUDA_FORCE_MMQ" in cublas16.error
+    assert d16.error is None and d16.plan.pool == 32 * MIB and round(V100_16 - d16.plan.needed / MIB) == 649
+    volta16 = decide({**group("v100_16gb"), "llama_cpp_cmake_extra": []}, V100_16, header())
+    assert volta16.error and "short by 178 MiB" in volta16.error and "GGML_CUDA_FORCE_MMQ" in volta16.error
     d32 = decide(group("v100_32gb"), V100_32, header())
-    # 16 slots on the cuBLAS path: the dequantized weights and the growth with 16 sequences (proof19b)
-    assert d32.error is None and round(d32.plan.pool / MIB) == 290 + 12 * 186 and round(d32.plan.needed / MIB) == 24650
-    assert "24,650 MiB planned" in text("v100_32gb") and "681 free" in text("v100_16gb")
+    assert d32.error is None and d32.plan.route == "mmq" and round(d32.plan.needed / MIB) == 22160
+    volta32 = decide({**group("v100_32gb"), "llama_cpp_cmake_extra": []}, V100_32, header())
+    assert volta32.plan.route == "volta" and round(volta32.plan.needed / MIB) == 22475
+    assert "22,160 MiB planned" in text("v100_32gb") and "Volta rule: 22,475" in text("v100_32gb")
+    assert "649 free" in text("v100_16gb") and "15,826 MiB planned, 334 free" in text("v100_16gb")
 
 
 def test_throughput_ratios_recomputed_from_per_token_times():
@@ -105,7 +108,7 @@ RUN2 = json.loads((ROOT / "bench/proof19b/results-run2.json").read_text())
 def test_planner_within_1_percent_of_the_32gb_peaks(record, build, name, ctx, parallel):
     m = ModelShape.from_header(header())
     (peak,) = [v["mem_peak"] for v in record["vram"] if v["build"] == build and v["name"] == name]
-    p = plan(m, ctx, parallel, "q8_0", "q8_0", V100_32, 1024, 610, cublas=build == "cublas")
+    p = plan(m, ctx, parallel, "q8_0", "q8_0", V100_32, 1024, 610, how="cublas" if build == "cublas" else "mmq")
     assert abs(p.needed / MIB - peak) / peak < 0.01, (p.describe(), peak)
 
 
@@ -141,4 +144,5 @@ def test_ngram_stays_off_where_16_clients_gain_nothing_and_vram_grows():
     grow = SPEC[("v32-ngram-mod-cublas", "plain", 16)]["mem_after"] - SPEC[("v32-nospec-cublas", "plain", 16)]["mem_after"]
     assert grow == 674 and SPEC[("v32-ngram-mod", "plain", 1)]["mem_after"] - SPEC[("v32-nospec", "plain", 1)]["mem_after"] == 400
     for g in ("v100_16gb", "v100_32gb"):
-        assert group(g).get("server_spec_ngram") is None and "674 MiB" in text(g)
+        assert group(g).get("server_spec_ngram") is None
+    assert "674 MiB" in text("v100_16gb") and "0.94-1.01x on MMQ" in text("v100_32gb")

@@ -184,12 +184,14 @@ def test_mtp_refused_without_nextn_layers_and_when_it_does_not_fit():
     assert d.error and "server_spec_mtp" in d.error and "nextn" in d.error
     d = decide(cfg, V100_16, _header("qwen35-27b-q4ks-mtp"))
     assert d.error and "MTP speculation" in d.error and "server_spec_mtp: false" in d.error
-    # 16 slots with MTP on Volta's cuBLAS path: short by 1,323 MiB; an MMQ-only build fits it
+    # 16 slots with MTP (3 drafts: 64 logits rows a ubatch) on Volta's default build: the output matrix goes
+    # through cuBLAS in F16 (2,425 MiB) and it is short by 1,387 MiB; the MMQ-only build v100_32gb ships fits it
+    d = decide({**group("v100_32gb"), "server_spec_mtp": True, "llama_cpp_cmake_extra": []}, V100_32,
+               _header("qwen35-27b-q4ks-mtp"))
+    assert d.error and "short by 1,387 MiB" in d.error and "server_spec_mtp: false" in d.error
+    assert d.plan.route == "volta" and round(d.plan.pool / MIB) == 2425 + 160 + 1  # + 64 F16 input rows
     d = decide({**group("v100_32gb"), "server_spec_mtp": True}, V100_32, _header("qwen35-27b-q4ks-mtp"))
-    assert d.error and "short by 1,323 MiB" in d.error and "server_spec_mtp: false" in d.error
-    d = decide({**group("v100_32gb"), "server_spec_mtp": True, "llama_cpp_cmake_extra": ["-DGGML_CUDA_FORCE_MMQ=ON"]},
-               V100_32, _header("qwen35-27b-q4ks-mtp"))
-    assert d.error is None and d.plan.spec > 0 and d.plan.pool == 0
+    assert d.error is None and d.plan.spec > 0 and d.plan.route == "mmq" and d.plan.pool == 32 * MIB
 
 
 def test_new_flags_render_and_are_known_to_the_pinned_server():

@@ -1,0 +1,83 @@
+"""Issue 27's H200 record (bench/proof27/run1: the Volta-rule build, raw): the planner against every
+peak, recomputed from the records; the patch that makes the H200 take Volta's kernel choice."""
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import voltarule
+from voltafleet.gguf_header import from_json
+from voltafleet.vram import MIB, NGRAM_DRAFT_MAX, ModelShape, plan, pool_bytes, routed, spec_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN1 = ROOT / "bench/proof27/run1"
+PEAKS = json.loads((RUN1 / "results.json").read_text())["peaks"]
+V100_32 = 32480
+
+
+def shape():
+    return ModelShape.from_header(from_json(json.loads((ROOT / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
+
+
+def volta_peaks():
+    return [pytest.param(r, id=r["name"]) for r in PEAKS if r["build"] == "volta"]
+
+
+def test_the_record_covers_five_slot_counts_short_and_long_and_ngram():
+    names = {r["name"] for r in PEAKS if r["build"] == "volta"}
+    assert {f"v32-np{n}-{k}" for n in (2, 4, 8, 12, 16) for k in ("short", "long")} <= names
+    assert {"v16-np2-short", "v16-np2-long", "v32-np16-ngram"} <= names
+    for r in PEAKS:
+        reqs = r["requests"]
+        assert r["healthy"] and len(reqs) == r["parallel"] and not any(q.get("error") for q in reqs)
+        assert all(q["prompt_n"] == r["prompt"] for q in reqs)  # every slot got its whole prompt at once
+
+
+@pytest.mark.parametrize("r", volta_peaks())
+def test_planner_within_1_percent_of_every_volta_rule_peak_and_never_under(r):
+    p = plan(shape(), r["ctx"], r["parallel"], "q8_0", "q8_0", V100_32, 1024, 610, how="volta",
+             ngram=bool(r.get("spec")))
+    planned = p.needed / MIB
+    assert planned >= r["mem_peak"], (p.describe(), r["mem_peak"])
+    assert (planned - r["mem_peak"]) / r["mem_peak"] < 0.01, (p.describe(), r["mem_peak"])
+
+
+def test_the_planned_after_load_is_the_measured_one():
+    # the pool is empty after load: the rest of the plan (the 18 MiB of the first request aside) is llama.cpp's
+    for r in PEAKS:
+        if r["build"] == "volta" and not r.get("spec"):
+            p = plan(shape(), r["ctx"], r["parallel"], "q8_0", "q8_0", V100_32, 1024, 610, how="volta")
+            assert abs((p.needed - p.pool) / MIB - 18 - r["mem_load"]) < 12, r["name"]
+
+
+def test_the_pool_is_the_largest_routed_op():
+    m = shape()
+    ffn = 5120 * 17408 * 2 + 512 * 17408 * 2   # the FFN in F16 and a 512-token ubatch's F16 input
+    assert pool_bytes(m, "volta", 16) == ffn + 160 * MIB
+    assert pool_bytes(m, "mmq", 16) == 32 * MIB
+    # the output matrix: 16 decoding slots stay on MMQ on Volta (16 < 64 rows), not with FORCE_CUBLAS (> 8)
+    out16 = 248320 * 5120 * 2 + 16 * 5120 * 2 + 16 * 248320 * 2
+    assert not routed("volta", 16) and routed("cublas", 16) and not routed("cublas", 8)
+    assert pool_bytes(m, "cublas", 16) == out16 + 160 * MIB
+    # n-gram drafting: up to 64 tokens a slot verified at once: even one slot reaches 64 rows on Volta
+    assert spec_rows(1, NGRAM_DRAFT_MAX) == 65 and spec_rows(16, NGRAM_DRAFT_MAX) == 512
+    assert pool_bytes(m, "volta", 1, 65) == 248320 * 5120 * 2 + 65 * 5120 * 2 + 160 * MIB
+    # measured: the n-gram load grew 2,602 MiB over its after-load figure (the output matrix in F16)
+    (ngram,) = [r for r in PEAKS if r["build"] == "volta" and r["name"] == "v32-np16-ngram"]
+    assert ngram["mem_peak"] - ngram["mem_load"] == 2602 and sum(q["draft_n"] for q in ngram["requests"]) > 0
+
+
+def test_the_voltarule_patch_is_the_one_the_gpu_ran():
+    diff = (RUN1 / "voltarule.diff").read_text()
+    for name, old, new in voltarule.HUNKS:
+        assert f"+++ b/{name}" in diff
+        assert all(("+" + line) in diff for line in new.splitlines() if line not in old.splitlines())
+    text = "x\n" + voltarule.HUNKS[0][1] + "y\n"
+    out = voltarule.patched(voltarule.MMQ, text)
+    assert "return ne11 < MMQ_DP4A_MAX_BATCH_SIZE;" in out and "#ifdef GGML_CUDA_FORCE_MMQ" in out
+    with pytest.raises(voltarule.AnchorMissing, match="moved"):
+        voltarule.patched(voltarule.MMQ, "nothing here")
+    with pytest.raises(voltarule.AnchorMissing, match="2 times"):
+        voltarule.patched(voltarule.CUDA, voltarule.HUNKS[1][1] * 2)
+    for b in ("volta", "mmq"):
+        assert f"{b} rc=0" in (RUN1 / f"build-{b}.txt").read_text()
