@@ -177,9 +177,10 @@ def probe(port: int, key: str | None, prompt: str, tokens: int, top: int = 5) ->
     body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1, "seed": 0,
             "n_probs": top, "cache_prompt": False, "stream": False}
     r = _request(port, "POST", "/completion", body, key)
-    data = json.loads(r.read())
+    data = json.loads(r.read() or b"{}")
     if r.status != 200:
-        raise RuntimeError(f"probe on port {port}: HTTP {r.status}")
+        why = (data.get("error") or {}).get("message") if isinstance(data.get("error"), dict) else data.get("error")
+        raise RuntimeError(f"probe on port {port}: HTTP {r.status}" + (f": {why}" if why else ""))
     steps = data.get("completion_probabilities") or []
     return {"prompt": prompt, "text": data.get("content", ""),
             "prompt_n": data.get("tokens_evaluated") or (data.get("timings") or {}).get("prompt_n"),
