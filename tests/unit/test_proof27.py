@@ -81,3 +81,27 @@ def test_the_voltarule_patch_is_the_one_the_gpu_ran():
         voltarule.patched(voltarule.CUDA, voltarule.HUNKS[1][1] * 2)
     for b in ("volta", "mmq"):
         assert f"{b} rc=0" in (RUN1 / f"build-{b}.txt").read_text()
+
+
+def test_both_v100_groups_build_one_release_and_a_toolkit_move_rebuilds_it_once():
+    import yaml
+
+    from voltafleet import hostplan
+    from voltafleet.fleetplan import ServerEntry, builders
+
+    def cfg(group, **over):
+        c = yaml.safe_load((ROOT / "group_vars/all.yml").read_text())
+        c.update(yaml.safe_load((ROOT / f"group_vars/{group}.yml").read_text()), **over)
+        return c
+
+    commit, cxx = "0c1e57098bba43ac29e6e3b677cdceebdd22334f", "12.2.0 x86_64-linux-gnu"
+    for g in ("v100_16gb", "v100_32gb"):
+        assert cfg(g)["cuda_toolkit_version"] == "12.8" and "-DGGML_CUDA_FORCE_MMQ=ON" in cfg(g)["llama_cpp_cmake_extra"]
+    spec = {g: hostplan.build_spec(cfg(g), [70], commit) for g in ("v100_16gb", "v100_32gb")}
+    assert spec["v100_16gb"] == spec["v100_32gb"]  # the same flags, toolkit path and targets: one release
+    assert "-DCMAKE_CUDA_COMPILER=/usr/local/cuda-12.8/bin/nvcc" in spec["v100_32gb"].flags
+    fp128 = spec["v100_32gb"].fingerprint("12.8.93", cxx)
+    old = hostplan.build_spec(cfg("v100_32gb", cuda_toolkit_version="12.9"), [70], commit).fingerprint("12.9.86", cxx)
+    assert fp128 != old  # the move to 12.8 is a new release, compiled once for every host of both groups
+    hosts = [ServerEntry(f"h{i}", "127.0.0.1", (8080 + i,), 16, fp128) for i in range(6)]
+    assert builders(hosts) == {fp128: "h0"}
