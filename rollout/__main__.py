@@ -309,8 +309,10 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     for d in [report_dir] + ([Path(a.textfile_dir)] if a.textfile_dir else []):
         metrics.write_rollout_textfile(d, report)  # voltafleet_rollout_passed and friends (monitoring/alerts.yml)
     print("\n" + rolling.table(every))
-    say(f"{'OK' if report['ok'] else 'FAILED'} in {report['seconds']} s; report: "
-        f"{report_dir / f'rollout-{rollout_id}.json'}")
+    unmeasured = report["counts"]["unmeasured"]
+    say(f"{'OK' if report['ok'] else 'FAILED'} in {report['seconds']} s"
+        + (f" ({unmeasured} host(s) unmeasured: smoke_enabled is false)" if unmeasured else "")
+        + f"; report: {report_dir / f'rollout-{rollout_id}.json'}")
     return 0 if report["ok"] else 1
 
 

@@ -13,7 +13,9 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-STATUSES = ("passed", "rolled_back", "failed", "unreachable", "not_run")
+STATUSES = ("passed", "unmeasured", "rolled_back", "failed", "unreachable", "not_run")
+# unmeasured: serving, but not judged (smoke_enabled: false): never counted as passed, nor as failed
+NOT_FAILED = ("passed", "unmeasured")
 
 
 @dataclass
@@ -27,7 +29,7 @@ class HostOutcome:
     release: str | None = None        # the release it serves now
     flags: list = field(default_factory=list)
     model_sha256: str | None = None
-    probe: str | None = None          # "match", "diverged: ...", "recorded", or None (not probed)
+    probe: str | None = None          # "match", "diverged: ...", "recorded", "not run", or None (no probe)
     ttft_ms: float | None = None      # single stream (the worst instance)
     ttft_p50_ms: float | None = None  # N concurrent streams: p50 and p99 (the worst instance)
     ttft_p99_ms: float | None = None

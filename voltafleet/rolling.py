@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from voltafleet.outcome import STATUSES
+from voltafleet.outcome import NOT_FAILED, STATUSES
 
 
 class RollingError(ValueError):
@@ -47,8 +47,9 @@ def should_stop(results: dict[str, str], fail_percent: float, canary: list[str])
     """Why the rollout stops now, or None to go on. `results`: host -> status so far.
 
     A canary that did not pass stops everything; else the share of hosts that failed
-    (rolled back or failed) among those tried must stay at or below `fail_percent`."""
-    bad = [h for h, s in results.items() if s != "passed"]
+    (rolled back or failed) among those tried must stay at or below `fail_percent`. An
+    unmeasured host (smoke_enabled: false: the operator's choice, recorded) is neither."""
+    bad = [h for h, s in results.items() if s not in NOT_FAILED]
     if any(h in bad for h in canary):
         return f"canary {', '.join(h for h in canary if h in bad)} did not pass: no other host was touched"
     tried = len(results)
@@ -70,7 +71,9 @@ class HostResult:
     ttft_p99_ms: float | None = None
     single_tps: float | None = None
     aggregate_tps: float | None = None
-    probe: str | None = None             # "match", "diverged: ...", "recorded", or None
+    probe: str | None = None             # "match", "diverged: ...", "recorded", "not run", or None
+    restarted: list = field(default_factory=list)  # instances this run restarted
+    streams_cut: int = 0                 # streams a drain had to cut
     detail: str = ""
 
     def to_dict(self) -> dict:
@@ -81,7 +84,7 @@ def batch_results(batch_no: int, hosts: list[str], records: dict, rc: int, log: 
     """Each host's verdict from its own outcome record of this run (voltafleet.outcome),
     never from a default: a missing record is a failure; so is a "passed" record when
     pyinfra's exit code is non-zero and no host of the batch explains it with a failure."""
-    explained = any(r is not None and r.status != "passed" for r in records.values())
+    explained = any(r is not None and r.status not in NOT_FAILED for r in records.values())
     out = []
     for name in hosts:
         rec = records.get(name)
@@ -95,7 +98,8 @@ def batch_results(batch_no: int, hosts: list[str], records: dict, rc: int, log: 
             r.fingerprint, r.flags, r.probe = rec.release, rec.flags, rec.probe
             r.ttft_ms, r.single_tps, r.aggregate_tps = rec.ttft_ms, rec.single_tps, rec.aggregate_tps
             r.ttft_p50_ms, r.ttft_p99_ms = rec.ttft_p50_ms, rec.ttft_p99_ms
-            if rec.status == "passed" and rc != 0 and not explained:
+            r.restarted, r.streams_cut = list(rec.restarted), rec.streams_cut
+            if rec.status in NOT_FAILED and rc != 0 and not explained:
                 r.status = "failed"
                 r.detail = f"pyinfra exited {rc} and no host of the batch recorded why (see {log})"
         out.append(r)
@@ -110,15 +114,18 @@ def table(results: list[HostResult]) -> str:
         return f"{num(a, '.0f')}/{num(b, '.0f')}" if a is not None or b is not None else "-"
 
     rows = [f"{'host':<16} {'batch':>5} {'status':<12} {'release':<16} {'TTFT ms':>8} {'N p50/p99':>11} "
-            f"{'1-stream':>9} {'N-way':>8} {'probe':<10} detail"]
+            f"{'1-stream':>9} {'N-way':>8} {'probe':<10} {'restarted':<9} {'cut':>3} detail"]
     for r in results:
         rows.append(f"{r.host:<16} {r.batch:>5} {r.status:<12} {(r.fingerprint or '-'):<16} "
                     f"{num(r.ttft_ms, '.0f'):>8} {pair(r.ttft_p50_ms, r.ttft_p99_ms):>11} "
                     f"{num(r.single_tps, '.1f'):>9} {num(r.aggregate_tps, '.1f'):>8} "
-                    f"{(r.probe or '-')[:10]:<10} {r.detail}")
+                    f"{(r.probe or '-')[:10].replace(' ', '-'):<10} "
+                    f"{','.join(map(str, r.restarted)) or '-':<9} {r.streams_cut:>3} {r.detail}")
     return "\n".join(rows)
 
 
 def summary(results: list[HostResult], stopped: str | None) -> dict:
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
-    return {"ok": stopped is None and counts["passed"] == len(results), "stopped": stopped, "counts": counts}
+    judged = counts["passed"] + counts["unmeasured"]
+    return {"ok": stopped is None and judged == len(results), "stopped": stopped, "counts": counts,
+            "streams_cut": sum(r.streams_cut for r in results)}

@@ -292,8 +292,13 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
             host.log_styled(f"smoke passed, then: {reason}", fg="red", log_func=logger.error)
             return False
         _write(plan, host.name, report)
-        record(cfg, host.name, "passed", "" if cfg["smoke_enabled"] else "not measured: smoke_enabled is false",
-               release=release, probe=probe or ("match" if gold is not None else None), **common)
+        if not cfg["smoke_enabled"]:  # restarted and serving, but nothing was measured or probed
+            record(cfg, host.name, "unmeasured", "not measured: smoke_enabled is false", release=release,
+                   probe="not run" if cfg["smoke_probe"] else None, **common)
+            print(f"{host.name}: smoke not run (smoke_enabled: false): UNMEASURED", flush=True)
+            return True
+        record(cfg, host.name, "passed", "", release=release, probe=probe or ("match" if gold is not None else None),
+               **common)
         print(f"{host.name}: smoke PASSED", flush=True)
         return True
     status, reason = _roll_back(state, host, plan, failure, report)

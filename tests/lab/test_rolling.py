@@ -43,3 +43,19 @@ def test_preflight_refusal_on_one_host_stops_everything_before_any_change(three,
     assert "preflight refused the rollout: no host was changed" in run.out
     assert "GiB free" in run.out and report == {}
     assert pids(three) == before
+
+
+def test_smoke_disabled_records_unmeasured_and_the_probe_not_run(converged, tmp_path):
+    """smoke_enabled: false restarts what changed and measures nothing: each host's record says
+    `unmeasured` and probe `not run` (never `passed`, never `match`); the report's restarted and
+    cut columns come from the records."""
+    try:
+        run, report = rollout(["--batch", "2"], vars={"smoke_enabled": False, "server_ctx_checkpoints": 16},
+                              tmp=tmp_path)
+        assert run.rc == 0, run
+        assert "3 host(s) unmeasured: smoke_enabled is false" in run.out
+        for h in report["hosts"]:
+            assert (h["status"], h["probe"], h["restarted"], h["streams_cut"]) == ("unmeasured", "not run", [0, 1], 0), h
+        assert report["counts"]["passed"] == 0 and report["counts"]["unmeasured"] == 3 and report["ok"]
+    finally:
+        assert deploy().rc == 0

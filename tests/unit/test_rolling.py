@@ -93,3 +93,21 @@ def test_the_table_shows_n_client_ttft_p50_and_p99_beside_the_single_stream():
     from voltafleet.outcome import HostOutcome
     (r,) = batch_results(0, ["a"], {"a": HostOutcome(host="a", run="r", **rec)}, 0, "x.log")
     assert (r.ttft_p50_ms, r.ttft_p99_ms) == (120.4, 388.6)
+
+
+def test_an_unmeasured_host_is_neither_passed_nor_failed():
+    # smoke_enabled: false: the host restarted and serves, nothing judged it; the record says so
+    assert should_stop({"a": "unmeasured", "b": "unmeasured"}, 0, ["a"]) is None
+    assert should_stop({"a": "unmeasured", "b": "failed"}, 10, ["a"]).startswith("1 of 2 hosts failed")
+    from voltafleet.outcome import HostOutcome
+    rec = HostOutcome(host="a", run="r", status="unmeasured", reason="not measured: smoke_enabled is false",
+                      probe="not run", restarted=[0, 1], streams_cut=2)
+    (r,) = batch_results(0, ["a"], {"a": rec}, 0, "x.log")
+    assert (r.status, r.probe, r.restarted, r.streams_cut) == ("unmeasured", "not run", [0, 1], 2)
+    s = summary([r], None)
+    assert s["ok"] and s["counts"]["unmeasured"] == 1 and s["counts"]["passed"] == 0 and s["streams_cut"] == 2
+    row = table([r]).splitlines()[1].split()
+    assert row[2] == "unmeasured" and row[8:11] == ["not-run", "0,1", "2"]
+    # an unmeasured record when pyinfra failed unexplained is a failure, as a passed one is
+    (bad,) = batch_results(0, ["a"], {"a": rec}, 1, "x.log")
+    assert bad.status == "failed"
