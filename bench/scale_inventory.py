@@ -208,7 +208,8 @@ _n = int(S["hosts"])
 _compilers = int(S.get("compilers", 1))
 _overrides = {"model_url": S["model_url"], "model_sha256": PROBE["model_sha256"],
               "smoke_probe_prompt": PROBE["prompt"], "smoke_probe_tokens": PROBE["tokens_requested"],
-              "server_allow_unauthenticated": True}  # the fake fleet has no API key file
+              "server_allow_unauthenticated": True,  # the fake fleet has no API key file
+              "gateway_allow_unauthenticated": True}
 _names = [f"@fake/gpu-{h:04d}" for h in range(_n)]
 _fake = {"fake_delay": 0, "fake_delay_jitter": 0}
 _loaded = load_or_exit({GROUP: [(n, dict(_fake)) for n in _names],

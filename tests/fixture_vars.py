@@ -33,6 +33,7 @@ FIXED = {
     "server_port_base": 8080,
     "server_host": "0.0.0.0",
     "server_allow_unauthenticated": True,  # the tests that check the refusal set it false
+    "gateway_allow_unauthenticated": True,  # likewise
     "server_slots_endpoint": False,
     "server_ctx": None,
     "server_parallel": None,

@@ -156,6 +156,7 @@ SCHEMA: dict[str, Var] = {
     "gateway_hash_balance_factor": Var(int, min=101, max=1000),
     "server_slots_endpoint": Var(bool),
     "server_allow_unauthenticated": Var(bool),
+    "gateway_allow_unauthenticated": Var(bool),
     # model mirror (nginx on the hosts of the `mirror` group; voltafleet/mirror.py)
     "mirror_port": _ports(),
     "mirror_listen": Var(str, check=urls.server_host_error, hint="an IP address (0.0.0.0: every address) or a host name"),
@@ -363,6 +364,13 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
              "who reaches the port, not only the gateway",
              "set server_api_key_file (a 0600 file holding the key), or bind an address only the gateway reaches "
              "and set server_allow_unauthenticated: true to say so")
+    gw_host = v["gateway_bind"].rsplit(":", 1)[0].strip("[]")
+    if not v["server_api_key_file"] and not v["gateway_allow_unauthenticated"] and not urls.is_loopback(gw_host):
+        fail("gateway_bind", f"is {v['gateway_bind']}, but the servers take no key (server_api_key_file is empty): "
+             "the fleet's API would answer anyone who reaches the gateway",
+             "set server_api_key_file (a 0600 file holding the key: clients send it as a Bearer token), or bind the "
+             'gateway to loopback (gateway_bind: "127.0.0.1:8000"), or set gateway_allow_unauthenticated: true '
+             "for a network you trust")
     layers = v["server_gpu_layers"]
     if isinstance(layers, str) and layers != "all":
         fail("server_gpu_layers", f"is {layers!r}", 'use "all" or a layer count')

@@ -113,8 +113,12 @@ def nginx_vars(cfg: dict, nameservers: list[str]) -> dict:
     """The template's variables (templates/nginx-mirror.conf.j2) from a mirror host's
     validated variables and its nameservers."""
     up = origin(cfg["model_url"])
+    from voltafleet.hostplan import model_files  # the model's parts and the draft model: what the fleet fetches
+
+    paths = sorted({urlsplit(f.url).path for f in model_files(cfg) if origin(f.url) == up})
     return {
         "upstream": up,
+        "paths": paths,
         "https": up.startswith("https://"),
         "listen": host_port(cfg["mirror_listen"], cfg["mirror_port"]),
         "port": cfg["mirror_port"],

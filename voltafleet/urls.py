@@ -98,10 +98,17 @@ def git_ref_error(ref: str) -> str | None:
     return None
 
 
+SCOPE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")  # a Linux interface name (IFNAMSIZ - 1)
+
+
 def server_host_error(host: str) -> str | None:
     """server_host: an IPv4/IPv6 address or a host name (the health check needs TCP)."""
     if not isinstance(host, str):
         return "is not a string"
+    addr, _, scope = host.partition("%")
+    if scope or host.endswith("%"):  # an IPv6 scope id (fe80::1%eth0): an interface name, nothing else
+        if not (SCOPE_ID.fullmatch(scope) and ":" in addr):
+            return f"is {host!r}: an IPv6 scope id is an interface name (letters, digits, . _ -){_shown(host)}"
     try:
         ipaddress.ip_address(host)
         return None

@@ -17,6 +17,7 @@ FAKE_OVERRIDES = {
     "smoke_probe": False,
     # no API key file in these scenarios: the servers' network is taken as closed
     "server_allow_unauthenticated": True,
+    "gateway_allow_unauthenticated": True,
 }
 
 

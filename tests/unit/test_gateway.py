@@ -102,6 +102,36 @@ def test_a_listening_server_without_a_key_is_refused_unless_said(cfg):
     validate_values("h1", {**base, "server_host": "0.0.0.0", "server_allow_unauthenticated": True}, {})
 
 
+def test_a_public_gateway_in_front_of_keyless_servers_is_refused_unless_said(cfg):
+    # issue 28: server_allow_unauthenticated with the default gateway_bind 0.0.0.0:8000 made the fleet's API public
+    from voltafleet.config import ConfigError, validate_values
+
+    base = {**cfg, "model_sha256": "a" * 64, "server_allow_unauthenticated": True, "server_api_key_file": None,
+            "gateway_allow_unauthenticated": False}
+    for bind in ("0.0.0.0:8000", "[::]:8000", "192.0.2.10:8000", "gw.example:8000"):
+        with pytest.raises(ConfigError, match=r"(?s)gateway_bind: is .* the servers take no key.*Fix: set server_api_key_file"):
+            validate_values("h1", {**base, "gateway_bind": bind}, {"gateway_bind": "group_vars/all.yml"})
+    for bind in ("127.0.0.1:8000", "[::1]:8000", "localhost:8000"):
+        validate_values("h1", {**base, "gateway_bind": bind}, {})
+    validate_values("h1", {**base, "gateway_allow_unauthenticated": True}, {})           # said so
+    key = {**base, "server_api_key_file": __file__}
+    try:
+        validate_values("h1", key, {})
+    except ConfigError as e:  # whatever else the key file needs, never this refusal
+        assert "gateway_bind" not in str(e)
+
+
+@pytest.mark.parametrize("value", ["::%n&&id", "fe80::1%$(id)", "fe80::1%", "10.0.0.1%eth0", "fe80::1%{{x}}"])
+def test_an_ipv6_scope_id_is_an_interface_name_and_nothing_else(cfg, value):
+    from voltafleet.config import ConfigError, validate_values
+
+    base = {**cfg, "model_sha256": "a" * 64}
+    for key in ("server_host", "mirror_listen"):
+        with pytest.raises(ConfigError, match=rf"(?s){key}: .*scope id"):
+            validate_values("h1", {**base, key: value}, {})
+    validate_values("h1", {**base, "server_host": "fe80::1%eth0"}, {})
+
+
 def test_slots_endpoint_is_off_and_props_writes_cannot_be_turned_on(cfg):
     from voltafleet.flags import extra_flag_errors, server_args
 

@@ -7,7 +7,7 @@ import shlex
 import string
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from tests.fixture_vars import prod_host_vars
 from voltafleet import flags, hostplan as plan
@@ -75,8 +75,12 @@ def base():
 
 
 # a cap that keeps it a few seconds on a 2-core CI machine (all.yml is parsed once, not per example)
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomized: CI sees the same 1,000 examples every run (a find is kept below as an @example)
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
+          database=None)
 @given(case())
+@example(("server_host", "::%n&&id"))        # an IPv6 scope id once loaded (issue 28): refused now
+@example(("mirror_listen", "fe80::1%$(id)"))
 def test_every_string_is_refused_clearly_or_harmless(kv):
     key, value = kv
     values = {**base(), key: value}

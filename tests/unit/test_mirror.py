@@ -185,7 +185,9 @@ http {{
 
 
 def local(tmp: Path, port: int, upstream: str, nameservers=()) -> str:
-    cfg = {"model_url": f"{upstream}/models/m.gguf", "mirror_listen": "127.0.0.1", "mirror_port": port,
+    # the model and (as the draft model) the redirecting path: the mirror proxies these two paths only
+    cfg = {"model_url": f"{upstream}/models/m.gguf", "model_draft_url": f"{upstream}/redir/m.gguf",
+           "mirror_listen": "127.0.0.1", "mirror_port": port,
            "mirror_cache_dir": str(tmp / "cache"), "mirror_slice_mb": 1}
     return render(cfg, nameservers=nameservers, socket=str(tmp / "inner.sock"), access_log=str(tmp / "mirror.log"))
 
@@ -288,6 +290,11 @@ def test_the_upstream_sends_the_bytes_once(tmp_path):
         assert curl(f"{base}/redir/m.gguf").returncode == 0 and sum(n for _, n in Upstream.served) == len(data)
         assert subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", f"{base}/models/none.gguf"],
                               capture_output=True, text=True).stdout == "404"
+        # a path the origin serves but no configured model names: 404 at the mirror, the origin never asked
+        Upstream.files["other.gguf"], Upstream.served = b"secret", []
+        assert subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", f"{base}/models/other.gguf"],
+                              capture_output=True, text=True).stdout == "404"
+        assert Upstream.served == []
     finally:
         subprocess.run([NGINX, "-p", str(tmp_path), "-c", str(conf), "-s", "stop"], capture_output=True)
         up.shutdown()

@@ -60,7 +60,8 @@ def test_group_vars_files_parsed_once_per_process(monkeypatch):
     monkeypatch.setattr(groupvars, "_parse_yaml", lambda path: parsed.append(path.name) or real(path))
     monkeypatch.setattr(groupvars, "_PARSED", {})
     hosts = [(f"gpu-{i:03d}", {}) for i in range(50)]
-    out = groupvars.build_inventory({"v100_16gb": hosts}, origin="test", overrides={"model_sha256": "a" * 64, "server_allow_unauthenticated": True})
+    out = groupvars.build_inventory({"v100_16gb": hosts}, origin="test", overrides={"model_sha256": "a" * 64, "server_allow_unauthenticated": True,
+                                 "gateway_allow_unauthenticated": True})
     assert len(out["v100_16gb"]) == 50
     assert sorted(parsed) == ["all.yml", "v100_16gb.yml"]
     a, b = out["v100_16gb"][0][1], out["v100_16gb"][1][1]

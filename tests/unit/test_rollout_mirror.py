@@ -14,7 +14,8 @@ _g = build_inventory({
     "v100_16gb": ["gpu-1", "gpu-2", "gpu-3"],
     "mirror": [("mirror-1", {"ssh_hostname": "10.0.0.5"}), ("mirror-2", {"mirror_address": "10.0.0.6"})],
     "gateway": ["gw-1", ("mirror-2", {})],
-}, origin="inventory/test.py", overrides={"model_sha256": "a" * 64, "server_allow_unauthenticated": True})
+}, origin="inventory/test.py", overrides={"model_sha256": "a" * 64, "server_allow_unauthenticated": True,
+                                 "gateway_allow_unauthenticated": True})
 v100_16gb, mirror, gateway = _g["v100_16gb"], _g["mirror"], _g["gateway"]
 """
 
