@@ -3,7 +3,7 @@ what it served before. Facts and the failure in, steps out; the smoke role carri
 
     >>> decide(Failure("restart", "instance 0 did not start", restarted=[0]),
     ...        Facts(has_good=True, rollback=True, instances=[0, 1]))
-    [Step('restore'), Step('restart', 0), Step('restart', 1), Step('smoke'), Step('ready')]
+    [Step('restore'), Step('restart', 0), Step('smoke'), Step('ready')]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ERROR_LINE = re.compile(r"error|failed|invalid|unknown|abort|exception|not suppo
 class Failure:
     phase: str                        # one of PHASES: where the new release failed
     reason: str                       # one line, for the report
-    restarted: list = field(default_factory=list)  # instances already restarted onto the new release
+    restarted: list = field(default_factory=list)  # instances this run drained and (tried to) restart
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,15 @@ class Step:
 
 def decide(failure: Failure, facts: Facts) -> list[Step]:
     """The steps back to the last good state; [] when there is none to go back to (the
-    report then says why: see `why_not`). Every instance restarts after the restore: the
-    restore rewrites every instance's flags, and one that was not restarted by this run
-    would otherwise take the restored files only at its next restart (which is the same)."""
+    report then says why: see `why_not`). The restore puts every instance's files back; only
+    the instances this run restarted (or tried to) run anything else, so only they restart,
+    each drained first (the smoke role confirms the drain, as for any restart). An instance
+    this run never touched still runs the process it ran before, which is what the restored
+    files describe: it keeps serving and is never restarted under load."""
     if why_not(facts):
         return []
-    return ([Step("restore")] + [Step("restart", i) for i in facts.instances] + [Step("smoke"), Step("ready")])
+    touched = [i for i in facts.instances if i in failure.restarted]
+    return [Step("restore")] + [Step("restart", i) for i in touched] + [Step("smoke"), Step("ready")]
 
 
 def why_not(facts: Facts) -> str | None:

@@ -212,7 +212,7 @@ def _roll_back(state, host, plan: HostPlan, failure: rollback.Failure, report: d
     steps = rollback.decide(failure, facts)
     if not steps:
         return "failed", f"{failure.reason} ({rollback.why_not(facts)})"
-    passed_again, note = None, ""
+    passed_again, note, kept_out = None, "", []
     try:
         for step in steps:
             if step.action == "restore":
@@ -220,6 +220,13 @@ def _roll_back(state, host, plan: HostPlan, failure: rollback.Failure, report: d
                 if not ok:
                     raise Failed("rollback", f"restore failed: {out.stderr.strip()[:200]}")
             elif step.action == "restart":
+                if gateway_hosts(state):  # every restart is drained first, a rollback's too
+                    try:
+                        drain(state, host.name, step.instance, drain_timeout(cfg))
+                    except DrainError as e:
+                        kept_out.append(step.instance)
+                        note += f"; instance {step.instance} restored on disk, not restarted, left out of rotation: {e}"
+                        continue
                 ok, out = sh(host, restart_command(step.instance))
                 if not ok:
                     cause = rollback.last_error(_journal(host, step.instance))
@@ -237,11 +244,14 @@ def _roll_back(state, host, plan: HostPlan, failure: rollback.Failure, report: d
                 if broken:
                     note = f"; the old release does not serve either: {broken[0]}"
             elif step.action == "ready" and passed_again:
-                ready(state, host.name, [i.index for i in plan.instances])  # it serves as before
+                back = [i.index for i in plan.instances if i.index not in kept_out]
+                ready(state, host.name, back)  # it serves as before (an instance whose drain failed stays out)
     except Exception as e:  # the rollback itself failed: say so, in one line
         reason = e.reason if isinstance(e, Failed) else f"{type(e).__name__}: {e}"
         return "failed", f"{failure.reason}; rollback failed: {reason}"
     status = rollback.outcome_status(steps, passed_again)
+    if kept_out:  # restored on disk but still running what failed: never "rolled back"
+        status = "failed"
     return status, failure.reason + ("; rolled back to the last release, flags, unit and model that passed"
                                      if status == "rolled_back" else note)
 
@@ -255,8 +265,8 @@ def _activate(state, host, plan: HostPlan, todo: list[int]) -> bool:
     try:
         gold = golden(plan)
         for i in todo:
+            restarted.append(i)  # drained and restarted, or tried: the rollback restarts it (drained)
             cut += _restart(state, host, plan, i, timings)
-            restarted.append(i)
         if cfg["smoke_enabled"]:
             t0 = time.monotonic()
             report, fails = _smoke(host, plan, gold)

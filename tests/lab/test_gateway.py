@@ -72,6 +72,31 @@ def test_fleet_keeps_serving_through_a_rolling_rollout_of_every_instance(gw, tmp
     assert deploy().rc == 0
 
 
+def test_a_rollback_under_pooled_keepalive_clients_loses_no_request(gw, tmp_path):
+    """issue 28: a canary whose new flags make llama-server refuse to start is rolled back; the
+    rollback restarts only the instance this run drained (drained again, confirmed), the other
+    one keeps serving untouched, and a pooled keep-alive client loses nothing."""
+    hosts = lab()["hosts"]
+    canary = hosts[0]
+    before = {i: main_pid(canary, i) for i in (0, 1)}
+    load = Load(URL, clients=8, tokens=8, seconds=600, max_requests=20000).start()
+    try:
+        run, report = rollout(["--canary", canary["name"], "--batch", "1"],
+                              host_vars={canary["name"]: {"server_extra_flags": ["--rope-scaling nonsense"]}},
+                              tmp=tmp_path)
+    finally:
+        s = load.stop()
+    print(f"\nload through the gateway during a canary rollback: {json.dumps(s)}")
+    assert run.rc == 1, run
+    (c, *rest) = report["hosts"]
+    assert c["host"] == canary["name"] and c["status"] == "rolled_back" and "did not start" in c["detail"], c
+    assert c["restarted"] == [0] and [h["status"] for h in rest] == ["not_run", "not_run"]
+    assert main_pid(canary, 1) == before[1]          # never drained, never restarted
+    assert main_pid(canary, 0) != before[0]          # drained, restarted onto the restored flags
+    assert s["served"] > 20 and s["failed"] == 0 and s["cut"] == 0 and s["busy"] == 0, s
+    assert {v["status"] for v in gateway_stat(gw).values()} == {"UP"}  # every instance back in rotation
+
+
 def test_a_killed_server_cuts_only_its_open_streams_leaves_rotation_and_returns(gw):
     """kill -9 of an instance with streams open: those streams are counted `cut` (begun, then
     broken), told apart from failures; every other request, during and after, is served."""

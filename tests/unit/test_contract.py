@@ -53,12 +53,17 @@ def test_run_context_reads_the_environment_once_with_defaults():
 # ---------------------------------------------------------------- rollback
 
 
-def test_every_failure_after_the_first_change_rolls_back_every_instance():
+def test_every_failure_after_the_first_change_rolls_back_and_restarts_only_what_it_touched():
     facts = rollback.Facts(has_good=True, rollback=True, instances=[0, 1])
     for phase in rollback.PHASES:
         steps = rollback.decide(rollback.Failure(phase, "x", restarted=[0]), facts)
-        assert [s.action for s in steps] == ["restore", "restart", "restart", "smoke", "ready"]
-        assert [s.instance for s in steps if s.action == "restart"] == [0, 1]
+        assert [s.action for s in steps] == ["restore", "restart", "smoke", "ready"]
+        assert [s.instance for s in steps if s.action == "restart"] == [0]  # instance 1 never left rotation
+    both = rollback.decide(rollback.Failure("smoke", "x", restarted=[1, 0]), facts)
+    assert [s.instance for s in both if s.action == "restart"] == [0, 1]
+    # a drain that failed before any restart: the files go back, nothing restarts
+    assert [s.action for s in rollback.decide(rollback.Failure("drain", "x", restarted=[]), facts)] == \
+        ["restore", "smoke", "ready"]
 
 
 def test_no_rollback_without_a_good_snapshot_or_when_off():
