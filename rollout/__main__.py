@@ -32,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,13 +98,72 @@ def first_plan(rollout_id: str, servers: list[str], data: dict[str, dict],
                                mirrors=mirror.mirrors_of([(h, data.get(h, {})) for h in mirrors]))
 
 
+class Interrupt:
+    """SIGINT, SIGTERM and SIGHUP of the driver (Ctrl-C in a terminal reaches only the driver:
+    each pyinfra run is its own process group). The first signal lets the pyinfra run in
+    progress finish (every host of it drains, restarts, smokes and goes back into rotation
+    or rolls back) for up to `grace` seconds, then no further run starts; a second signal, or
+    the grace running out, stops the run (SIGTERM to its process group, SIGKILL 30 s later).
+    The fleet report and the textfile then say `interrupted`; the exit code is 128 + signal."""
+
+    NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+
+    def __init__(self, grace: float):
+        self.grace, self.signum, self.at, self.forced = grace, None, None, False
+        self.child: subprocess.Popen | None = None
+
+    def install(self) -> None:
+        for sig in self.NAMES:
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum, _frame) -> None:
+        if self.signum is None:
+            self.signum, self.at = signum, time.monotonic()
+            say(f"{self.NAMES[signum]}: the pyinfra run in progress finishes its hosts (up to {self.grace:.0f} s), "
+                "then the rollout stops; send it again to stop that run now")
+        else:
+            self.force("a second signal")
+
+    def force(self, why: str) -> None:
+        if self.forced or self.child is None or self.child.poll() is not None:
+            return
+        self.forced = True
+        say(f"stopping the pyinfra run (pid {self.child.pid}) now: {why}")
+        try:
+            os.killpg(self.child.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def expired(self) -> bool:
+        return self.at is not None and time.monotonic() - self.at > self.grace
+
+    @property
+    def name(self) -> str | None:
+        return self.NAMES.get(self.signum)
+
+    @property
+    def code(self) -> int:
+        return 128 + int(self.signum)
+
+
+INTERRUPT = Interrupt(grace=float(os.environ.get("VOLTAFLEET_INTERRUPT_GRACE_S", "900")))
+LOCK_FDS: tuple = ()  # the fleet lock's descriptor: every pyinfra run shares the driver's flock
+
+
 def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo: bool = True) -> tuple[int, str]:
-    """One pyinfra run of deploy.py; its output goes to `log`, and to the terminal when `echo`."""
+    """One pyinfra run of deploy.py in its own process group (a terminal's Ctrl-C reaches the
+    driver only, see Interrupt); it inherits the fleet lock's descriptor, so the lock stays
+    held while it runs even if the driver is killed. Its output goes to `log`, and to the
+    terminal when `echo`."""
     cmd = [PYINFRA, "-y", inventory, "deploy.py"]
     for name in limit or []:
         cmd[1:1] = ["--limit", name]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+                            pass_fds=LOCK_FDS)
+    INTERRUPT.child = proc
+    watch = threading.Thread(target=_watch, args=(proc,), daemon=True)
+    watch.start()
     lines = []
     with open(log, "w") as f:
         for line in proc.stdout:
@@ -110,7 +171,26 @@ def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo:
             f.write(line)
             if echo and (not line.startswith("    [") or "Success" not in line):  # keep the terminal readable
                 sys.stdout.write("    " + line)
-    return proc.wait(), "".join(lines)
+    rc = proc.wait()
+    INTERRUPT.child = None
+    return rc, "".join(lines)
+
+
+def _watch(proc: subprocess.Popen) -> None:
+    """Stop the run when an interrupt's grace runs out; SIGKILL 30 s after a SIGTERM."""
+    while proc.poll() is None:
+        if INTERRUPT.expired():
+            INTERRUPT.force(f"the {INTERRUPT.grace:.0f} s grace ran out")
+        if INTERRUPT.forced:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
+        time.sleep(0.5)
 
 
 def read_json(path: Path) -> dict | None:
@@ -167,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if lock.warning:
         say(f"warning: {lock.warning}")
+    global LOCK_FDS
+    LOCK_FDS = (lock.fd,)
+    INTERRUPT.install()
     try:
         return (dry_run if a.plan else rollout)(a, inventory, data, gateways, servers, canary, plan, mirrors)
     finally:
@@ -265,7 +348,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     fleet = fleetplan.with_servers(fleet, [fleetplan.ServerEntry(**{**e, "ports": tuple(e["ports"])})
                                            for e in entries])
     plan_path.write_text(fleet.to_json())
-    if configure:  # every gateway and mirror before the first batch
+    if configure and INTERRUPT.signum is None:  # every gateway and mirror before the first batch
         t1 = time.time()
         rc, _ = pyinfra(a.inventory, configure if a.no_gateway else None,
                         {**base_env, "VOLTAFLEET_PHASE": "gateway", "VOLTAFLEET_RUN": runctx.new_id()},
@@ -279,6 +362,10 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     results: dict[str, rolling.HostResult] = {}
     stopped = None
     for n, batch in enumerate(plan):
+        if INTERRUPT.signum is not None:
+            stopped = f"interrupted by {INTERRUPT.name} before {'the canary' if n == 0 and canary else f'batch {n}'}"
+            say(f"stopping: {stopped}")
+            break
         what = "canary" if n == 0 and canary else f"batch {n}"
         say(f"{what}: {', '.join(batch)}")
         run_id = runctx.new_id()
@@ -292,8 +379,16 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
         records = {h: outcome.read(run_dir, h, run_id) for h in batch}
         for r in rolling.batch_results(n, batch, records, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)
                                                                    else log)):
+            if INTERRUPT.forced and r.status == "failed" and records.get(r.host) is None:
+                r.status, r.detail = "interrupted", (f"its pyinfra run was stopped ({INTERRUPT.name}, then "
+                                                     f"{'a second signal' if not INTERRUPT.expired() else 'the grace ran out'}) "
+                                                     "before its outcome: instances may be out of rotation until the next run")
             results[r.host] = r
             say(f"{r.host}: {r.status}" + (f" ({r.detail})" if r.detail else ""))
+        if INTERRUPT.signum is not None:
+            stopped = f"interrupted by {INTERRUPT.name} during {what}: the hosts after it were not touched"
+            say(f"stopping: {stopped}")
+            break
         stopped = rolling.should_stop({h: r.status for h, r in results.items()}, a.fail_percent, canary)
         if stopped:
             say(f"stopping: {stopped}")
@@ -303,13 +398,17 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
                                                   detail="not tried: the rollout stopped") for h in servers]
     report = {"rollout": rollout_id, "inventory": a.inventory, "seconds": round(time.time() - t0, 1), "runs": seconds,
               "canary": canary, "batches": plan, "fail_percent": a.fail_percent, "commits": fleet.commits,
-              **rolling.summary(every, stopped), "hosts": [r.to_dict() for r in every]}
+              **rolling.summary(every, stopped), "interrupted": INTERRUPT.name, "hosts": [r.to_dict() for r in every]}
     (report_dir / f"rollout-{rollout_id}.json").write_text(json.dumps(report, indent=2) + "\n")
     (report_dir / "rollout-latest.json").write_text(json.dumps(report, indent=2) + "\n")
     for d in [report_dir] + ([Path(a.textfile_dir)] if a.textfile_dir else []):
         metrics.write_rollout_textfile(d, report)  # voltafleet_rollout_passed and friends (monitoring/alerts.yml)
     print("\n" + rolling.table(every))
     unmeasured = report["counts"]["unmeasured"]
+    if INTERRUPT.signum is not None:
+        say(f"INTERRUPTED ({INTERRUPT.name}) after {report['seconds']} s; report: "
+            f"{report_dir / f'rollout-{rollout_id}.json'}")
+        return INTERRUPT.code
     say(f"{'OK' if report['ok'] else 'FAILED'} in {report['seconds']} s"
         + (f" ({unmeasured} host(s) unmeasured: smoke_enabled is false)" if unmeasured else "")
         + f"; report: {report_dir / f'rollout-{rollout_id}.json'}")

@@ -66,6 +66,14 @@ class FleetLock:
             held = self.holder()
             if allow_pid is not None and held.get("pid") == allow_pid:
                 return self  # our own driver holds it
+            pid = held.get("pid")
+            same_host = held.get("host") == socket.gethostname()
+            if isinstance(pid, int) and same_host and not pid_alive(pid):
+                # the driver's pyinfra runs inherit its lock descriptor: one of them still runs
+                raise LockHeld(f"the fleet lock {self.path} is held by a pyinfra run that pid {pid} "
+                               f"({held.get('command', '?')}, since {held.get('since', '?')}) started: that "
+                               "driver is gone, its run still changes hosts. Fix: wait for it to end (it holds "
+                               "the lock until then); nothing was changed by this run") from None
             raise LockHeld(f"another rollout holds the fleet lock {self.path}: pid {held.get('pid', '?')} on "
                            f"{held.get('host', '?')} since {held.get('since', '?')} ({held.get('command', '?')}). "
                            "Fix: wait for it to finish; nothing was changed by this run") from None

@@ -27,6 +27,8 @@ def rollout_textfile(report: dict, now: float | None = None) -> str:
     lines = gauge("voltafleet_rollout_passed", "1 if the last rollout passed on every host", [(lab, int(report["ok"]))])
     lines += gauge("voltafleet_rollout_hosts", "hosts of the last rollout by outcome",
                     [({**lab, "status": s}, report["counts"].get(s, 0)) for s in STATUSES])
+    lines += gauge("voltafleet_rollout_interrupted", "1 if the last rollout was stopped by a signal (SIGINT, SIGTERM, SIGHUP)",
+                    [({**lab, "signal": report.get("interrupted") or ""}, int(bool(report.get("interrupted"))))])
     lines += gauge("voltafleet_rollout_end_timestamp_seconds", "when the last rollout ended",
                     [(lab, round(time.time() if now is None else now))])
     lines += gauge("voltafleet_rollout_duration_seconds", "how long the last rollout took", [(lab, report.get("seconds"))])

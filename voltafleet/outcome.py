@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-STATUSES = ("passed", "unmeasured", "rolled_back", "failed", "unreachable", "not_run")
+STATUSES = ("passed", "unmeasured", "rolled_back", "failed", "interrupted", "unreachable", "not_run")
 # unmeasured: serving, but not judged (smoke_enabled: false): never counted as passed, nor as failed
 NOT_FAILED = ("passed", "unmeasured")
 

@@ -2,10 +2,15 @@
 client's API key passed through, a fleet that keeps serving while it rolls, a killed
 server taken out and back, an invalid configuration refused with the old one serving."""
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 
-from tests.lab.helpers import REPO, deploy, gateway_stat, lab, main_pid, rollout, ssh, th
+import pytest
+
+from tests.lab.helpers import CONVERGED, REPO, deploy, gateway_stat, lab, main_pid, rollout, run_env, ssh, th
 
 sys.path.insert(0, str(REPO / "bench"))
 from load import Load  # noqa: E402
@@ -95,6 +100,56 @@ def test_a_rollback_under_pooled_keepalive_clients_loses_no_request(gw, tmp_path
     assert main_pid(canary, 0) != before[0]          # drained, restarted onto the restored flags
     assert s["served"] > 20 and s["failed"] == 0 and s["cut"] == 0 and s["busy"] == 0, s
     assert {v["status"] for v in gateway_stat(gw).values()} == {"UP"}  # every instance back in rotation
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_canary_stops_cleanly_under_pooled_keepalive_clients(gw, tmp_path, sig):
+    """issue 28: SIGTERM to the driver, or SIGINT to its process group as Ctrl-C in a terminal
+    sends it, while the canary restarts: the canary's pyinfra run finishes its host (drained,
+    restarted, smoked, back in rotation), no later batch starts, no pyinfra run is left behind,
+    no instance stays in DRAIN or MAINT, the report says interrupted, the exit code is 128 + the
+    signal, and the pooled keep-alive client loses nothing."""
+    hosts = lab()["hosts"]
+    CONVERGED["state"] = None
+    env = run_env({"server_ctx_checkpoints": 16, "smoke_min_single_tps": 0.5, "smoke_min_aggregate_tps": 0.5},
+                  None, tmp_path)
+    latest = REPO / "reports" / "rollout-latest.json"
+    latest.unlink(missing_ok=True)
+    load = Load(URL, clients=8, tokens=8, seconds=600, max_requests=20000).start()
+    out = []
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "rollout", "inventory/lab.py", "--batch", "1"], cwd=REPO,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        for line in proc.stdout:  # the canary's run has started: its host is about to drain and restart
+            out.append(line)
+            if "canary: " in line:
+                break
+        time.sleep(3)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # a terminal's Ctrl-C: the driver's process group
+        else:
+            proc.send_signal(sig)
+        rest, _ = proc.communicate(timeout=600)
+        out.append(rest)
+    finally:
+        s = load.stop()
+    text = "".join(out)
+    print(f"\nload through the gateway, {sig.name} mid-canary: {json.dumps(s)}")
+    assert proc.returncode == 128 + sig, text
+    report = json.loads(latest.read_text())
+    assert report["interrupted"] == sig.name and "interrupted by" in report["stopped"] and not report["ok"]
+    assert [h["status"] for h in report["hosts"]] == ["passed", "not_run", "not_run"], report["hosts"]
+    assert "--ctx-checkpoints 16" in ssh(hosts[0], "cat /etc/voltafleet/llama-server/0.env")
+    assert "--ctx-checkpoints 16" not in ssh(hosts[1], "cat /etc/voltafleet/llama-server/0.env")
+    left = subprocess.run(["pgrep", "-f", "pyinfra -y inventory/lab.py"], capture_output=True, text=True).stdout
+    assert left == "", left
+    assert {v["status"] for v in gateway_stat(gw).values()} == {"UP"}  # nothing left in DRAIN or MAINT
+    assert s["served"] > 20 and s["failed"] == 0 and s["cut"] == 0 and s["busy"] == 0, s
+    prom = (REPO / "reports" / "voltafleet-rollout.prom").read_text()
+    assert f'voltafleet_rollout_interrupted{{rollout="{report["rollout"]}",inventory="inventory/lab.py",' \
+           f'signal="{sig.name}"}} 1' in prom
+    assert deploy().rc == 0
 
 
 def test_a_killed_server_cuts_only_its_open_streams_leaves_rotation_and_returns(gw):

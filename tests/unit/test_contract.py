@@ -181,6 +181,47 @@ def test_a_second_rollout_refuses_naming_the_holder(tmp_path):
     lock.release()
 
 
+DRIVER = """
+import subprocess, sys, time
+sys.path.insert(0, {repo!r})
+from voltafleet.lock import FleetLock
+lock = FleetLock({path!r}, "python -m rollout inventory/x.py").acquire()
+# as rollout/__main__.py starts each pyinfra run: its own process group, the lock's descriptor passed on
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(lock.fd,),
+                         start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_drivers_lock_stays_held_while_its_pyinfra_run_runs(tmp_path):
+    """issue 28: SIGKILL the driver mid-batch: its pyinfra run goes on changing hosts, so a second
+    rollout must not take the lock over as stale; it may once that run has ended."""
+    import signal
+
+    path = tmp_path / "fleet.lock"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER.format(repo=repo, path=str(path))], stdout=subprocess.PIPE,
+                              text=True)
+    child = int(driver.stdout.readline())
+    try:
+        driver.kill()
+        driver.wait()
+        with pytest.raises(LockHeld, match=f"started: that driver is gone, its run still changes hosts"):
+            FleetLock(path, "second").acquire()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            lock = FleetLock(path, "third").acquire()
+            break
+        except LockHeld:
+            time.sleep(0.1)
+    assert lock.warning and "gone" in lock.warning  # the run ended: now the stale lock is taken over
+    lock.release()
+
+
 def test_the_fleet_is_its_set_of_hosts():
     assert FleetLock.for_hosts(["a", "b"], "x").path == FleetLock.for_hosts(["b", "a", "a"], "y").path
     assert FleetLock.for_hosts(["a"], "x").path != FleetLock.for_hosts(["a", "b"], "x").path

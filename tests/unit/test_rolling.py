@@ -111,3 +111,27 @@ def test_an_unmeasured_host_is_neither_passed_nor_failed():
     # an unmeasured record when pyinfra failed unexplained is a failure, as a passed one is
     (bad,) = batch_results(0, ["a"], {"a": rec}, 1, "x.log")
     assert bad.status == "failed"
+
+
+def test_the_first_signal_waits_for_the_run_a_second_one_stops_it():
+    import signal
+    import subprocess
+    import sys
+
+    from rollout.__main__ import Interrupt
+
+    it = Interrupt(grace=900)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    it.child = child
+    try:
+        it.handle(signal.SIGTERM, None)
+        assert (it.name, it.code, it.forced, it.expired()) == ("SIGTERM", 143, False, False)
+        assert child.poll() is None  # the run in progress goes on
+        it.handle(signal.SIGINT, None)  # a second signal: stopped now, its process group SIGTERMed
+        assert it.forced and child.wait(timeout=10) == -signal.SIGTERM
+        assert it.name == "SIGTERM"  # the first signal names the interrupt
+    finally:
+        child.kill()
+    late = Interrupt(grace=0)
+    late.handle(signal.SIGHUP, None)
+    assert late.expired() and late.code == 129
