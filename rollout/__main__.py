@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 from voltafleet import dryrun, fleetplan, metrics, mirror, outcome, refs, rolling, runctx  # noqa: E402
 from voltafleet.lock import FleetLock, LockHeld  # noqa: E402
 from voltafleet.modelmeta import remote_size  # noqa: E402
+from voltafleet.screen import Condenser  # noqa: E402
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 GATEWAY_GROUP = "gateway"
@@ -150,7 +151,11 @@ INTERRUPT = Interrupt(grace=float(os.environ.get("VOLTAFLEET_INTERRUPT_GRACE_S",
 LOCK_FDS: tuple = ()  # the fleet lock's descriptor: every pyinfra run shares the driver's flock
 
 
-def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo: bool = True) -> tuple[int, str]:
+VERBOSE = False  # -v: pyinfra's whole output on the terminal, not the condensed screen
+
+
+def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo: bool = True,
+            label: str = "") -> tuple[int, str]:
     """One pyinfra run of deploy.py in its own process group (a terminal's Ctrl-C reaches the
     driver only, see Interrupt); it inherits the fleet lock's descriptor, so the lock stays
     held while it runs even if the driver is killed. Its output goes to `log`, and to the
@@ -165,13 +170,21 @@ def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo:
     watch = threading.Thread(target=_watch, args=(proc,), daemon=True)
     watch.start()
     lines = []
+    screen = Condenser(label or env.get("VOLTAFLEET_PHASE", "run"))
     with open(log, "w") as f:
         for line in proc.stdout:
             lines.append(line)
             f.write(line)
-            if echo and (not line.startswith("    [") or "Success" not in line):  # keep the terminal readable
+            f.flush()
+            if echo and VERBOSE:
                 sys.stdout.write("    " + line)
+            elif echo:
+                for shown in screen.feed(line):
+                    print(shown, flush=True)
     rc = proc.wait()
+    if echo and not VERBOSE:
+        for shown in screen.close():
+            print(shown, flush=True)
     INTERRUPT.child = None
     return rc, "".join(lines)
 
@@ -218,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", action="store_true",
                    help="change nothing: print what each batch would change, the hosts preflight refuses and "
                         "the estimated time (plan.json in the run directory); exit 2 if the rollout would not start")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="stream pyinfra's whole output (it always goes to the run's logs in the report directory)")
     a = p.parse_args(argv)
+    global VERBOSE
+    VERBOSE = a.verbose
 
     inventory, data = load_inventory(a.inventory)
     gateways = [h for h, groups in inventory.items() if GATEWAY_GROUP in groups]
@@ -374,7 +391,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
             env["VOLTAFLEET_PROBE"] = "record"
         log = run_dir / f"batch-{n}.log"
         t1 = time.time()
-        rc, _ = pyinfra(a.inventory, batch + gateways, env, log)
+        rc, _ = pyinfra(a.inventory, batch + gateways, env, log, label="canary" if n == 0 and canary else f"batch {n}")
         seconds[f"batch-{n}"] = round(time.time() - t1, 1)
         records = {h: outcome.read(run_dir, h, run_id) for h in batch}
         for r in rolling.batch_results(n, batch, records, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)

@@ -146,9 +146,14 @@ def test_every_host_is_judged_on_its_own_record_of_the_run(three, tmp_path):
     run, report = rollout(["--batch", "2"])
     assert run.rc == 0 and report["ok"], run
     assert [h["status"] for h in report["hosts"]] == ["passed"] * 3 and pids(three) == before
-    # every pyinfra run of the rollout (preflight, gateway, each batch) changed nothing
-    totals = re.findall(r"Grand total\s+\S+\s+(\S+)", run.out)
-    assert len(totals) == 4 and set(totals) == {"-"}, run
+    # every pyinfra run of the rollout (preflight, gateway, each batch) changed nothing: its log says so, and
+    # the screen's one line per host and step says ok, never changed
+    run_dir = REPO / "reports" / f"rollout-{report['rollout']}"
+    logs = "".join((run_dir / f).read_text() for f in ("preflight.log", "gateway.log", "batch-0.log", "batch-1.log"))
+    totals = re.findall(r"Grand total\s+\S+\s+(\S+)", logs)
+    assert len(totals) == 4 and set(totals) == {"-"}, logs
+    steps = [line.split() for line in run.out.splitlines() if re.match(r"  (canary|batch \d|gateway) ", line)]
+    assert steps and {w[-3] for w in steps} == {"ok"}, run
     assert report["batches"] == [[three[0]["name"]], [h["name"] for h in three[1:]]]
     # the printed table and the JSON report agree, row by row
     table = run.out[run.out.index("host             batch"):].splitlines()[1:4]

@@ -105,3 +105,44 @@ def test_both_v100_groups_build_one_release_and_a_toolkit_move_rebuilds_it_once(
     assert fp128 != old  # the move to 12.8 is a new release, compiled once for every host of both groups
     hosts = [ServerEntry(f"h{i}", "127.0.0.1", (8080 + i,), 16, fp128) for i in range(6)]
     assert builders(hosts) == {fp128: "h0"}
+
+
+# ---- the second session (bench/proof27/run2): FORCE_MMQ against the Volta rule, one session
+RUN2 = json.loads((ROOT / "bench/proof27/run2/results.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["v32-np16-long", "v16-np2-long", "v32-np16-ngram"])
+def test_planner_within_1_percent_of_the_force_mmq_peaks_and_never_under(name):
+    (r,) = [x for x in RUN2["peaks"] if x["build"] == "mmq" and x["name"] == name]
+    p = plan(shape(), r["ctx"], r["parallel"], "q8_0", "q8_0", V100_32, 1024, 610, how="mmq", ngram=bool(r.get("spec")))
+    assert r["mem_peak"] <= p.needed / MIB < r["mem_peak"] * 1.01, (p.describe(), r["mem_peak"])
+
+
+def bench(build, what):
+    (r,) = [x for x in RUN2["llama_bench"] if x["build"] == build and x["what"] == what]
+    return {(row["n_prompt"], row["n_gen"]): sorted(row["samples_ts"])[1] for row in r["rows"]}  # median of 3
+
+
+def test_prompt_and_decode_figures_results_quotes():
+    from bench import proof_report as pr
+
+    volta, mmq = bench("volta", "pp27"), bench("mmq", "pp27")
+    assert [round(volta[(n, 0)]) for n in (128, 512, 2048)] == [1433, 3653, 3608]
+    assert [round(mmq[(n, 0)]) for n in (128, 512, 2048)] == [1943, 2560, 2532]
+    assert round(bench("volta", "tg27")[(0, 128)], 1) == 88.2 and round(bench("mmq", "tg27")[(0, 128)], 1) == 87.9
+    serve = {s["build"]: pr.serve_table([s])[s["name"]] for s in RUN2["serve27"]}
+    assert round(serve["volta"][1]["ttft_p50"][0]) == 292 and round(serve["mmq"][1]["ttft_p50"][0]) == 309
+    assert round(serve["volta"][16]["ttft_p50"][0]) == 3320 and round(serve["mmq"][16]["ttft_p50"][0]) == 4024
+    assert round(serve["volta"][16]["wall"][0], 1) == 216.8 and round(serve["mmq"][16]["wall"][0], 1) == 206.0
+    assert {s["build"]: s["mem_after"] for s in RUN2["serve27"]} == {"volta": 22434, "mmq": 22160}
+    results = (ROOT / "bench/RESULTS.md").read_text()
+    for quoted in ("1,433 | 3,653 | 3,608", "1,943 | 2,560 | 2,532", "292 / 3,320", "309 / 4,024"):
+        assert quoted in results, quoted
+
+
+def test_the_long_probe_ran_the_64_plus_path_on_both_builds_and_agreed():
+    runs = {r["build"]: r["runs"] for r in RUN2["probe"] if r["model"] == "q4ks.gguf"}
+    for build in ("volta", "mmq"):
+        assert len(runs[build]) == 3 and all(x["long"]["prompt_n"] == 552 for x in runs[build])
+    first = runs["volta"][0]["long"]
+    assert all(x["long"]["tokens"] == first["tokens"] for b in runs for x in runs[b])  # deterministic, equal
