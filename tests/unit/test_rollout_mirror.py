@@ -26,7 +26,7 @@ def runs(tmp_path, monkeypatch):
     batch passes every host it rolls."""
     calls = []
 
-    def fake_pyinfra(inventory, limit, env, log):
+    def fake_pyinfra(inventory, limit, env, log, echo=True, label=""):
         phase = env["VOLTAFLEET_PHASE"]
         calls.append((phase, limit))
         run_dir = log.parent
