@@ -109,9 +109,23 @@ def resolvers(lines) -> list[str]:
     return out
 
 
-def nginx_vars(cfg: dict, nameservers: list[str]) -> dict:
+def allow_list(addresses: list[str]) -> list[str] | None:
+    """The server hosts' addresses as nginx `allow` entries, when every one of them is an IP
+    address (nginx allows addresses, not names); None when one is not known that way (a host
+    name): then the mirror answers any address that reaches its port."""
+    out = set()
+    for a in addresses:
+        try:
+            out.add(str(ipaddress.ip_address(a)))
+        except ValueError:
+            return None
+    return sorted(out) or None
+
+
+def nginx_vars(cfg: dict, nameservers: list[str], fetchers: list[str] | None = None) -> dict:
     """The template's variables (templates/nginx-mirror.conf.j2) from a mirror host's
-    validated variables and its nameservers."""
+    validated variables and its nameservers; `fetchers`: the addresses allowed to fetch
+    (allow_list of the server hosts), None for any."""
     up = origin(cfg["model_url"])
     from voltafleet.hostplan import model_files  # the model's parts and the draft model: what the fleet fetches
 
@@ -119,6 +133,7 @@ def nginx_vars(cfg: dict, nameservers: list[str]) -> dict:
     return {
         "upstream": up,
         "paths": paths,
+        "allow": fetchers or [],
         "https": up.startswith("https://"),
         "listen": host_port(cfg["mirror_listen"], cfg["mirror_port"]),
         "port": cfg["mirror_port"],

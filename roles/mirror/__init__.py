@@ -19,9 +19,9 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config
+from roles.common import changes, config, fleet_plan, host_config, is_server
 from roles.facts import Nameservers
-from voltafleet.mirror import nginx_vars
+from voltafleet.mirror import allow_list, nginx_vars
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "nginx-mirror.conf.j2"
 LIVE = "/etc/nginx/conf.d/voltafleet-mirror.conf"
@@ -59,6 +59,16 @@ def installed(staged: str, live: str, staged_op=None, site_op=None):
     yield install_command(staged, live)
 
 
+def fetchers(state) -> list[str] | None:
+    """The addresses the server hosts fetch from: the fleet plan's in a rollout, else each
+    server host's as the gateway reaches it; None unless every one is an IP address."""
+    plan = fleet_plan()
+    if plan is not None:
+        return allow_list([s.address for s in plan.servers])
+    return allow_list([host_config(h)["server_address"] or h.data.get("ssh_hostname") or h.name
+                       for h in state.inventory if is_server(h)])
+
+
 @deploy("Mirror")
 def mirror() -> None:
     """nginx caching the model for the server hosts (hosts of the `mirror` group).
@@ -74,7 +84,7 @@ def mirror() -> None:
     site = files.link(name="Debian's default site off", path=DEFAULT_SITE, present=False)
     files.directory(name=f"Cache directory {cfg['mirror_cache_dir']}", path=cfg["mirror_cache_dir"],
                     user="www-data", group="www-data", mode="700")
-    values = nginx_vars(cfg, host.get_fact(Nameservers))
+    values = nginx_vars(cfg, host.get_fact(Nameservers), fetchers(host.state))
     staged = files.template(
         name=f"nginx mirror of {values['upstream']} on port {values['port']} (staged)", src=str(TEMPLATE),
         dest=STAGED, mode="644", jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True}, **values)

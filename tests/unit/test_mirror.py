@@ -184,12 +184,13 @@ http {{
     return conf
 
 
-def local(tmp: Path, port: int, upstream: str, nameservers=()) -> str:
+def local(tmp: Path, port: int, upstream: str, nameservers=(), allow=None) -> str:
     # the model and (as the draft model) the redirecting path: the mirror proxies these two paths only
     cfg = {"model_url": f"{upstream}/models/m.gguf", "model_draft_url": f"{upstream}/redir/m.gguf",
            "mirror_listen": "127.0.0.1", "mirror_port": port,
            "mirror_cache_dir": str(tmp / "cache"), "mirror_slice_mb": 1}
-    return render(cfg, nameservers=nameservers, socket=str(tmp / "inner.sock"), access_log=str(tmp / "mirror.log"))
+    return render(cfg, nameservers=nameservers, socket=str(tmp / "inner.sock"), access_log=str(tmp / "mirror.log"),
+                  allow=allow or [])
 
 
 @needs_nginx
@@ -299,6 +300,40 @@ def test_the_upstream_sends_the_bytes_once(tmp_path):
         subprocess.run([NGINX, "-p", str(tmp_path), "-c", str(conf), "-s", "stop"], capture_output=True)
         up.shutdown()
         up.server_close()
+
+
+def test_only_the_server_hosts_addresses_fetch_when_they_are_known():
+    assert mirror.allow_list(["10.0.0.7", "10.0.0.5", "10.0.0.7", "::1"]) == ["10.0.0.5", "10.0.0.7", "::1"]
+    assert mirror.allow_list(["10.0.0.5", "gpu-02.example"]) is None  # a name: nginx allows addresses only
+    assert mirror.allow_list([]) is None
+    text = render(allow=["10.0.0.5", "10.0.0.7"])
+    assert "    allow 10.0.0.5;\n    allow 10.0.0.7;\n    deny all;" in text
+    assert "    deny all;" not in render() and "allow " not in render()
+
+
+@needs_nginx
+def test_an_address_outside_the_fleet_is_refused(tmp_path):
+    Upstream.files, Upstream.served = {"m.gguf": b"x" * 1000}, []
+    up = ThreadingHTTPServer(("127.0.0.1", free_port(19540, 19550)), Upstream)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    port = free_port(19550, 19560)
+    code = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/models/m.gguf"]
+    for allow, want in ((["127.0.0.2"], "403"), (["127.0.0.1"], "200")):
+        conf = nginx_prefix(tmp_path, local(tmp_path, port, f"http://127.0.0.1:{up.server_port}", allow=allow))
+        subprocess.run([NGINX, "-p", str(tmp_path), "-c", str(conf)], check=True)
+        try:
+            deadline = time.time() + 10
+            while not (tmp_path / "nginx.pid").exists() and time.time() < deadline:
+                time.sleep(0.1)
+            assert subprocess.run(code, capture_output=True, text=True).stdout == want, allow
+        finally:
+            subprocess.run([NGINX, "-p", str(tmp_path), "-c", str(conf), "-s", "stop"], capture_output=True)
+            deadline = time.time() + 10
+            while (tmp_path / "nginx.pid").exists() and time.time() < deadline:
+                time.sleep(0.1)
+    assert Upstream.served and all(p == "/models/m.gguf" for p, _ in Upstream.served)  # only the allowed one fetched
+    up.shutdown()
+    up.server_close()
 
 
 # ---------------------------------------------------------------- the lab inventory
