@@ -348,6 +348,10 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
         + " | ".join(", ".join(b) for b in plan) + f"; llama.cpp {', '.join(sorted(set(fleet.commits.values())))[:60]}")
 
     t0 = time.time()
+    max_s = 60 * float((data.get(servers[0], {}) if servers else {}).get("rollout_max_minutes") or 45)
+    running = metrics.running_textfile(rollout_id, a.inventory, max_s)
+    for d in [report_dir] + ([Path(a.textfile_dir)] if a.textfile_dir else []):
+        metrics.write_rollout_textfile(d, {}, running)  # a drain now is a rollout's, for rollout_max_minutes
     seconds = {}  # each pyinfra run's wall time, for the plan's calibration (python -m voltafleet.calibrate)
     pre_env = {**base_env, "VOLTAFLEET_PHASE": "preflight", "VOLTAFLEET_RUN": runctx.new_id()}
     if a.record_probe:

@@ -157,6 +157,7 @@ SCHEMA: dict[str, Var] = {
     "server_slots_endpoint": Var(bool),
     "server_allow_unauthenticated": Var(bool),
     "gateway_allow_unauthenticated": Var(bool),
+    "rollout_max_minutes": Var(int, min=1, max=7 * 24 * 60),
     # model mirror (nginx on the hosts of the `mirror` group; voltafleet/mirror.py)
     "mirror_port": _ports(),
     "mirror_listen": Var(str, check=urls.server_host_error, hint="an IP address (0.0.0.0: every address) or a host name"),

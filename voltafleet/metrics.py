@@ -32,17 +32,30 @@ def rollout_textfile(report: dict, now: float | None = None) -> str:
     lines += gauge("voltafleet_rollout_end_timestamp_seconds", "when the last rollout ended",
                     [(lab, round(time.time() if now is None else now))])
     lines += gauge("voltafleet_rollout_duration_seconds", "how long the last rollout took", [(lab, report.get("seconds"))])
+    lines += gauge("voltafleet_rollout_running", "1 while a rollout runs", [(lab, 0)])
     return "\n".join(lines) + "\n"
 
 
-def write_rollout_textfile(directory: str | os.PathLike, report: dict) -> Path:
+def running_textfile(rollout: str, inventory: str, max_seconds: float, now: float | None = None) -> str:
+    """While a rollout runs: its start and the longest a rollout may take (rollout_max_minutes),
+    so VoltafleetInstanceLeftOutOfRotation tells a drain in progress from one left behind."""
+    lab = {"rollout": rollout, "inventory": inventory}
+    lines = gauge("voltafleet_rollout_running", "1 while a rollout runs", [(lab, 1)])
+    lines += gauge("voltafleet_rollout_start_timestamp_seconds", "when the rollout started",
+                   [(lab, round(time.time() if now is None else now))])
+    lines += gauge("voltafleet_rollout_max_seconds", "rollout_max_minutes: longer than this, a drain is left behind",
+                   [(lab, round(max_seconds))])
+    return "\n".join(lines) + "\n"
+
+
+def write_rollout_textfile(directory: str | os.PathLike, report: dict, text: str | None = None) -> Path:
     """Write voltafleet-rollout.prom into `directory` atomically (node_exporter never reads
-    half a file); returns its path."""
+    half a file): the finished rollout's report, or `text` (running_textfile); its path."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".voltafleet-rollout.")
     with os.fdopen(fd, "w") as f:
-        f.write(rollout_textfile(report))
+        f.write(text if text is not None else rollout_textfile(report))
     os.chmod(tmp, 0o644)
     os.replace(tmp, d / TEXTFILE)
     return d / TEXTFILE

@@ -69,7 +69,12 @@ ROLLOUT = {"rollout": "20260101-000000", "inventory": "inventory/prod.py", "seco
 
 
 def test_the_textfiles_are_valid_exposition(cfg):
-    for text in (smoke.textfile("gpu-01", cuda_report(cfg), "3f2a"), metrics.rollout_textfile(ROLLOUT, now=1767225600)):
+    running = metrics.running_textfile("20260101-000000", "inventory/prod.py", 2700, now=1767225600)
+    lab = 'rollout="20260101-000000",inventory="inventory/prod.py"'
+    assert f"voltafleet_rollout_running{{{lab}}} 1" in running and f"voltafleet_rollout_max_seconds{{{lab}}} 2700" in running
+    assert f"voltafleet_rollout_running{{{lab}}} 0" in metrics.rollout_textfile(ROLLOUT, now=1767225600)
+    for text in (smoke.textfile("gpu-01", cuda_report(cfg), "3f2a"), metrics.rollout_textfile(ROLLOUT, now=1767225600),
+                 running):
         out = run("check", "metrics", stdin=text)
         problems = [line for line in (out.stdout + out.stderr).splitlines() if line.strip() and line != KNOWN_LINT]
         assert problems == []
