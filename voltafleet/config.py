@@ -156,6 +156,8 @@ SCHEMA: dict[str, Var] = {
     "gateway_hash_balance_factor": Var(int, min=101, max=1000),
     "server_slots_endpoint": Var(bool),
     "server_allow_unauthenticated": Var(bool),
+    "server_model_alias": Var(str, nullable=True, pattern=re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
+                              hint='a model name like "qwen3.6-27b" (letters, digits, . _ : -)'),
     "gateway_allow_unauthenticated": Var(bool),
     "rollout_max_minutes": Var(int, min=1, max=7 * 24 * 60),
     # model mirror (nginx on the hosts of the `mirror` group; voltafleet/mirror.py)
@@ -167,6 +169,8 @@ SCHEMA: dict[str, Var] = {
     "mirror_cache_max_gb": Var(int, min=1, max=1_000_000),
     "mirror_slice_mb": Var(int, min=1, max=1024),
     "mirror_cache_valid_days": Var(int, min=1, max=3650),
+    "mirror_extra_paths": Var(list, item=str, pattern=re.compile(r"^/[A-Za-z0-9._~/-]{1,500}$"),
+                              hint='paths of model_url\'s origin like ["/org/repo/resolve/<rev>/next.gguf"]'),
     "mirror_lock_timeout_s": Var(int, min=1, max=3600),
     # smoke
     "smoke_enabled": Var(bool),

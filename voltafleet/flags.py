@@ -43,6 +43,7 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
         "-t", str(cfg["server_threads"]),
         "--host", cfg["server_host"],
         "--port", str(port),
+        *(["--alias", cfg["server_model_alias"]] if cfg.get("server_model_alias") else []),  # /v1/models's id
         "--metrics",
         *([] if cfg.get("server_slots_endpoint") else ["--no-slots"]),  # /slots shows users' prompts
         # llama.cpp logs its library's info lines (`offloaded N/M layers to GPU`, buffer
@@ -158,6 +159,7 @@ MANAGED: dict[str, tuple[str | None, str]] = {
     "-t": ("server_threads", ""),
     "--host": ("server_host", "the health check and the smoke test use it"),
     "--port": ("server_port_base", "each instance has its own port"),
+    "--alias": ("server_model_alias", "every instance answers to the same model name"),
     "--metrics": (None, "the smoke test reads /metrics"),
     "-lv": (None, "the offload check reads llama.cpp's log at verbosity 4"),
     "-dev": (None, "each instance gets one GPU through CUDA_VISIBLE_DEVICES"),

@@ -129,7 +129,8 @@ def nginx_vars(cfg: dict, nameservers: list[str], fetchers: list[str] | None = N
     up = origin(cfg["model_url"])
     from voltafleet.hostplan import model_files  # the model's parts and the draft model: what the fleet fetches
 
-    paths = sorted({urlsplit(f.url).path for f in model_files(cfg) if origin(f.url) == up})
+    paths = sorted({urlsplit(f.url).path for f in model_files(cfg) if origin(f.url) == up}
+                   | set(cfg.get("mirror_extra_paths") or []))
     return {
         "upstream": up,
         "paths": paths,

@@ -108,10 +108,13 @@ def test_every_host_fetches_the_model_through_the_cache_and_the_upstream_sends_i
             ssh(h, f"rm -rf {MODELS}")
 
 
-def test_a_download_cut_half_way_resumes_through_the_cache(mirrored):
+def test_a_download_cut_half_way_resumes_through_the_cache(mirrored, tmp_path):
     hosts, gw = mirrored
     h, st = hosts[0], lab()
     path = f"/slow/models/{model_name()}"  # the controller's mirror sends these at 2 MB/s
+    # not a configured model's path: the mirror answers 404 until it is one of mirror_extra_paths
+    assert ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' {BASE}{path}") == "404"
+    assert deploy({"mirror_extra_paths": [path]}, tmp_path, env=MIRROR).rc == 0
     dest = f"{TEST_DIR}/model.gguf"
     mark = log_mark()
     r = th(h).run(f"timeout 3 {FETCH} {BASE}{path} {dest} {st['model_sha256']}")

@@ -168,9 +168,18 @@ def test_aliases_come_from_the_help_text():
 
 
 def test_harmless_extra_flags_pass(cfg):
-    cfg["server_extra_flags"] = ["--no-webui", "--alias qwen-27b", "--seed -1", "--spec-draft-n-min 2",
+    cfg["server_extra_flags"] = ["--no-webui", "--seed -1", "--spec-draft-n-min 2",
                                  "--cors-origins https://chat.example.com"]
     assert validate_values("h1", cfg, SRC)["server_extra_flags"] == cfg["server_extra_flags"]
+
+
+def test_the_model_name_is_one_variable_the_same_on_every_instance(cfg):
+    # issue 32: /v1/models lists server_model_alias, never a path; --alias in extra flags is refused
+    args = flags.server_args({**cfg, "server_model_alias": "qwen3.6-27b"}, "/m/q.gguf", port=1, api_key_file=None)
+    assert args[args.index("--alias") + 1] == "qwen3.6-27b"
+    assert "--alias" not in flags.server_args({**cfg, "server_model_alias": None}, "/m/q.gguf", port=1, api_key_file=None)
+    assert "is set by voltafleet from server_model_alias" in refused({**cfg, "server_extra_flags": ["--alias x"]})
+    assert "server_model_alias" in refused({**cfg, "server_model_alias": "/var/lib/m.gguf"})
 
 
 def test_stale_flag_is_refused_at_load_time_for_the_pinned_commit(cfg):

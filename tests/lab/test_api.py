@@ -1,0 +1,33 @@
+"""The API a client expects, through the lab gateway with the OpenAI SDK (issue 32, first part):
+one stable model name on every instance, and usage in the stream."""
+import openai
+
+URL = "http://127.0.0.1:18800/v1"
+
+
+def client() -> openai.OpenAI:
+    return openai.OpenAI(base_url=URL, api_key="lab-has-no-key", max_retries=0, timeout=60)
+
+
+def test_the_fleet_answers_to_one_model_name_and_shows_no_path(gw):
+    c = client()
+    seen = set()
+    for _ in range(12):  # the gateway spreads new connections over the six instances
+        ids = [m.id for m in c.models.list().data]
+        assert ids == ["qwen3.6-27b"], ids  # server_model_alias, never <model_dir>/<sha16>/<file>.gguf
+        seen.add(ids[0])
+        c = client()
+    assert seen == {"qwen3.6-27b"}
+    r = c.completions.create(model="qwen3.6-27b", prompt="The capital of France is", max_tokens=4,
+                             extra_body={"ignore_eos": True})
+    assert r.model == "qwen3.6-27b" and r.usage.completion_tokens == 4
+
+
+def test_usage_arrives_at_the_end_of_a_stream_through_the_gateway(gw):
+    stream = client().chat.completions.create(
+        model="qwen3.6-27b", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    usage = [ch.usage for ch in chunks if ch.usage is not None]
+    assert len(usage) == 1 and usage[0].completion_tokens == 8 and usage[0].prompt_tokens > 0
+    assert chunks[-1].usage is not None  # the last chunk carries it
