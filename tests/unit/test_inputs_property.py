@@ -26,6 +26,7 @@ LIST_OF_STRING_KEYS = sorted(k for k, v in SCHEMA.items() if list in _kinds(v) a
 # Valid-looking stems to splice the nasty parts into, so the checks past the first
 # character get exercised too.
 STEMS = {
+    "mirror_extra_paths": ["/models/next.gguf", "/u/r/resolve/abc123/"],
     "model_url": ["https://huggingface.co/u/r/resolve/main/", "http://127.0.0.1:8808/models/", ".gguf"],
     "model_draft_url": ["https://h.example/d/", ".gguf"],
     "llama_cpp_repo": ["https://github.com/ggml-org/", "git://127.0.0.1:9418/", "git@github.com:", "/srv/git/",

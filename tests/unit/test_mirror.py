@@ -97,7 +97,7 @@ def test_every_mirror_variable_has_a_default_and_validates():
     cfg = prod_host_vars()
     assert {k for k in cfg if k.startswith("mirror_")} == {
         "mirror_port", "mirror_listen", "mirror_address", "mirror_cache_dir", "mirror_cache_max_gb",
-        "mirror_slice_mb", "mirror_cache_valid_days", "mirror_lock_timeout_s"}
+        "mirror_slice_mb", "mirror_cache_valid_days", "mirror_lock_timeout_s", "mirror_extra_paths"}
     assert validate_values("m1", cfg)["mirror_port"] == 8880
 
 
