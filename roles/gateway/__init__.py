@@ -94,7 +94,7 @@ def gateway() -> None:
         stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
         maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE,
         queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
-        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
+        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"], model_alias=cfg["server_model_alias"],
         errorfile=ERRORFILE)
     files.put(name="503 page: no free slot (Retry-After)", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"])),
               dest=ERRORFILE, mode="644")

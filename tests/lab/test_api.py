@@ -31,3 +31,17 @@ def test_usage_arrives_at_the_end_of_a_stream_through_the_gateway(gw):
     usage = [ch.usage for ch in chunks if ch.usage is not None]
     assert len(usage) == 1 and usage[0].completion_tokens == 8 and usage[0].prompt_tokens > 0
     assert chunks[-1].usage is not None  # the last chunk carries it
+
+
+def test_another_model_name_gets_openais_model_not_found_from_the_gateway(gw):
+    import httpx
+    import pytest
+
+    with pytest.raises(openai.NotFoundError) as e:
+        client().chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert e.value.code == "model_not_found" and e.value.body["param"] == "model"
+    assert "this fleet serves qwen3.6-27b" in e.value.body["message"]
+    # a request that names no model (llama-server's own /completion) or an empty one is served
+    with httpx.Client(base_url=URL.removesuffix("/v1"), timeout=60) as h:
+        assert h.post("/completion", json={"prompt": "hi", "n_predict": 2}).status_code == 200
+        assert h.post("/v1/completions", json={"model": "", "prompt": "hi", "max_tokens": 2}).status_code == 200

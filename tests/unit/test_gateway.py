@@ -50,7 +50,7 @@ def render(**over):
                 stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
                 maxconn=cfg["gateway_maxconn"], admin_socket="/run/haproxy/admin.sock", state_file="/x",
                 queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
-                affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
+                affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"], model_alias=cfg["server_model_alias"],
                 errorfile="/etc/haproxy/voltafleet-503.http")
     return env.get_template("haproxy.cfg.j2").render(**{**args, **over})
 
