@@ -34,7 +34,8 @@ class Load:
 
     def __init__(self, url: str, clients: int = 4, tokens: int = 32, seconds: float = 120,
                  max_requests: int = 5000, key: str | None = None, client: str = "httpx",
-                 body: dict | None = None, headers: dict | None = None, streams_only: bool = False):
+                 body: dict | None = None, headers: dict | None = None, streams_only: bool = False,
+                 model: str = "qwen3.6-27b"):
         u = urlparse(url)
         if u.hostname not in ALLOWED_HOSTS:
             raise ValueError(f"load only goes to this machine's loopback, not {u.hostname}")
@@ -44,6 +45,7 @@ class Load:
         self.clients, self.tokens, self.seconds, self.max_requests, self.key = clients, tokens, seconds, max_requests, key
         self.body, self.headers = body or {}, headers or {}
         self.streams_only = streams_only  # every request streamed (else streamed and not in turn)
+        self.model = model  # the fleet's server_model_alias: the gateway refuses another name (model_not_found)
         self.results: list[dict] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -107,7 +109,7 @@ class Load:
         from openai import APIStatusError
 
         try:
-            out = self.sdk.completions.create(model="voltafleet", prompt=PROMPT, max_tokens=self.tokens, temperature=0,
+            out = self.sdk.completions.create(model=self.model, prompt=PROMPT, max_tokens=self.tokens, temperature=0,
                                               stream=stream, extra_body={"ignore_eos": True, **self.body},
                                               extra_headers=self.headers)
             if not stream:
@@ -186,11 +188,12 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--client", default="httpx", choices=["httpx", "openai"])
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--model", default="qwen3.6-27b", help="the fleet's server_model_alias")
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--max-requests", type=int, default=5000)
     p.add_argument("--during", help="a command to run while the load runs (e.g. a rolling rollout)")
     a = p.parse_args()
-    load = Load(a.url, a.clients, a.tokens, a.seconds, a.max_requests, client=a.client).start()
+    load = Load(a.url, a.clients, a.tokens, a.seconds, a.max_requests, client=a.client, model=a.model).start()
     rc = 0
     t0 = time.monotonic()
     if a.during:

@@ -45,3 +45,45 @@ def test_another_model_name_gets_openais_model_not_found_from_the_gateway(gw):
     with httpx.Client(base_url=URL.removesuffix("/v1"), timeout=60) as h:
         assert h.post("/completion", json={"prompt": "hi", "n_predict": 2}).status_code == 200
         assert h.post("/v1/completions", json={"model": "", "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_path):
+    """2x the fleet's slots in other clients and a 1 s queue: the gateway answers 503 with an
+    OpenAI-shaped body and Retry-After; the SDK's own retry waits that long and is served."""
+    import sys
+    import time
+
+    import httpx
+
+    from tests.lab.helpers import REPO, deploy, lab
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from load import Load
+
+    slots = 4 * 2 * len(lab()["hosts"])
+    assert deploy({"gateway_queue_timeout_s": 1}, tmp_path).rc == 0
+    seen = []
+    http = httpx.Client(event_hooks={"response": [lambda r: seen.append((time.monotonic(), r.status_code,
+                                                                         r.headers.get("retry-after")))]})
+    sdk = openai.OpenAI(base_url=URL, api_key="lab-has-no-key", max_retries=8, timeout=120, http_client=http)
+    load = Load(URL.removesuffix("/v1"), clients=2 * slots, tokens=48, seconds=90, max_requests=600).start()
+    try:
+        got = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            seen.clear()
+            r = sdk.completions.create(model="qwen3.6-27b", prompt="hi", max_tokens=4, extra_body={"ignore_eos": True})
+            if any(code == 503 for _, code, _ in seen):
+                got = r
+                break
+        assert got is not None, "the fleet was never busy for the SDK"
+        assert got.usage.completion_tokens == 4 and seen[-1][1] == 200
+        busy = [(t, ra) for t, code, ra in seen if code == 503]
+        assert all(ra == "5" for _, ra in busy)
+        # the retry came no sooner than Retry-After said (the SDK honours it)
+        nxt = [t for t, code, _ in seen if t > busy[0][0]]
+        assert nxt and nxt[0] - busy[0][0] >= 4.5
+    finally:
+        load.stop()
+        http.close()
+        assert deploy().rc == 0
