@@ -58,7 +58,7 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
     from tests.lab.helpers import REPO, deploy, lab
 
     sys.path.insert(0, str(REPO / "bench"))
-    from load import Load
+    from load import PROMPT, Load
 
     slots = 4 * 2 * len(lab()["hosts"])
     assert deploy({"gateway_queue_timeout_s": 1}, tmp_path).rc == 0
@@ -66,13 +66,14 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
     http = httpx.Client(event_hooks={"response": [lambda r: seen.append((time.monotonic(), r.status_code,
                                                                          r.headers.get("retry-after")))]})
     sdk = openai.OpenAI(base_url=URL, api_key="lab-has-no-key", max_retries=8, timeout=120, http_client=http)
-    load = Load(URL.removesuffix("/v1"), clients=2 * slots, tokens=48, seconds=90, max_requests=600).start()
+    # long streams hold every slot; the SDK sends the load's prompt, so affinity queues it behind them
+    load = Load(URL.removesuffix("/v1"), clients=2 * slots, tokens=400, seconds=90, max_requests=600).start()
     try:
         got = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             seen.clear()
-            r = sdk.completions.create(model="qwen3.6-27b", prompt="hi", max_tokens=4, extra_body={"ignore_eos": True})
+            r = sdk.completions.create(model="qwen3.6-27b", prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True})
             if any(code == 503 for _, code, _ in seen):
                 got = r
                 break
