@@ -298,6 +298,12 @@ def is_server(h) -> bool:
     return not is_gateway(h) and not is_mirror(h)
 
 
+def server_address(h) -> str:
+    """Where the gateway and the mirror reach a server host: server_address, else its ssh_hostname,
+    else its inventory name."""
+    return host_config(h)["server_address"] or h.data.get("ssh_hostname") or h.name
+
+
 def fleet_mirrors(state) -> tuple:
     """The fleet's model mirrors (voltafleet.mirror.Mirror): the fleet plan's in a rollout
     (decided once), else every `mirror` host of the inventory, reachable in this run or not

@@ -20,7 +20,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config, fleet_plan, host_config, host_fact, is_server
+from roles.common import changes, config, fleet_plan, host_config, host_fact, is_server, server_address
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet import gateway as gw
 from voltafleet import hostplan
@@ -48,9 +48,8 @@ def server_backends(state) -> list[gw.Backend]:
             continue
         cfg = host_config(h)
         gpus = host_fact(h, Gpus) if cfg["voltafleet_backend"] == "cuda" else []
-        address = cfg["server_address"] or h.data.get("ssh_hostname") or h.name
         # slots: the instance's -np (unset, the VRAM plan picks it: known in a rollout's fleet plan)
-        planned.append((h.name, address, [i.port for i in hostplan.instances(cfg, gpus)], cfg["server_parallel"]))
+        planned.append((h.name, server_address(h), [i.port for i in hostplan.instances(cfg, gpus)], cfg["server_parallel"]))
     live = host.get_fact(HAProxyBackends, path=LIVE) if unplanned else []
     return gw.fleet_backends(planned, unplanned, live)
 

@@ -19,7 +19,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config, fleet_plan, host_config, is_server
+from roles.common import changes, config, fleet_plan, is_server, server_address
 from roles.facts import Nameservers
 from voltafleet.mirror import allow_list, nginx_vars
 
@@ -65,8 +65,7 @@ def fetchers(state) -> list[str] | None:
     plan = fleet_plan()
     if plan is not None:
         return allow_list([s.address for s in plan.servers])
-    return allow_list([host_config(h)["server_address"] or h.data.get("ssh_hostname") or h.name
-                       for h in state.inventory if is_server(h)])
+    return allow_list([server_address(h) for h in state.inventory if is_server(h)])
 
 
 @deploy("Mirror")
