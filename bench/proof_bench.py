@@ -103,25 +103,29 @@ class Proof(Run):
                 s = self.server(label, item["name"], item["args"])
                 r = {"build": label, "name": item["name"], "run": run, "args": s.args, "healthy": s.ok}
                 try:
-                    time.sleep(1)
-                    r["mem_load"] = gpu_mem(s.p.pid).get("proc_mib")
-                    if s.ok:
-                        n = item["parallel"]
-                        sampler = Sampler(s.p.pid)
-                        reqs = concurrent(self.port, [
-                            (lambda i=i: complete(self.port, prompt_ids(500 + 10 * run + i, item["prompt"]), 8))
-                            for i in range(n)])
-                        time.sleep(0.5)
-                        r["mem_peak"] = sampler.stop()
-                        r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
-                        r["requests"] = [{k: q.get(k) for k in ("prompt_n", "prompt_ms", "ttft_ms", "error")}
-                                         for q in reqs]
+                    r.update(self.peak_of(s, [(lambda i=i: complete(self.port, prompt_ids(500 + 10 * run + i,
+                                                                                          item["prompt"]), 8))
+                                              for i in range(item["parallel"])],
+                                          ("prompt_n", "prompt_ms", "ttft_ms", "error")))
                 finally:
                     s.stop()
                 r["buffers"], r["log"] = s.buffers(), self.loglines(s)
                 out.append(r)
                 self.save()
                 say("vram", label, item["name"], run, r.get("mem_load"), r.get("mem_peak"), r.get("mem_after"))
+
+    def peak_of(self, s: Server, jobs: list, keys: tuple) -> dict:
+        """A loaded server's memory after load, its peak while `jobs` run at once (sampled every
+        0.1 s) and after; each request's `keys`. Only mem_load when the server is not healthy."""
+        time.sleep(1)
+        r = {"mem_load": gpu_mem(s.p.pid).get("proc_mib")}
+        if s.ok:
+            sampler = Sampler(s.p.pid)
+            reqs = concurrent(self.port, jobs)
+            time.sleep(0.5)
+            r.update(mem_peak=sampler.stop(), mem_after=gpu_mem(s.p.pid).get("proc_mib"),
+                     requests=[{k: q.get(k) for k in keys} for q in reqs])
+        return r
 
     def vram_named(self, arg: str):
         """`vram_named:LABEL=name1+name2`: one run each of the named entries of plan["vram"]."""
@@ -190,6 +194,16 @@ class Proof(Run):
             prompt = prompt + prompt_ids(7000 + conv, m["reply"]) + prompt_ids(9000 + 1000 * t + conv, m["turn"])
         return turns
 
+    def rounds(self, r: dict, item: dict, runs: int, tag) -> None:
+        """A warm-up, then `runs` rounds at each of item's client counts into r["rounds"] (saved
+        after each); tag(rep, k) seeds the round's distinct prompts."""
+        self.round_(1, 8, 32, 9900)
+        for rep in range(runs):
+            for k in item["streams"]:
+                recs = self.round_(k, item["tokens"], item["prompt"], tag(rep, k))
+                r["rounds"].append({"rep": rep, "streams": k, "recs": recs})
+                self.save()
+
     def serve(self, names=None):
         out = self.results.setdefault("serve", [])
         for item in self.plan["serve"]:
@@ -199,12 +213,7 @@ class Proof(Run):
             r = {"name": item["name"], "build": item.get("build", "default"), "args": s.args, "healthy": s.ok, "load_s": s.load_s, "rounds": [], "multi": []}
             try:
                 if s.ok:
-                    self.round_(1, 8, 32, 9900)  # warm-up
-                    for rep in range(self.plan["runs"]):
-                        for k in item["streams"]:
-                            recs = self.round_(k, item["tokens"], item["prompt"], 1000 * (rep + 1) + k)
-                            r["rounds"].append({"rep": rep, "streams": k, "recs": recs})
-                            self.save()
+                    self.rounds(r, item, self.plan["runs"], lambda rep, k: 1000 * (rep + 1) + k)
                     m = item.get("multi")
                     for rep in range(self.plan["runs"] if m else 0):
                         convs = concurrent(self.port, [(lambda c=c: self.conversation(c, m, rep))
@@ -277,21 +286,13 @@ class Proof27(Proof):
             s = self.server(label, item["name"], item["args"])
             r = {k: item[k] for k in ("build", "name", "group", "ctx", "parallel", "prompt", "tokens", "kind")}
             r.update(args=s.args, healthy=s.ok, spec=item.get("spec"))
+            plen = item["prompt"]
+            ids = (lambda i: prompt_ids(700 + i, 32) * (plen // 32)) if item["kind"] == "repeat" else \
+                (lambda i: prompt_ids(700 + i, plen))
             try:
-                time.sleep(1)
-                r["mem_load"] = gpu_mem(s.p.pid).get("proc_mib")
-                if s.ok:
-                    n, plen = item["parallel"], item["prompt"]
-                    sampler = Sampler(s.p.pid)
-                    ids = (lambda i: prompt_ids(700 + i, 32) * (plen // 32)) if item["kind"] == "repeat" else \
-                        (lambda i: prompt_ids(700 + i, plen))
-                    reqs = concurrent(self.port, [(lambda i=i: complete(self.port, ids(i), item["tokens"]))
-                                                  for i in range(n)])
-                    time.sleep(0.5)
-                    r["mem_peak"] = sampler.stop()
-                    r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
-                    r["requests"] = [{k: q.get(k) for k in ("prompt_n", "prompt_ms", "ttft_ms", "n", "draft_n",
-                                                            "draft_accepted", "error")} for q in reqs]
+                r.update(self.peak_of(s, [(lambda i=i: complete(self.port, ids(i), item["tokens"]))
+                                          for i in range(item["parallel"])],
+                                      ("prompt_n", "prompt_ms", "ttft_ms", "n", "draft_n", "draft_accepted", "error")))
             finally:
                 s.stop()
             r["buffers"], r["log"] = s.buffers(), self.loglines(s)
@@ -315,12 +316,7 @@ class Proof27(Proof):
                  "load_s": s.load_s, "rounds": []}
             try:
                 if s.ok:
-                    self.round_(1, 8, 32, 9900)
-                    for rep in range(self.plan["runs27"]):
-                        for k in item["streams"]:
-                            recs = self.round_(k, item["tokens"], item["prompt"], 2000 + 100 * rep + k)
-                            r["rounds"].append({"rep": rep, "streams": k, "recs": recs})
-                            self.save()
+                    self.rounds(r, item, self.plan["runs27"], lambda rep, k: 2000 + 100 * rep + k)
                     r["mem_after"] = gpu_mem(s.p.pid).get("proc_mib")
             finally:
                 self.close(s, r, out)
