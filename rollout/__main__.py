@@ -351,7 +351,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     max_s = 60 * float((data.get(servers[0], {}) if servers else {}).get("rollout_max_minutes") or 45)
     running = metrics.running_textfile(rollout_id, a.inventory, max_s)
     for d in [report_dir] + ([Path(a.textfile_dir)] if a.textfile_dir else []):
-        metrics.write_rollout_textfile(d, {}, running)  # a drain now is a rollout's, for rollout_max_minutes
+        metrics.write_textfile(d, running)  # a drain now is a rollout's, for rollout_max_minutes
     seconds = {}  # each pyinfra run's wall time, for the plan's calibration (python -m voltafleet.calibrate)
     pre_env = {**base_env, "VOLTAFLEET_PHASE": "preflight", "VOLTAFLEET_RUN": runctx.new_id()}
     if a.record_probe:
@@ -383,11 +383,11 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     results: dict[str, rolling.HostResult] = {}
     stopped = None
     for n, batch in enumerate(plan):
+        what = "canary" if n == 0 and canary else f"batch {n}"
         if INTERRUPT.signum is not None:
-            stopped = f"interrupted by {INTERRUPT.name} before {'the canary' if n == 0 and canary else f'batch {n}'}"
+            stopped = f"interrupted by {INTERRUPT.name} before {'the canary' if what == 'canary' else what}"
             say(f"stopping: {stopped}")
             break
-        what = "canary" if n == 0 and canary else f"batch {n}"
         say(f"{what}: {', '.join(batch)}")
         run_id = runctx.new_id()
         env = {**base_env, "VOLTAFLEET_PHASE": "batch", "VOLTAFLEET_BATCH": str(n), "VOLTAFLEET_RUN": run_id}
@@ -395,7 +395,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
             env["VOLTAFLEET_PROBE"] = "record"
         log = run_dir / f"batch-{n}.log"
         t1 = time.time()
-        rc, _ = pyinfra(a.inventory, batch + gateways, env, log, label="canary" if n == 0 and canary else f"batch {n}")
+        rc, _ = pyinfra(a.inventory, batch + gateways, env, log, label=what)
         seconds[f"batch-{n}"] = round(time.time() - t1, 1)
         records = {h: outcome.read(run_dir, h, run_id) for h in batch}
         for r in rolling.batch_results(n, batch, records, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)

@@ -48,14 +48,19 @@ def running_textfile(rollout: str, inventory: str, max_seconds: float, now: floa
     return "\n".join(lines) + "\n"
 
 
-def write_rollout_textfile(directory: str | os.PathLike, report: dict, text: str | None = None) -> Path:
+def write_rollout_textfile(directory: str | os.PathLike, report: dict) -> Path:
+    """The finished rollout's report as voltafleet-rollout.prom in `directory` (write_textfile)."""
+    return write_textfile(directory, rollout_textfile(report))
+
+
+def write_textfile(directory: str | os.PathLike, text: str) -> Path:
     """Write voltafleet-rollout.prom into `directory` atomically (node_exporter never reads
-    half a file): the finished rollout's report, or `text` (running_textfile); its path."""
+    half a file); returns its path."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".voltafleet-rollout.")
     with os.fdopen(fd, "w") as f:
-        f.write(text if text is not None else rollout_textfile(report))
+        f.write(text)
     os.chmod(tmp, 0o644)
     os.replace(tmp, d / TEXTFILE)
     return d / TEXTFILE
