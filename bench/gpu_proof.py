@@ -270,6 +270,7 @@ def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT,
     shutil.copytree(checkout / "gguf-py", dest / "gguf-py", ignore=shutil.ignore_patterns("tests", "examples"))
     for vocab in vocabs:
         shutil.copy(checkout / f"models/ggml-vocab-{vocab}.gguf", dest)
+    shutil.copy(checkout / "models/templates/Qwen3.5-4B.jinja", dest)  # qwen35gen's chat template
     shutil.copy(REPO / "roles/llama_cpp/files/vf-build-release.sh", dest)
 
 

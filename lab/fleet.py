@@ -164,12 +164,27 @@ def ensure_git_mirror() -> dict:
     }
 
 
+def _current(model: Path) -> bool:
+    """Whether the cached lab model was written by the lab/qwen35gen.py of today (its chat
+    template and added tokens)."""
+    import gguf
+
+    from lab.qwen35gen import GENERATOR, GENERATOR_KEY
+
+    field = gguf.GGUFReader(str(model)).fields.get(GENERATOR_KEY)
+    return field is not None and bytes(field.parts[-1]).decode() == GENERATOR
+
+
 def ensure_model() -> dict:
     models = CACHE / "mirror/http/models"
     model = models / MODEL_NAME
+    vocab = ensure_sdist() / "vendor/llama.cpp/models/ggml-vocab-qwen35.gguf"
+    if model.exists() and not _current(model):
+        log(f"{model.name} was written by an older lab/qwen35gen.py (chat template, added tokens): writing it again")
+        model.unlink()
+        model.with_name(model.name + ".sha256").unlink(missing_ok=True)
     if not model.exists():
         models.mkdir(parents=True, exist_ok=True)
-        vocab = ensure_sdist() / "vendor/llama.cpp/models/ggml-vocab-qwen35.gguf"
         log(f"writing {model.name} (qwen35: 3 Gated DeltaNet + 1 attention block, random weights, "
             "the pinned tree's qwen35 tokenizer)")
         from lab.qwen35gen import SHAPES, write_dense

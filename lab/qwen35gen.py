@@ -18,6 +18,12 @@ tensor names, conversion/qwen.py Qwen3_5TextModel metadata). Two kinds of file:
 The tokenizer is llama.cpp's models/ggml-vocab-qwen35.gguf from the pinned tree (151936
 tokens, pre-tokenizer `qwen35`); the real Qwen3.6 embedding has 248320 rows, so the full
 shape pads the token list with [PADn] tokens of type UNUSED, as convert_hf_to_gguf does.
+The vocabulary file carries only a ChatML stub as its chat template; the model's own
+template (thinking in <think>, tools as <tool_call><function=...>) is the Qwen3.5 family's,
+kept in the pinned tree as models/templates/Qwen3.5-4B.jinja (Qwen3.6 ships the same one
+plus a `preserve_thinking` switch): written as tokenizer.chat_template when found beside
+the vocabulary (templates/ or the same folder), so llama-server renders and parses the
+way it does for the real model.
 
     python -m lab.qwen35gen VOCAB OUT [--shape 27b|tiny|...] [--ftype q4_k_s|q8_0] [--mtp] [--dense]
 """
@@ -207,6 +213,9 @@ def _tokenizer(vocab_path: str, w: gguf.GGUFWriter, n_vocab: int) -> list[str]:
     tokens = [bytes(f["tokenizer.ggml.tokens"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.tokens"].data]
     types = [int(f["tokenizer.ggml.token_type"].parts[i][0]) for i in f["tokenizer.ggml.token_type"].data]
     merges = [bytes(f["tokenizer.ggml.merges"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.merges"].data]
+    for i, (text, kind) in enumerate(ADDED, start=ADDED_FIRST):  # slots the vocabulary file leaves as [PADn]
+        if i < len(tokens) and tokens[i] == f"[PAD{i}]":
+            tokens[i], types[i] = text, int(kind)
     if n_vocab < len(tokens):
         raise ValueError(f"{vocab_path} has {len(tokens)} tokens, more than the shape's n_vocab {n_vocab}")
     for i in range(len(tokens), n_vocab):
@@ -222,9 +231,41 @@ def _tokenizer(vocab_path: str, w: gguf.GGUFWriter, n_vocab: int) -> list[str]:
                        ("tokenizer.ggml.padding_token_id", w.add_pad_token_id)):
         if key in f:
             adder(int(f[key].parts[-1][0]))
-    if "tokenizer.chat_template" in f:
+    template = chat_template(vocab_path)
+    if template is not None:
+        w.add_chat_template(template)
+    elif "tokenizer.chat_template" in f:
         w.add_chat_template(bytes(f["tokenizer.chat_template"].parts[-1]).decode())
     return tokens
+
+
+TEMPLATE = "Qwen3.5-4B.jinja"
+# what a lab model was written with: lab/fleet.py writes the cached model again when it differs
+GENERATOR_KEY, GENERATOR = "voltafleet.generator", "qwen35gen 2: Qwen3.5/3.6 chat template, Qwen3 added tokens"
+
+# Qwen3's added tokens after <|im_end|>, at Qwen3's own ids (the Qwen3.5/3.6 vocabulary holds the
+# same strings at 248044 and up): the pinned vocabulary file pads these ids with [PADn], so the
+# template's <think>, <tool_call> and <tool_response> would be split into plain pieces and
+# llama-server's thinking budget (which matches the tags as tokens) could never start.
+ADDED_FIRST = 151646
+_C, _U = gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED
+ADDED = [(t, _C) for t in ("<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
+                           "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+                           "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")] + \
+        [(t, _U) for t in ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                           "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+                           "<think>", "</think>")]
+
+
+def chat_template(vocab_path: str) -> str | None:
+    """The Qwen3.5/3.6 chat template of the pinned tree, beside the vocabulary file
+    (models/templates/ in a checkout, the same folder in the GPU proof's pack); None if absent."""
+    d = os.path.dirname(os.path.abspath(vocab_path))
+    for p in (os.path.join(d, "templates", TEMPLATE), os.path.join(d, TEMPLATE)):
+        if os.path.exists(p):
+            with open(p, encoding="utf-8") as fh:
+                return fh.read()
+    return None
 
 
 def write_sparse(vocab_path: str, out_path: str, shape: Shape = SHAPES["27b"], ftype: str = "q4_k_s") -> int:
@@ -262,6 +303,7 @@ def write_dense(vocab_path: str, out_path: str, shape: Shape = SHAPES["tiny"], s
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(out_path, ARCH)
     _metadata(w, s, "voltafleet-lab-tiny-qwen35", gguf.LlamaFileType.MOSTLY_F16)
+    w.add_string(GENERATOR_KEY, GENERATOR)
     tokens = _tokenizer(vocab_path, w, s.n_vocab)
     fav = tokens.index("Ġ" + FAVOURITE.strip())  # byte-level BPE spells a leading space as Ġ
     for name, ne in tensor_shapes(s):

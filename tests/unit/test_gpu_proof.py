@@ -26,6 +26,8 @@ def checkout(tmp_path):
     (src / "gguf-py/gguf/__init__.py").write_text("")
     (src / "gguf-py/tests/test_x.py").write_text("")
     (src / "models/ggml-vocab-qwen35.gguf").write_bytes(b"GGUF" + bytes(64))
+    (src / "models/templates").mkdir()
+    (src / "models/templates/Qwen3.5-4B.jinja").write_text("{{ messages }}")
     git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q", str(src)], check=True)
     subprocess.run(git + ["add", "-A"], check=True)
@@ -43,7 +45,7 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
     assert subprocess.run(["git", "-C", str(bare), "cat-file", "-t", head], capture_output=True,
                           text=True).stdout.strip() == "commit"
     for f in ("vf-build-release.sh", "gpu_proof.sh", "proof_bench.py", "qwen35_bench.py", "qwen35gen.py",
-              "ggml-vocab-qwen35.gguf", "gguf-py/gguf/__init__.py"):
+              "ggml-vocab-qwen35.gguf", "Qwen3.5-4B.jinja", "gguf-py/gguf/__init__.py"):
         assert (dest / f).is_file(), f
     assert not (dest / "gguf-py/tests").exists()
     assert (dest / "vf-build-release.sh").read_bytes() == (REPO / "roles/llama_cpp/files/vf-build-release.sh").read_bytes()
