@@ -35,6 +35,7 @@ from voltafleet.runctx import RunContext
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_CLIENT = "voltafleet-smoke"
+WORKLOAD_CLIENT = "voltafleet-workload"
 GATEWAY_GROUP = "gateway"
 
 
@@ -412,7 +413,10 @@ def out_of_rotation(state, server_name: str, indexes) -> bool:
 
 
 def ready(state, server_name: str, indexes) -> None:
-    """Put instances back in rotation on every gateway (health checks still apply)."""
+    """Put instances back in rotation on every gateway (health checks still apply); not in a
+    tune trial, whose canary stays drained until the tune restores it."""
+    if run_context().holds_drained:
+        return
     for g in gateway_hosts(state):
         try:
             for i in indexes:

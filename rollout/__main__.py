@@ -231,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", action="store_true",
                    help="change nothing: print what each batch would change, the hosts preflight refuses and "
                         "the estimated time (plan.json in the run directory); exit 2 if the rollout would not start")
+    p.add_argument("--tune", action="store_true",
+                   help="measure server settings on one drained canary host (--canary HOST) and write the winner "
+                        "to group_vars/<group>.tuned.yml for the next rollout; the canary is restored at the end")
+    p.add_argument("--budget", type=float, default=None,
+                   help="with --tune: minutes the tune may take (default tune_budget_minutes)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="stream pyinfra's whole output (it always goes to the run's logs in the report directory)")
     a = p.parse_args(argv)
@@ -252,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     except rolling.RollingError as e:
         print(f"voltafleet: {e}", file=sys.stderr)
         return 2
+    if a.tune and (len(canary) != 1 or canary[0] not in servers or a.plan or a.record_probe):
+        print("voltafleet: --tune measures one server host: give it with --canary HOST (or --canary 1), "
+              "without --plan or --record-probe", file=sys.stderr)
+        return 2
     if a.record_probe and not canary:
         print("voltafleet: --record-probe records the canary's probe: give a canary", file=sys.stderr)
         return 2
@@ -268,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     LOCK_FDS = (lock.fd,)
     INTERRUPT.install()
     try:
+        if a.tune:
+            return tune(a, inventory, data, gateways, servers, canary)
         return (dry_run if a.plan else rollout)(a, inventory, data, gateways, servers, canary, plan, mirrors)
     finally:
         lock.release()
@@ -434,6 +445,103 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
         + (f" ({unmeasured} host(s) unmeasured: smoke_enabled is false)" if unmeasured else "")
         + f"; report: {report_dir / f'rollout-{rollout_id}.json'}")
     return 0 if report["ok"] else 1
+
+
+def tuned_group(groups: list[str]) -> str | None:
+    """The group whose variables a tune of this host writes: its last group with a group_vars file."""
+    found = [g for g in groups if (REPO / "group_vars" / f"{g}.yml").exists()]
+    return found[-1] if found else None
+
+
+def tune(a, inventory, data, gateways, servers, canary) -> int:
+    """--tune: each setting of voltafleet.tune.candidates rolled onto the drained canary and
+    measured (VOLTAFLEET_PHASE=tune), within the budget; the winner written to
+    group_vars/<group>.tuned.yml; the canary restored (its group's values, back in rotation)."""
+    import yaml
+
+    from voltafleet import tune as tunemod
+
+    host = canary[0]
+    cfg = data[host]
+    group = tuned_group(inventory[host])
+    if group is None:
+        say(f"--tune: {host} is in no group with a group_vars file: nothing to write the winner to")
+        return 2
+    budget_s = 60 * (a.budget or cfg["tune_budget_minutes"])
+    rollout_id = runctx.new_id()
+    report_dir, run_dir = run_directory(a, rollout_id)
+    run_dir = run_dir.with_name(f"tune-{rollout_id}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    settings = tunemod.candidates(cfg)
+    say(f"tune of group {group} on {host} (drained for the tune), gateway: {', '.join(gateways) or 'none'}; "
+        f"{len(settings)} settings x {cfg['tune_repetitions']} repetitions of the workload "
+        f"({cfg['tune_clients']} clients, {cfg['tune_prompt_tokens']}+{cfg['tune_answer_tokens']} tokens), "
+        f"budget {budget_s / 60:.0f} min; records in {run_dir}")
+    base = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir),
+            "VOLTAFLEET_LOCK_OWNER": str(os.getpid()), "VOLTAFLEET_SMOKE": "always"}
+    trials, t0, status, gpu = [], time.time(), 0, None
+    try:
+        for n, setting in enumerate(settings):
+            trial = tunemod.Trial(setting)
+            trials.append(trial)
+            spent = time.time() - t0
+            longest = max((t.seconds or 0 for t in trials), default=0)
+            if INTERRUPT.signum is not None:
+                trial.status, trial.reason = "skipped", f"interrupted by {INTERRUPT.name}"
+                continue
+            if n and spent + longest > budget_s:
+                trial.status, trial.reason = "skipped", f"the budget ({budget_s / 60:.0f} min) would run out"
+                continue
+            say(f"trial {n + 1}/{len(settings)}: {setting.name} {setting.values or '(the shipped values)'}")
+            over = run_dir / f"trial-{n}.yml"
+            over.write_text(yaml.safe_dump(setting.values or {}))
+            run_id = runctx.new_id()
+            env = {**base, "VOLTAFLEET_PHASE": "tune", "VOLTAFLEET_RUN": run_id, "VOLTAFLEET_BATCH": f"tune-{n}",
+                   "VOLTAFLEET_VARS": str(over)}
+            t1 = time.time()
+            rc, out = pyinfra(a.inventory, [host] + gateways, env, run_dir / f"trial-{n}.log", label=setting.name)
+            trial.seconds = round(time.time() - t1, 1)
+            rec = read_json(run_dir / f"tune-{host}.json")
+            if rec is not None and rec.get("run") == run_id:
+                gpu = rec.get("gpu") or gpu
+                trial.status, trial.reason, trial.probe = rec["status"], rec.get("reason") or "", rec.get("probe")
+                trial.reps, trial.after_load_mib, trial.planned_mib = rec["reps"], rec["after_load_mib"], rec["planned_mib"]
+                trial.planned_static_mib = rec.get("planned_static_mib")
+            elif "preflight refused" in out:
+                trial.status = "refused"
+                trial.reason = next((ln.strip() for ln in out.splitlines() if host + ":" in ln and "Fix" not in ln),
+                                    "preflight refused it")[:200]
+            else:
+                trial.status, trial.reason = "failed", f"no tune record (pyinfra exit {rc}; see {over.with_suffix('.log')})"
+            f = trial.figures()
+            say(f"trial {n + 1}: {trial.status}" + (f" ({trial.reason})" if trial.reason else "")
+                + (f": {f['throughput_tps']} tok/s, TTFT p50 {f['ttft_p50_ms']} / p99 {f['ttft_p99_ms']} ms"
+                   if trial.status == "measured" else "") + f" in {trial.seconds} s")
+    finally:
+        say(f"restoring {host}: its group's values, back in rotation")
+        rc, _ = pyinfra(a.inventory, [host] + gateways, {**base, "VOLTAFLEET_PHASE": "batch",
+                                                          "VOLTAFLEET_RUN": runctx.new_id()},
+                        run_dir / "restore.log", label="restore")
+        if rc != 0:
+            say(f"the canary {host} could not be restored: see {run_dir / 'restore.log'}")
+            status = 1
+    vram = float(gpu["memory_mib"]) if gpu and gpu.get("memory_mib") else None
+    best = tunemod.winner(trials, cfg, vram)
+    print("\n" + tunemod.table(trials, cfg, vram, best=best) + "\n")
+    if INTERRUPT.signum is not None:
+        say(f"INTERRUPTED ({INTERRUPT.name}): {host} restored, nothing written; records in {run_dir}")
+        return INTERRUPT.code
+    meta = {"host": host, "inventory": a.inventory, "backend": cfg["voltafleet_backend"],
+            "llama_cpp": {"repo": cfg["llama_cpp_repo"], "ref": cfg["llama_cpp_ref"],
+                          "commit": refs.resolve(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])},
+            "model_sha256": cfg["model_sha256"], "records": str(run_dir)}
+    meta["gpu"] = gpu or "none (the cpu backend)"
+    target = REPO / "group_vars" / f"{group}{tunemod.SUFFIX}"
+    target.write_text(tunemod.document(group, best, trials, cfg, meta, vram))
+    say((f"winner: {best.setting.name} {best.setting.values or '(the shipped values)'}" if best
+         else "no setting passed: the shipped values stay") + f"; written to {target.relative_to(REPO)} "
+        f"(review and commit it; `python -m rollout {a.inventory} --plan` shows what the next rollout changes)")
+    return status
 
 
 if __name__ == "__main__":

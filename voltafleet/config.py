@@ -177,6 +177,16 @@ SCHEMA: dict[str, Var] = {
     "mirror_extra_paths": Var(list, item=str, pattern=re.compile(r"^/[A-Za-z0-9._~/-]{1,500}$"),
                               hint='paths of model_url\'s origin like ["/org/repo/resolve/<rev>/next.gguf"]'),
     "mirror_lock_timeout_s": Var(int, min=1, max=3600),
+    # the tune on the canary (python -m rollout --tune; voltafleet/tune.py)
+    "tune_prompt_tokens": Var(int, min=1, max=1 << 20),
+    "tune_answer_tokens": Var(int, min=1, max=1 << 20),
+    "tune_clients": Var(int, min=1, max=1024),
+    "tune_requests": Var(int, min=1, max=100_000),
+    "tune_followup_share": Var((int, float), min=0, max=1),
+    "tune_repetitions": Var(int, min=1, max=20),
+    "tune_max_ttft_p99_ms": Var((int, float), min=1),
+    "tune_headroom_mib": Var(int, min=0, max=65536),
+    "tune_budget_minutes": Var((int, float), min=1, max=7 * 24 * 60),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),

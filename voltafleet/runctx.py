@@ -12,7 +12,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-PHASES = ("all", "preflight", "gateway", "batch", "plan")
+PHASES = ("all", "preflight", "gateway", "batch", "plan", "tune")
 
 
 def new_id() -> str:
@@ -22,7 +22,8 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class RunContext:
-    phase: str = "all"                # all | preflight | gateway | batch | plan (read only: --plan)
+    phase: str = "all"                # all | preflight | gateway | batch | plan (read only: --plan) | tune (a trial
+                                      # on the drained canary: it stays drained, the workload runs: --tune)
     run: str = ""                     # this pyinfra run's id: every record it writes carries it
     rollout: str | None = None        # the rolling driver's rollout id (None: a plain pyinfra run)
     batch: str | None = None          # the batch number, as the driver counts them
@@ -48,3 +49,8 @@ class RunContext:
                    no_gateway=env.get("VOLTAFLEET_NO_GATEWAY") == "1",
                    record_probe=env.get("VOLTAFLEET_PROBE") == "record",
                    lock_owner=int(owner) if owner and owner.isdigit() else None)
+
+    @property
+    def holds_drained(self) -> bool:
+        """A tune trial: the canary's instances stay out of rotation (roles.common.ready)."""
+        return self.phase == "tune"

@@ -65,7 +65,7 @@ def run_refusals(cfg: dict) -> list[str]:
             except probemod.ProbeError as e:
                 errors.append(f"{host.name}: {'smoke_probe_long' if p.min_prompt_tokens else 'smoke_probe'}: {e}")
     missing = missing_gateways(host.state)
-    if missing and run_context().phase in ("all", "batch", "plan") and not run_context().no_gateway:
+    if missing and run_context().phase in ("all", "batch", "plan", "tune") and not run_context().no_gateway:
         errors.append(f"{host.name}: gateway {', '.join(missing)} is not reachable in this run: no instance could "
                       "be drained before its restart. Fix: bring the gateway back (or include it in --limit); "
                       "to restart without a drain, run with --no-gateway (VOLTAFLEET_NO_GATEWAY=1)")

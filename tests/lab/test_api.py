@@ -62,9 +62,15 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
 
     slots = 4 * 2 * len(lab()["hosts"])
     assert deploy({"gateway_queue_timeout_s": 1}, tmp_path).rc == 0
-    seen = []
-    http = httpx.Client(event_hooks={"response": [lambda r: seen.append((time.monotonic(), r.status_code,
-                                                                         r.headers.get("retry-after")))]})
+    seen, bodies = [], []
+
+    def hook(r):
+        if r.status_code == 503:  # the gateway's own answer: OpenAI's error shape
+            r.read()
+            bodies.append(r.json()["error"])
+        seen.append((time.monotonic(), r.status_code, r.headers.get("retry-after")))
+
+    http = httpx.Client(event_hooks={"response": [hook]})
     sdk = openai.OpenAI(base_url=URL, api_key="lab-has-no-key", max_retries=8, timeout=120, http_client=http)
     # long streams hold every slot; the SDK sends the load's prompt, so affinity queues it behind them
     load = Load(URL.removesuffix("/v1"), clients=2 * slots, tokens=400, seconds=90, max_requests=600).start()
@@ -81,6 +87,7 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
         assert got.usage.completion_tokens == 4 and seen[-1][1] == 200
         busy = [(t, ra) for t, code, ra in seen if code == 503]
         assert all(ra == "5" for _, ra in busy)
+        assert bodies and all(b["code"] == "fleet_busy" and b["type"] == "server_error" and "param" in b for b in bodies)
         # the retry came no sooner than Retry-After said (the SDK honours it)
         nxt = [t for t, code, _ in seen if t > busy[0][0]]
         assert nxt and nxt[0] - busy[0][0] >= 4.5
