@@ -348,6 +348,15 @@ class Proof27(Proof):
                                                               for x in r["runs"][:1] for w in ("short", "long")])
 
 
+class Proof29(Proof27):
+    """Issue 29: the v100_32gb group's tune settings, each with the group's workload (tune29.py)."""
+
+    def tune29(self):
+        from tune29 import run29
+
+        run29(self, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     for k in ("plan", "bin", "models", "res"):
@@ -356,7 +365,7 @@ def main():
     ap.add_argument("--bins", help="label=BINDIR,... (issue 27: volta, mmq)")
     ap.add_argument("--phases", required=True)
     a = ap.parse_args()
-    run = Proof27(a)
+    run = Proof29(a)
     for ph in a.phases.split(","):
         name, _, arg = ph.partition(":")
         t = time.time()

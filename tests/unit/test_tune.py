@@ -88,3 +88,17 @@ def test_the_inventory_applies_a_tuned_file_after_its_group_file(tmp_path, cfg):
     (gv / "g.tuned.yml").write_text("values:\n  server_parallel: 0\n")
     with pytest.raises(ConfigError, match=r"group_vars/g.tuned.yml: server_parallel: is 0, below the minimum"):
         build_inventory({"g": ["h1"]}, origin="inv.py", group_vars=gv)
+
+
+def test_the_gpu_proof_tunes_the_v100_32gb_group_as_its_hosts_get_it():
+    """bench/tune29.py: the shipped setting's argv is the group's own, each setting is planned for a
+    V100-32GB, and the build variant runs on the Volta-rule release."""
+    from bench.gpu_proof import plan_tune29, render
+
+    p = plan_tune29()
+    by = {s["name"]: s for s in p["settings"]}
+    assert by["shipped"]["args"] == render("v100_32gb") and by["shipped"]["build"] == "mmq"
+    assert by["Volta rule build (no FORCE_MMQ)"]["build"] == "volta"
+    assert all(s["planned_mib"] and s["planned_static_mib"] < s["planned_mib"] for s in p["settings"] if s["fits"])
+    assert "-np" in by["slots 8"]["args"] and by["slots 8"]["args"][by["slots 8"]["args"].index("-np") + 1] == "8"
+    assert p["gpu_mib"] == 32768 and p["workload"][p["workload"].index("--reps") + 1] == "3"
