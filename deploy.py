@@ -16,6 +16,9 @@ first: every host passes one operation of this file's after theirs, before any s
 """
 from pyinfra import host
 
+from roles import speed
+
+speed.applied()  # pyinfra's per-operation cost cut (roles/speed.py); a warning when this pyinfra is not the checked one
 from roles.common import drain_host, is_gateway, is_mirror, is_server, mirrors_and_gateways_first, run_context
 from roles.gateway import gateway
 from roles.helpers import helpers

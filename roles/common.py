@@ -20,7 +20,6 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ContextObject
 
-import roles.speed  # noqa: F401  (pyinfra's cost per operation and fact, cut on import)
 from roles.facts import Gpus, HAProxyServers, HostBasics, NvccVersion
 from voltafleet import gateway as gw
 from voltafleet import hostplan, mirror, outcome, refs

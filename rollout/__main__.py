@@ -241,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     global VERBOSE
     VERBOSE = a.verbose
+    from roles import speed  # what every pyinfra run of deploy.py applies: said here, on the controller, when not
+
+    if speed.why_not():
+        say(f"warning: {speed.why_not()}")
 
     inventory, data = load_inventory(a.inventory)
     gateways = [h for h, groups in inventory.items() if GATEWAY_GROUP in groups]
