@@ -21,6 +21,7 @@ from voltafleet import timeline
 from voltafleet.hostplan import HostPlan
 from voltafleet.modelstate import is_verified
 from voltafleet.restarts import restart_set
+from voltafleet.runctx import RunDir
 
 ARGS_KEY = "LLAMA_SERVER_ARGS"
 
@@ -93,24 +94,20 @@ def refused(host: str, reasons: list[str]) -> HostChange:
 
 def record_path(directory: Path, host: str) -> Path:
     """plan-<host>.json in the run directory (a "/" of a host name such as @fake/x as "_")."""
-    return Path(directory) / f"plan-{host.replace('/', '_')}.json"
+    return RunDir(directory).file("plan", host)
 
 
 def write(directory: Path, change: HostChange) -> Path:
     """Write a host's record atomically (the driver never reads half of one)."""
-    p = record_path(directory, change.host)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(change.to_dict(), indent=1) + "\n")
-    tmp.replace(p)
-    return p
+    return RunDir(directory).write("plan", change.host, change.to_dict())
 
 
 def read(directory: Path, host: str) -> HostChange | None:
     """The host's record, or None (missing or unreadable: the plan run did not reach it)."""
+    data = RunDir(directory).read("plan", host)
     try:
-        return HostChange.from_dict(json.loads(record_path(directory, host).read_text()))
-    except (OSError, ValueError, TypeError):
+        return HostChange.from_dict(data) if data is not None else None
+    except (ValueError, TypeError):
         return None
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from voltafleet.config import ConfigError, Sourced, validate
+from voltafleet.runctx import ENV
 
 # Host data keys voltafleet adds beside the variables: the groups of the host, and
 # {variable: the file that set it} so refusals in the roles can name the file.
@@ -25,7 +26,7 @@ GROUP_VARS = REPO / "group_vars"
 # Host data keys that belong to pyinfra (connection), not to voltafleet.
 CONNECTOR_PREFIXES = ("ssh_", "_", "fake_")
 # A YAML file of variables applied last, to every host of the run.
-EXTRA_VARS_ENV = "VOLTAFLEET_VARS"
+EXTRA_VARS_ENV = ENV["vars_file"]  # VOLTAFLEET_VARS (voltafleet/runctx.py: the run contract)
 TUNED_SUFFIX = ".tuned.yml"  # group_vars/<group>.tuned.yml (voltafleet/tune.py)
 
 

@@ -16,6 +16,7 @@ from voltafleet import gguf_header
 from voltafleet import probe as probemod
 from voltafleet.fleetplan import ServerEntry
 from voltafleet.hostplan import HostFacts, HostPlan, make_plan, model_files
+from voltafleet.runctx import RunDir
 
 
 class PreflightError(PyinfraError):
@@ -79,9 +80,7 @@ def preflight_record(plan: HostPlan) -> None:
     entry = ServerEntry(host=host.name, address=cfg["server_address"] or host.data.get("ssh_hostname") or host.name,
                         ports=tuple(i.port for i in plan.instances), slots=int(cfg["server_parallel"] or 1),
                         fingerprint=host_fingerprint(host, plan.build) if plan.build else None)
-    out = report_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"preflight-{host.name}.json").write_text(json.dumps(asdict(entry)) + "\n")
+    RunDir(report_dir(cfg)).write("preflight", host.name, {**asdict(entry), "run": run_context().run})
 
 
 @deploy("Preflight")

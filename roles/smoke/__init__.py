@@ -31,6 +31,7 @@ from voltafleet import gpuhealth
 from voltafleet import probe as probemod
 from voltafleet import rollback
 from voltafleet import smoke as smokemod
+from voltafleet.runctx import RunDir
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, GOOD_DIR, UNIT_PATH, HostPlan
 from voltafleet.restarts import restart_set
 
@@ -130,9 +131,7 @@ def _figures(report: dict) -> dict:
 
 
 def _write(plan: HostPlan, name: str, report: dict) -> None:
-    outdir = report_dir(plan.cfg)
-    outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / f"smoke-{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    RunDir(report_dir(plan.cfg)).write("smoke", name, {**report, "run": run_context().run}, indent=2)
 
 
 class Failed(Exception):

@@ -18,6 +18,7 @@ from roles.common import WORKLOAD_CLIENT, bin_path, drain, drain_timeout, host_f
 from roles.facts import Gpus
 from voltafleet import outcome
 from voltafleet.hostplan import API_KEY_PATH, HostPlan
+from voltafleet.runctx import RunDir
 from voltafleet.tune import Workload
 
 @operation()
@@ -76,9 +77,7 @@ def measured(plan: HostPlan):
                 doc["reason"] = "the workload failed: " + ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]
         elif rec is not None:
             doc["status"] = "refused" if rec.status == "refused" else "failed"
-        path = report_dir(cfg) / f"tune-{h.name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        RunDir(report_dir(cfg)).write("tune", h.name, doc)
         return True
     yield FunctionCommand(run, (), {})
 
