@@ -11,7 +11,7 @@ from pyinfra.facts.files import Sha1File
 
 from roles.common import host_fingerprint, model_size, report_dir
 from roles.facts import EnvFiles, FileState, HostBasics, NvccVersion, Releases, ServerInstances
-from roles.toolchain.facts import NvidiaPci, driver_plan
+from roles.driver_facts import NvidiaPci, driver_plan
 from voltafleet import dryrun, nvidia
 from voltafleet.hostplan import ENV_DIR, UNIT_PATH, HostPlan
 from voltafleet.modelstate import is_verified

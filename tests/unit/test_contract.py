@@ -315,3 +315,19 @@ def test_the_contract_round_trips_and_its_records_are_atomic_and_run_checked(tmp
     import pytest
     with pytest.raises(ValueError):
         d.file("secrets", "h")
+
+
+def test_no_role_imports_another_role():
+    """A role (roles/<name>/) imports shared modules (roles/*.py) and voltafleet/, never another role."""
+    import re
+    from pathlib import Path
+
+    roles = Path(__file__).resolve().parents[2] / "roles"
+    names = {p.name for p in roles.iterdir() if (p / "__init__.py").exists()}
+    found = []
+    for role in sorted(names):
+        for f in sorted((roles / role).rglob("*.py")):
+            for m in re.finditer(r"^\s*(?:from|import) roles\.(\w+)", f.read_text(), re.M):
+                if m.group(1) in names and m.group(1) != role:
+                    found.append(f"{f.relative_to(roles.parent)} imports roles.{m.group(1)}")
+    assert len(names) >= 10 and found == []

@@ -1,5 +1,6 @@
-"""Facts of the NVIDIA driver role: installed driver packages, the loaded kernel module, what
-apt would install, the PCI bus, nvidia-smi's bus ids, and why a driver sees no GPU.
+"""Facts of the NVIDIA driver, shared by the toolchain role and the plan role (roles never import
+each other): installed driver packages, the loaded kernel module, what apt would install, the PCI bus,
+nvidia-smi's bus ids, and why a driver sees no GPU.
 
 Each is read afresh when an operation executes (after the reboot, for instance).
 `driver_plan` decides the driver's change from them (the toolchain role, and the plan)."""
