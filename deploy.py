@@ -19,7 +19,8 @@ from pyinfra import host
 from roles import speed
 
 speed.applied()  # pyinfra's per-operation cost cut (roles/speed.py); a warning when this pyinfra is not the checked one
-from roles.common import drain_host, is_gateway, is_mirror, is_server, mirrors_and_gateways_first, run_context
+from roles.gateway_api import drain_host, is_gateway, is_mirror, is_server, mirrors_and_gateways_first
+from roles.run import run_context
 from roles.gateway import gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from roles.common import host_fact
+from roles.factcache import host_fact
 from voltafleet import nvidia
 
 # Package name globs handed to dpkg-query; voltafleet.nvidia.driver_set keeps the driver ones.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -33,11 +32,11 @@ def sha1(text: str) -> str:
 
 @dataclass(frozen=True)
 class Observed:
-    """What a host has now, as the facts read it (roles/facts.py, roles/toolchain/facts.py)."""
+    """What a host has now, as the facts read it (roles/facts.py, roles/driver_facts.py)."""
 
     compiler: bool = False             # HostBasics: a C++ compiler
     toolkit: bool | None = None        # NvccVersion at the pinned toolkit (None: no CUDA)
-    fingerprint: str | None = None     # roles.common.host_fingerprint (None: compiler or toolkit missing)
+    fingerprint: str | None = None     # roles.factcache.host_fingerprint (None: compiler or toolkit missing)
     current: str | None = None         # Releases: the release `current` points at
     releases: tuple = ()               # Releases: every release on the host
     env: dict = field(default_factory=dict)      # EnvFiles: {index: {"sha1", "text"}}

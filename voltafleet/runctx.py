@@ -82,7 +82,7 @@ class RunContext:
 
     @property
     def holds_drained(self) -> bool:
-        """A tune trial: the canary's instances stay out of rotation (roles.common.ready)."""
+        """A tune trial: the canary's instances stay out of rotation (roles.gateway_api.ready)."""
         return self.phase == "tune"
 
 

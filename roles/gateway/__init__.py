@@ -13,7 +13,7 @@ usage (/metrics/teams on the metrics bind), and sends the servers their own key 
 (voltafleet/teams.py). A key change replaces the maps in the running process: no reload,
 no server touched.
 
-The rolling rollout drains instances through the runtime API (roles/common: drain, ready).
+The rolling rollout drains instances through the runtime API (roles/gateway_api: drain, ready).
 """
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config, fleet_plan, host_config, host_fact, is_server, server_address
+from roles.factcache import host_fact
+
+from roles.gateway_api import is_server, server_address
+
+from roles.run import changes, config, fleet_plan, host_config
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet import gateway as gw
 from voltafleet import hostplan, teams

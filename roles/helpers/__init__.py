@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pyinfra.api import deploy
 
-from roles.common import SMOKE_CLIENT, WORKLOAD_CLIENT, bin_path
+from roles.shell import bin_path, SMOKE_CLIENT, WORKLOAD_CLIENT
 from roles.filesync import Wanted, synced
 from voltafleet.hostplan import HostPlan
 

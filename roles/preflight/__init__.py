@@ -2,15 +2,17 @@
 refuse, before anything changes, a host that cannot serve."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.common import (config, hold_fleet_lock, host_fact, host_fingerprint, is_gateway, missing_gateways, model_size,
-                          once_per_run, report_dir, resolve_ref, run_context, sources)
+from roles.factcache import host_fact, host_fingerprint, model_size, resolve_ref
+
+from roles.gateway_api import is_gateway, missing_gateways
+
+from roles.run import config, hold_fleet_lock, once_per_run, report_dir, run_context, sources
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
 from voltafleet import gguf_header
 from voltafleet import probe as probemod

@@ -23,8 +23,13 @@ import time
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, deploy, operation
 
-from roles.common import (SMOKE_CLIENT, DrainError, bin_path, changes, drain, drain_timeout, gateway_hosts, host_fact, q,
-                          out_of_rotation, ready, record, report_dir, restart_command, run_context, sh)
+from roles.factcache import host_fact
+
+from roles.gateway_api import drain, drain_timeout, DrainError, gateway_hosts, out_of_rotation, ready
+
+from roles.run import changes, record, report_dir, run_context
+
+from roles.shell import bin_path, q, restart_command, sh, SMOKE_CLIENT
 from roles.facts import GpuHealth, Releases, ServerInstances
 from roles.filesync import Wanted, synced
 from voltafleet import gpuhealth

@@ -23,7 +23,7 @@ from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations.util import any_changed
 from pyinfra.operations import apt, files, server, systemd
 
-from roles.common import host_fact
+from roles.factcache import host_fact
 from roles.filesync import Wanted, synced
 from roles.facts import Gpus
 from roles.driver_facts import DriverDiagnostics, NvidiaPci, SmiBusIds, driver_plan

@@ -1,6 +1,6 @@
 """Tune: one trial of `python -m rollout INVENTORY --tune` on the canary (VOLTAFLEET_PHASE=tune).
 
-The canary's instances are drained before anything changes and stay drained (roles.common.ready
+The canary's instances are drained before anything changes and stay drained (roles.gateway_api.ready
 does nothing in a tune trial), the trial's setting is rolled and smoke-tested as any rollout
 does (a setting the VRAM plan refuses never starts; one that fails its smoke test or the golden
 probe is rolled back), then the group's workload runs on instance 0 (voltafleet/workload.py,
@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import json
 
-from pyinfra import host
 from pyinfra.api import FunctionCommand, deploy, operation
 
-from roles.common import WORKLOAD_CLIENT, bin_path, drain, drain_timeout, host_fact, q, report_dir, run_context, sh
+from roles.factcache import host_fact
+
+from roles.gateway_api import drain, drain_timeout
+
+from roles.run import report_dir, run_context
+
+from roles.shell import bin_path, q, sh, WORKLOAD_CLIENT
 from roles.facts import Gpus
 from voltafleet import outcome
 from voltafleet.hostplan import API_KEY_PATH, HostPlan

@@ -5,7 +5,7 @@ from roles import speed
 speed.applied()  # as deploy.py does
 from pyinfra import host
 
-from roles.common import is_mirror
+from roles.gateway_api import is_mirror
 from roles.mirror import mirror
 from roles.model import model
 from roles.preflight import preflight
