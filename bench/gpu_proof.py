@@ -289,7 +289,7 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
     """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json)."""
     pack_sources(dest, checkout, commit)
     for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py",
-              "bench/voltarule.py", "voltafleet/smoke.py", "voltafleet/workload.py", "bench/tune29.py"):
+              "bench/voltarule.py", "voltafleet/smoke_client.py", "voltafleet/workload.py", "bench/tune29.py"):
         shutil.copy(REPO / f, dest)
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))

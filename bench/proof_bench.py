@@ -323,10 +323,10 @@ class Proof27(Proof):
             say("serve27", label, item["name"], [(x["streams"], wall_rate(x["recs"])) for x in r["rounds"]])
 
     def probe27(self):
-        """The smoke client's probes (voltafleet/smoke.py, as shipped to hosts), greedy, 3 times
+        """The smoke client's probes (voltafleet/smoke_client.py, as shipped to hosts), greedy, 3 times
         each, on both builds: the 27B shape at the v100_16gb argv, and a random-weight qwen35
         (lab/qwen35gen.py --dense, quantized to Q8_0: MMQ-capable, so the 64+ rule applies)."""
-        import smoke
+        import smoke_client as smoke  # the host-side client, as shipped
         pr = self.plan["probe"]
         out = self.results.setdefault("probe", [])
         tiny = os.path.join(self.a.models, "tiny-q8_0.gguf")

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from voltafleet.smoke import percentile  # noqa: E402
+from voltafleet.smoke_client import percentile  # noqa: E402
 
 RECORD = REPO / "bench" / "proof19" / "results.json"
 
@@ -121,7 +121,7 @@ def vram_table(vram: list) -> dict:
 
 def splits(serve_or_vram: list) -> set:
     """Every `splits = S` figure the loads logged (sched_reserve at -lv 4)."""
-    from voltafleet.smoke import graph_splits
+    from voltafleet.smoke_client import graph_splits
     return {s for r in serve_or_vram for s in graph_splits("\n".join(r.get("log", [])))}
 
 

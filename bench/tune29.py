@@ -67,7 +67,7 @@ def run29(proof, workload_py: str) -> None:
         r.update(args=s.args, healthy=s.ok, load_s=s.load_s)
         try:
             if s.ok:
-                import smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
+                import smoke_client as smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
 
                 pr = proof.plan["probe"]
                 r["probe_tokens"] = smoke.probe(proof.port, None, pr["short"], pr["tokens"])["tokens"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from voltafleet.errors import Problem
-from voltafleet.smoke import reason_words
+from voltafleet.smoke_client import reason_words
 
 NO_SMI = "__voltafleet_no_nvidia_smi__"
 MARK = "=== voltafleet "   # the fact's section markers: query, nvlink, xid <source>

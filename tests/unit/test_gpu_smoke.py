@@ -8,7 +8,7 @@ import pytest
 
 from tests import gpu_fixtures as G
 from tests.unit.test_smoke import inst
-from voltafleet import gpuhealth, smoke
+from voltafleet import gpuhealth, smoke, smoke_client
 from voltafleet.config import ConfigError, validate_values
 
 # One --query-gpu line per GPU as R580 prints it: index, serial, clocks.sm, clocks.mem,
@@ -19,15 +19,15 @@ IDLE = "3, 0323817105647, 135, 877, 38, 39.78, 0x0000000000000001"
 
 
 def test_sample_lines_and_the_summary_under_load():
-    rows = [smoke.parse_gpu_sample(line, t) for t, line in enumerate([IDLE, BUSY, HOT, BUSY])]
+    rows = [smoke_client.parse_gpu_sample(line, t) for t, line in enumerate([IDLE, BUSY, HOT, BUSY])]
     assert rows[2]["reasons"] == ["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"]
-    assert smoke.parse_gpu_sample("3, 0323817105647, [N/A], 877, 40, [N/A], 0x0")["sm"] is None
-    assert smoke.parse_gpu_sample("Failed to initialize NVML: Driver/library version mismatch") is None
-    g = smoke.gpu_summary(rows, 3)
+    assert smoke_client.parse_gpu_sample("3, 0323817105647, [N/A], 877, 40, [N/A], 0x0")["sm"] is None
+    assert smoke_client.parse_gpu_sample("Failed to initialize NVML: Driver/library version mismatch") is None
+    g = smoke_client.gpu_summary(rows, 3)
     assert g == {"index": 3, "serial": "0323817105647", "samples": 4, "sm_clock_mhz": 1360.0, "sm_clock_min_mhz": 1020.0,
                  "mem_clock_mhz": 877.0, "power_w": 227.6, "power_max_w": 251.37, "temperature_max_c": 88.0,
                  "reasons": ["hw_slowdown", "hw_thermal_slowdown", "idle", "sw_thermal_slowdown"]}
-    assert smoke.gpu_summary(rows, 0) is None
+    assert smoke_client.gpu_summary(rows, 0) is None
 
 
 def test_sampler_runs_nvidia_smi_and_falls_back_to_the_older_field_name(tmp_path, monkeypatch):
@@ -35,7 +35,7 @@ def test_sampler_runs_nvidia_smi_and_falls_back_to_the_older_field_name(tmp_path
     G.stub_tool(tmp_path, "nvidia-smi", 'case "$1" in *clocks_event_reasons*) echo "Field is not a valid field to query." >&2; '
                         f'exit 2;; esac; echo "{HOT}"\n')
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    s = smoke.GpuSampler(0.05)
+    s = smoke_client.GpuSampler(0.05)
     s.sample()
     s.sample()
     assert s.fields == ["clocks_throttle_reasons.active"]
@@ -49,18 +49,18 @@ def test_sampler_runs_nvidia_smi_and_falls_back_to_the_older_field_name(tmp_path
 
 def test_the_client_records_no_gpu_without_nvidia_smi():
     """A CPU lab host (no nvidia-smi on PATH): the client runs as on the host, records no "gpu"."""
-    out = subprocess.run(["/usr/bin/env", "python3", smoke.__file__, "--port", "9", "--health-timeout", "0"],
+    out = subprocess.run(["/usr/bin/env", "python3", smoke_client.__file__, "--port", "9", "--health-timeout", "0"],
                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
     report = json.loads(out.stdout)
     assert report["instances"][0]["error"].startswith("TimeoutError") and "gpu" not in report["instances"][0]
 
 
 def test_slow_tok_s_names_the_throttle_reason(cfg):
-    g = smoke.gpu_summary([smoke.parse_gpu_sample(HOT)], 3)
+    g = smoke_client.gpu_summary([smoke_client.parse_gpu_sample(HOT)], 3)
     fails = smoke.verdict({"instances": [inst(instance=3, port=8083, single_tps=10.0, gpu=g)]}, cfg)
     assert fails == ["instance 3 (port 8083): single-stream 10.0 tok/s < 15: GPU 3 thermal slowdown "
                      "(88 C, SM 1020 MHz, 180 W)"]
-    cool = smoke.gpu_summary([smoke.parse_gpu_sample(BUSY)], 3)
+    cool = smoke_client.gpu_summary([smoke_client.parse_gpu_sample(BUSY)], 3)
     assert smoke.verdict({"instances": [inst(single_tps=10.0, gpu=cool)]}, cfg) == [
         "instance 0 (port 8080): single-stream 10.0 tok/s < 15"]  # slow, but not throttled: says only that
     assert smoke.verdict({"instances": [inst(gpu=g)]}, cfg) == []  # throttled but fast enough: passes
@@ -68,7 +68,7 @@ def test_slow_tok_s_names_the_throttle_reason(cfg):
 
 def test_textfile_has_per_gpu_gauges_labelled_by_index_and_serial(cfg):
     health = gpuhealth.summary("gpu-01", cfg, G.health(G.host_query(2, sick={1: G.PENDING}), nvlink=G.NVLINK))
-    g = smoke.gpu_summary([smoke.parse_gpu_sample(HOT.replace("3, 0323817105647", "1, 0321618080001"))], 1)
+    g = smoke_client.gpu_summary([smoke_client.parse_gpu_sample(HOT.replace("3, 0323817105647", "1, 0321618080001"))], 1)
     report = {"passed": False, "epoch": 1767225600.4, "gpu_health": health,
               "instances": [inst(), inst(instance=1, port=8081, gpu=g)]}
     text = smoke.textfile("gpu-01", report, "3f2a")

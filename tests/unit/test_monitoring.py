@@ -16,7 +16,7 @@ import pytest
 
 from tests import gpu_fixtures as G
 from tests.unit.test_smoke import inst
-from voltafleet import gpuhealth, metrics, smoke
+from voltafleet import gpuhealth, metrics, smoke, smoke_client
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"
@@ -56,8 +56,8 @@ def cuda_report(cfg) -> dict:
     thermal slowdown sampled under load, NVLink counters and Xids."""
     health = gpuhealth.summary("gpu-01", cfg, G.health(G.host_query(2, sick={1: G.PENDING}), nvlink=G.NVLINK,
                                                        xids="NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"))
-    hot = smoke.gpu_summary([smoke.parse_gpu_sample("1, 0321618080001, 1020, 877, 88, 180.02, 0x68")], 1)
-    cool = smoke.gpu_summary([smoke.parse_gpu_sample("0, 0321618080000, 1380, 877, 61, 240.5, 0x0")], 0)
+    hot = smoke_client.gpu_summary([smoke_client.parse_gpu_sample("1, 0321618080001, 1020, 877, 88, 180.02, 0x68")], 1)
+    cool = smoke_client.gpu_summary([smoke_client.parse_gpu_sample("0, 0321618080000, 1380, 877, 61, 240.5, 0x0")], 0)
     return {"passed": False, "epoch": 1767225600, "gpu_health": health,
             "thresholds": {"smoke_min_single_tps": 15, "smoke_min_aggregate_tps": 40},
             "instances": [inst(gpu=cool), inst(instance=1, port=8081, single_tps=11.0, gpu=hot)]}

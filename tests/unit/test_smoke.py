@@ -49,8 +49,8 @@ def test_table_has_a_row_per_instance():
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from voltafleet.smoke import (expected_splits, graph_splits, offload_from_log, percentile,  # noqa: E402
-                              splits_problem, textfile, ttft_summary)
+from voltafleet.smoke import splits_problem, textfile, ttft_summary  # noqa: E402
+from voltafleet.smoke_client import expected_splits, graph_splits, offload_from_log, percentile  # noqa: E402
 
 PROOF = Path(__file__).resolve().parents[2] / "bench" / "proof19" / "results.json"
 
