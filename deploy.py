@@ -16,7 +16,11 @@ first: every host passes one operation of this file's after theirs, before any s
 """
 from pyinfra import host
 
-from roles.common import drain_host, is_gateway, is_mirror, is_server, mirrors_and_gateways_first, run_context
+from roles import speed
+
+speed.applied()  # pyinfra's per-operation cost cut (roles/speed.py); a warning when this pyinfra is not the checked one
+from roles.gateway_api import drain_host, is_gateway, is_mirror, is_server, mirrors_and_gateways_first
+from roles.run import run_context
 from roles.gateway import gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
@@ -27,6 +31,7 @@ from roles.preflight import preflight
 from roles.server import server
 from roles.smoke import smoke
 from roles.toolchain import toolchain
+from roles.tune import held, tuned
 
 phase = run_context().phase
 
@@ -42,10 +47,14 @@ if is_server(host):
     plan = preflight()
     if phase == "plan":
         planned(plan)  # read only: what a batch would change, or why preflight refuses (python -m rollout --plan)
-    elif phase in ("all", "batch"):
+    elif phase in ("all", "batch", "tune"):
+        if phase == "tune":
+            held(name="The canary's instances out of rotation for the trial", plan=plan)
         helpers(plan)
         driver_op = toolchain(plan, before_driver_change=drain_host(plan))  # drained before a driver change
         llama_cpp(plan)
         model_ops = model(plan)
         changes = server(plan, [*model_ops, driver_op])  # a new model or driver restarts every instance
         smoke(plan, changes)  # restart (drained), smoke, probe; rollback on any failure; the outcome record
+        if phase == "tune":
+            tuned(plan)  # python -m rollout --tune: the workload on the drained canary, tune-<host>.json

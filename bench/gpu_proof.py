@@ -227,6 +227,17 @@ def plan27() -> dict:
                                                                  "-fa", "on", "--host", "127.0.0.1", "--port", str(PORT)]}}
 
 
+def plan_tune29() -> dict:
+    """Issue 29: the v100_32gb group's tune settings (bench/tune29.py), planned for a V100-32GB
+    from the 27B's header (tests/fixtures/gguf: the shape-exact file's)."""
+    from bench.tune29 import plan29
+    from voltafleet.gguf_header import from_json
+
+    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
+    return plan29(group_cfg, lambda c: server_args({**c, "server_host": "127.0.0.1"}, "MODEL", port=PORT,
+                                                   api_key_file=None), header)
+
+
 THINK_MODES = (("off", {"chat_template_kwargs": {"enable_thinking": False}}),
                ("b0", {"thinking_budget_tokens": 0}),
                ("b256", {"thinking_budget_tokens": 256}),
@@ -354,9 +365,9 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
     """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json)."""
     pack_sources(dest, checkout, commit)
     for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py",
-              "bench/voltarule.py", "voltafleet/smoke.py"):
+              "bench/voltarule.py", "voltafleet/smoke.py", "voltafleet/workload.py", "bench/tune29.py"):
         shutil.copy(REPO / f, dest)
-    plan = {"build": build_plan(), **run_plan(), **plan27(), **plan32()}
+    plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)

@@ -35,7 +35,7 @@ class Load:
     def __init__(self, url: str, clients: int = 4, tokens: int = 32, seconds: float = 120,
                  max_requests: int = 5000, key: str | None = None, client: str = "httpx",
                  body: dict | None = None, headers: dict | None = None, streams_only: bool = False,
-                 model: str = "qwen3.6-27b"):
+                 model: str = "qwen3.6-27b", honor_retry_after: bool = False):
         u = urlparse(url)
         if u.hostname not in ALLOWED_HOSTS:
             raise ValueError(f"load only goes to this machine's loopback, not {u.hostname}")
@@ -46,6 +46,7 @@ class Load:
         self.body, self.headers = body or {}, headers or {}
         self.streams_only = streams_only  # every request streamed (else streamed and not in turn)
         self.model = model  # the fleet's server_model_alias: the gateway refuses another name (model_not_found)
+        self.honor_retry_after = honor_retry_after  # a client sleeps Retry-After after a 429 or 503, then goes on
         self.results: list[dict] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -72,7 +73,7 @@ class Load:
             (self._sdk if self.sdk else self._httpx)(rec, t0, stream)
         except Exception as e:  # counted: failed, cut or busy
             rec["error"] = f"{type(e).__name__}: {e}"[:200]
-            if rec["outcome"] != "busy":  # a stream the server had begun to answer, then broke: cut
+            if rec["outcome"] not in ("busy", "limited"):  # a stream the server had begun to answer, then broke: cut
                 rec["outcome"] = "cut" if rec.get("started") else "failed"
         finally:
             rec["end"] = time.time()
@@ -125,14 +126,16 @@ class Load:
                 if not finished:
                     raise RuntimeError("stream ended before its last chunk")
         except APIStatusError as e:
-            if e.status_code == 503:
-                rec["outcome"], rec["retry_after"] = "busy", e.response.headers.get("retry-after")
+            if e.status_code in (503, 429):  # the fleet busy; the team over its limit (gateway_teams)
+                rec["outcome"] = "busy" if e.status_code == 503 else "limited"
+                rec["retry_after"] = e.response.headers.get("retry-after")
             raise
         rec["ok"], rec["outcome"] = True, "ok"
 
     def _status(self, rec: dict, r) -> None:
-        if r.status_code == 503:
-            rec["outcome"], rec["retry_after"] = "busy", r.headers.get("retry-after")
+        if r.status_code in (503, 429):
+            rec["outcome"] = "busy" if r.status_code == 503 else "limited"
+            rec["retry_after"] = r.headers.get("retry-after")
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}")
 
@@ -148,6 +151,8 @@ class Load:
             rec = self.one(stream)
             with self.lock:
                 self.results.append(rec)
+            if self.honor_retry_after and rec.get("retry_after"):
+                self.stopping.wait(min(float(rec["retry_after"]), max(0.0, deadline - time.monotonic())))
 
     def start(self) -> "Load":
         deadline = time.monotonic() + self.seconds
@@ -175,7 +180,7 @@ def summary(results: list[dict]) -> dict:
     def pct(p):
         return round(ttft[min(len(ttft) - 1, int(p / 100 * len(ttft)))], 1) if ttft else None
 
-    count = {k: sum(r.get("outcome") == k for r in results) for k in ("failed", "cut", "busy")}
+    count = {k: sum(r.get("outcome") == k for r in results) for k in ("failed", "cut", "busy", "limited")}
     return {"requests": len(results), "served": len(ok), **count,
             "ttft_p50_ms": pct(50), "ttft_p95_ms": pct(95), "ttft_p99_ms": pct(99),
             "ttft_mean_ms": round(statistics.mean(ttft), 1) if ttft else None,

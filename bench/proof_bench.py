@@ -354,6 +354,15 @@ class Proof27(Proof):
                                                               for x in r["runs"][:1] for w in ("short", "long")])
 
 
+class Proof29(Proof27):
+    """Issue 29: the v100_32gb group's tune settings, each with the group's workload (tune29.py)."""
+
+    def tune29(self):
+        from tune29 import run29
+
+        run29(self, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py"))
+
+
 # ------------------------------------------------------------ issue 32: the thinking budget
 class KeepAlive(http.client.HTTPConnection):
     """One client's connection, kept open from one request to the next (a pooled keep-alive
@@ -446,7 +455,7 @@ def think_figures(rec: dict) -> dict:
             "n_content": len(ct), "think_tps": rate(rt), "answer_tps": rate(ct)}
 
 
-class Proof32(Proof27):
+class Proof32(Proof29):
     """Issue 32: what a thinking budget costs or saves, on the Volta-rule build."""
 
     @staticmethod

@@ -172,8 +172,6 @@ def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int
                                                                "model_url": mirror.url, "header": str(header)}),
                "VOLTAFLEET_REPORT_DIR": str(Path(tmp) / "reports"),
                "VOLTAFLEET_RELEASE_CACHE": str(Path(tmp) / "releases")}
-        for kind in ("outcome", "preflight", "smoke"):  # the fake hosts' names are "@fake/NAME"
-            (Path(tmp) / "reports" / f"{kind}-@fake").mkdir(parents=True)
         argv = ["-y", "bench/scale_inventory.py", "deploy.py"] + (["--parallel", str(parallel)] if parallel else [])
         prof = ["-m", "cProfile", "-o", f"{profile}.{n}"] if profile else []
         t0 = time.monotonic()
@@ -184,8 +182,10 @@ def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         counts = json.loads(out.read_text()) if out.exists() else {}
-        passed = sum(json.loads(p.read_text()).get("status") == "passed"
-                     for p in (Path(tmp) / "reports" / "outcome-@fake").glob("*.json"))
+        sys.path.insert(0, str(REPO))
+        from voltafleet.runctx import RunDir  # the fake hosts' names are "@fake/NAME": outcome-@fake_NAME.json
+
+        passed = sum(r.get("status") == "passed" for r in RunDir(Path(tmp) / "reports").all("outcome"))
     if proc.returncode != 0 or not counts:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
     servers = [h for h in counts.get("ops", {}) if h != "@fake/gw"]

@@ -164,18 +164,12 @@ def haproxy_cfg(cfg: dict, servers: list[str], ports: list[int], slots: int | No
     """The gateway's configuration as roles/gateway renders it for these servers."""
     import jinja2
 
-    from roles.gateway import ERRORFILE, TEMPLATE
+    from roles.gateway import TEMPLATE
 
     backends = gw.fleet_backends([(name, name, ports, slots) for name in servers], [], [])
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
                              lstrip_blocks=True)
-    return env.from_string(TEMPLATE.read_text()).render(
-        backends=backends, bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
-        stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
-        maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE,
-        queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
-        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"], model_alias=cfg["server_model_alias"],
-        errorfile=ERRORFILE)
+    return env.from_string(TEMPLATE.read_text()).render(**gw.template_vars(cfg, backends))
 
 
 def gateway_responses(cfg: dict, servers: list[str], ports: list[int], slots: int | None = None) -> list:

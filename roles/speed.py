@@ -14,11 +14,13 @@
   its groups' data into a new dict, for every argument of every operation and fact. Here the
   layers are evaluated once per call, then looked up in the same order.
 
-Applied on import (roles.common imports this module, so every deploy of the roles runs with
-it) and only to the pyinfra these replacements were checked against: the source of each
-replaced function must be the one whose digest is below (tests/ops/test_speed.py compares
-the results with pyinfra's own). Another pyinfra leaves pyinfra as it is.
-VOLTAFLEET_PYINFRA_AS_IS=1 leaves it as it is too (to compare).
+Nothing happens on import: deploy.py calls `applied()` by name, first thing (and the driver,
+`python -m rollout`, says on the controller when it would not apply). It applies only to the
+pyinfra these replacements were checked against: the source of each replaced function must be
+the one whose digest is below (tests/ops/test_speed.py compares the results with pyinfra's
+own). Another pyinfra is left as it is, with a warning that says so (the controller is then
+about 4x slower at 100 hosts: bench/RESULTS.md). VOLTAFLEET_PYINFRA_AS_IS=1 leaves it as it is
+too (to compare), silently. The same changes, as patches to offer pyinfra: docs/pyinfra-patches.md.
 """
 from __future__ import annotations
 
@@ -186,5 +188,62 @@ def apply() -> list[str]:
         APPLIED.append("pop_global_arguments")
     return APPLIED
 
+ALL = ["get_operation_order_from_stack", "all_global_arguments", "pop_global_arguments"]
+CHECKED_VERSION = "3.10.0"
+_WARNED: list[str] = []
 
-apply()
+
+def why_not() -> str | None:
+    """Why the replacements are not (all) applied, in one line; None when they are, or when
+    VOLTAFLEET_PYINFRA_AS_IS asked for pyinfra as it is."""
+    if os.environ.get("VOLTAFLEET_PYINFRA_AS_IS"):
+        return None
+    missing = [n for n in ALL if n not in apply()]
+    if not missing:
+        return None
+    version = getattr(pyinfra, "__version__", None) or _version()
+    return (f"roles/speed.py left pyinfra {version} as it is ({', '.join(missing)}: source differs from the "
+            f"checked pyinfra {CHECKED_VERSION}); runs are correct but the controller spends about 4x the CPU "
+            f"a host (bench/RESULTS.md). Fix: pin pyinfra=={CHECKED_VERSION} (requirements.txt), or check the "
+            "replacements against this version (tests/ops/test_speed.py) and update CHECKED")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("pyinfra")
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def applied(warn=None) -> list[str]:
+    """apply(), and once per process a warning through `warn` (pyinfra's logger by default)
+    when pyinfra is left as it is. deploy.py's first line."""
+    names = apply()
+    reason = why_not()
+    if reason and not _WARNED:
+        _WARNED.append(reason)
+        if warn is None:
+            from pyinfra import logger
+            warn = logger.warning
+        warn(f"voltafleet: warning: {reason}")
+    return names
+
+
+PATCHES_INTRO = '# pyinfra patches: what roles/speed.py replaces, ready to offer upstream\n\nvoltafleet applies three replacements to pyinfra 3.10.0 at run time (`roles/speed.py`, called by\nname from `deploy.py`; the driver and every run warn when the installed pyinfra is not the checked one,\nand `VOLTAFLEET_PYINFRA_AS_IS=1` turns them off to compare). Each computes what pyinfra computes from\nthe same inputs; `tests/ops/test_speed.py` compares them with pyinfra\'s own on real runs. Below, each as\na unified diff of the function\'s source (pyinfra 3.10.0, as installed by requirements.txt), the\nform an upstream pull request would take (there the new body replaces the old one in place).\n\n## Measured effect (bench/scale.py, bench/RESULTS.md "The controller\'s cost per host, second pass")\n\nA converged fleet, CPU seconds of the pyinfra process, medians of 3 (this change together with\nvoltafleet\'s own operation merges of the same issue):\n\n| hosts | before | after |\n|---|---|---|\n| 10 | 4.1 s | 1.5 s |\n| 100 | 20.1 s | 4.9 s |\n\ncProfile at 100 hosts (profiled seconds): an operation\'s place in the run 31.6 -> 1.0 (patch 1);\nglobal arguments of each operation and fact 26.7 -> 1.4 (patches 2 and 3: get_type_hints of a\nfixed TypedDict 11.4 -> 0.1; the host\'s data layers merged again for each of 32 arguments 11.7 -> 0.5).\nThe marginal controller cost of a host fell from 178 ms to 38 ms.\n\n## 1. `pyinfra.api.util.get_operation_order_from_stack`: no source line read\n\n`inspect.stack()` reads the source line of every frame (linecache, and `inspect.getmodule` scanning\n`sys.modules` for a deploy file that is no module); the order needs only file names and line numbers.\n\n```diff\n{0}```\n\n## 2. `pyinfra.api.arguments.all_global_arguments`: the type hints evaluated once\n\n```diff\n{1}```\n\n## 3. `pyinfra.api.arguments.pop_global_arguments`: a host\'s data layers evaluated once per call\n\nEach of the 32 global arguments\' defaults was looked up through `HostData.__getattr__`, which merges the\nhost\'s five data layers into a new dict every time.\n\n```diff\n{2}```\n'
+_PATHS = {"get_operation_order_from_stack": "src/pyinfra/api/util.py",
+          "all_global_arguments": "src/pyinfra/api/arguments.py",
+          "pop_global_arguments": "src/pyinfra/api/arguments.py"}
+
+
+def patches() -> str:
+    """docs/pyinfra-patches.md: each replacement as a whole-function diff against pyinfra's own
+    source (python -c 'from roles import speed; print(speed.patches(), end="")' > docs/pyinfra-patches.md)."""
+    import difflib
+
+    def diff(name):
+        a = inspect.getsource(ORIGINAL[name]).splitlines(keepends=True)
+        b = inspect.getsource(globals()[name]).splitlines(keepends=True)
+        return "".join(difflib.unified_diff(a, b, f"a/{_PATHS[name]}", f"b/{_PATHS[name]}", n=len(a) + len(b)))
+
+    return PATCHES_INTRO.format(*(diff(n) for n in ALL))

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,7 +155,7 @@ LOCK_FDS: tuple = ()  # the fleet lock's descriptor: every pyinfra run shares th
 VERBOSE = False  # -v: pyinfra's whole output on the terminal, not the condensed screen
 
 
-def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo: bool = True,
+def pyinfra(inventory: str, limit: list[str] | None, ctx: runctx.RunContext, log: Path, echo: bool = True,
             label: str = "") -> tuple[int, str]:
     """One pyinfra run of deploy.py in its own process group (a terminal's Ctrl-C reaches the
     driver only, see Interrupt); it inherits the fleet lock's descriptor, so the lock stays
@@ -163,14 +164,14 @@ def pyinfra(inventory: str, limit: list[str] | None, env: dict, log: Path, echo:
     cmd = [PYINFRA, "-y", inventory, "deploy.py"]
     for name in limit or []:
         cmd[1:1] = ["--limit", name]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ctx.to_env()}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
                             pass_fds=LOCK_FDS)
     INTERRUPT.child = proc
     watch = threading.Thread(target=_watch, args=(proc,), daemon=True)
     watch.start()
     lines = []
-    screen = Condenser(label or env.get("VOLTAFLEET_PHASE", "run"))
+    screen = Condenser(label or ctx.phase)
     with open(log, "w") as f:
         for line in proc.stdout:
             lines.append(line)
@@ -231,11 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", action="store_true",
                    help="change nothing: print what each batch would change, the hosts preflight refuses and "
                         "the estimated time (plan.json in the run directory); exit 2 if the rollout would not start")
+    p.add_argument("--tune", action="store_true",
+                   help="measure server settings on one drained canary host (--canary HOST) and write the winner "
+                        "to group_vars/<group>.tuned.yml for the next rollout; the canary is restored at the end")
+    p.add_argument("--budget", type=float, default=None,
+                   help="with --tune: minutes the tune may take (default tune_budget_minutes)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="stream pyinfra's whole output (it always goes to the run's logs in the report directory)")
     a = p.parse_args(argv)
     global VERBOSE
     VERBOSE = a.verbose
+    from roles import speed  # what every pyinfra run of deploy.py applies: said here, on the controller, when not
+
+    if speed.why_not():
+        say(f"warning: {speed.why_not()}")
 
     inventory, data = load_inventory(a.inventory)
     gateways = [h for h, groups in inventory.items() if GATEWAY_GROUP in groups]
@@ -251,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         plan = rolling.batches(servers, canary, a.batch)
     except rolling.RollingError as e:
         print(f"voltafleet: {e}", file=sys.stderr)
+        return 2
+    if a.tune and (len(canary) != 1 or canary[0] not in servers or a.plan or a.record_probe):
+        print("voltafleet: --tune measures one server host: give it with --canary HOST (or --canary 1), "
+              "without --plan or --record-probe", file=sys.stderr)
         return 2
     if a.record_probe and not canary:
         print("voltafleet: --record-probe records the canary's probe: give a canary", file=sys.stderr)
@@ -268,23 +282,25 @@ def main(argv: list[str] | None = None) -> int:
     LOCK_FDS = (lock.fd,)
     INTERRUPT.install()
     try:
+        if a.tune:
+            return tune(a, inventory, data, gateways, servers, canary)
         return (dry_run if a.plan else rollout)(a, inventory, data, gateways, servers, canary, plan, mirrors)
     finally:
         lock.release()
 
 
-def run_directory(a, rollout_id: str) -> tuple[Path, Path]:
-    """(the report directory, this run's directory in it), made."""
+def run_directory(a, rollout_id: str, what: str = "rollout") -> tuple[Path, Path]:
+    """(the report directory, this run's directory in it: <what>-<id>), made."""
     report_dir = (REPO / a.report_dir) if not os.path.isabs(a.report_dir) else Path(a.report_dir)
-    run_dir = report_dir / f"rollout-{rollout_id}"
+    run_dir = report_dir / f"{what}-{rollout_id}"
     run_dir.mkdir(parents=True, exist_ok=True)
     return report_dir, run_dir
 
 
 def start(a, servers, data, mirrors):
     """What a rollout and a plan both begin with: a run id and its directory, the fleet plan
-    resolved once and written there, the environment every pyinfra run of it gets.
-    (rollout_id, report_dir, run_dir, fleet, plan_path, base_env), or None: a ref that does
+    resolved once and written there, the run context every pyinfra run of it starts from.
+    (rollout_id, report_dir, run_dir, fleet, plan_path, base), or None: a ref that does
     not resolve (said, nothing touched)."""
     rollout_id = runctx.new_id()
     report_dir, run_dir = run_directory(a, rollout_id)
@@ -293,11 +309,12 @@ def start(a, servers, data, mirrors):
     except refs.RefError as e:
         say(f"refused before any host was touched: {e}")
         return None
-    plan_path = run_dir / "fleet-plan.json"
+    plan_path = run_dir / runctx.RunDir.FLEET_PLAN
     plan_path.write_text(fleet.to_json())
-    base_env = {"VOLTAFLEET_ROLLOUT": rollout_id, "VOLTAFLEET_REPORT_DIR": str(run_dir),
-                "VOLTAFLEET_FLEET_PLAN": str(plan_path), "VOLTAFLEET_LOCK_OWNER": str(os.getpid())}
-    return rollout_id, report_dir, run_dir, fleet, plan_path, base_env
+    own = runctx.RunContext.from_env()  # what the driver was started with (VOLTAFLEET_SMOKE=always, ...)
+    base = replace(own, rollout=rollout_id, report_dir=str(run_dir), fleet_plan=str(plan_path),
+                   lock_owner=os.getpid(), no_gateway=a.no_gateway or own.no_gateway)
+    return rollout_id, report_dir, run_dir, fleet, plan_path, base
 
 
 def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> int:
@@ -306,17 +323,14 @@ def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     started = start(a, servers, data, mirrors)
     if started is None:
         return 2
-    rollout_id, _, run_dir, fleet, _, base_env = started
-    env = {**base_env, "VOLTAFLEET_PHASE": "plan", "VOLTAFLEET_RUN": runctx.new_id()}
+    rollout_id, _, run_dir, fleet, _, base = started
+    ctx = replace(base, phase="plan", run=runctx.new_id(), record_probe=a.record_probe)
     if a.no_gateway:
-        env["VOLTAFLEET_NO_GATEWAY"] = "1"
         gateways = []
-    if a.record_probe:
-        env["VOLTAFLEET_PROBE"] = "record"
     log = run_dir / "plan.log"
     say(f"plan: {len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}; batches: "
         + " | ".join(", ".join(b) for b in plan) + "; reading facts (nothing changes)")
-    pyinfra(a.inventory, servers if a.no_gateway else None, env, log, echo=False)
+    pyinfra(a.inventory, servers if a.no_gateway else None, ctx, log, echo=False)
     changes = {h: dryrun.read(run_dir, h) or dryrun.refused(
         h, [f"no plan record: unreachable, or the plan run failed on it (see {log})"]) for h in servers}
     planned = [c for c in changes.values() if not c.refusals]
@@ -335,12 +349,11 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     started = start(a, servers, data, mirrors)
     if started is None:
         return 2
-    rollout_id, report_dir, run_dir, fleet, plan_path, base_env = started
+    rollout_id, report_dir, run_dir, fleet, plan_path, base = started
     # the gateway phase's hosts: the gateways and the mirrors (without the gateway, the mirrors
     # that are not also the unreachable gateway)
     configure = [h for h in inventory if h in gateways or h in mirrors]
     if a.no_gateway:
-        base_env["VOLTAFLEET_NO_GATEWAY"] = "1"
         configure = [h for h in mirrors if h not in gateways]
         gateways = []
     say(f"{len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}, "
@@ -353,26 +366,23 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     for d in [report_dir] + ([Path(a.textfile_dir)] if a.textfile_dir else []):
         metrics.write_textfile(d, running)  # a drain now is a rollout's, for rollout_max_minutes
     seconds = {}  # each pyinfra run's wall time, for the plan's calibration (python -m voltafleet.calibrate)
-    pre_env = {**base_env, "VOLTAFLEET_PHASE": "preflight", "VOLTAFLEET_RUN": runctx.new_id()}
-    if a.record_probe:
-        pre_env["VOLTAFLEET_PROBE"] = "record"
-    rc, _ = pyinfra(a.inventory, servers if a.no_gateway else None, pre_env, run_dir / "preflight.log")
+    pre = replace(base, phase="preflight", run=runctx.new_id(), record_probe=a.record_probe)
+    rc, _ = pyinfra(a.inventory, servers if a.no_gateway else None, pre, run_dir / "preflight.log")
     seconds["preflight"] = round(time.time() - t0, 1)
     if rc != 0:
         say("preflight refused the rollout: no host was changed")
         return 2
-    entries = [read_json(run_dir / f"preflight-{h}.json") for h in servers]
+    entries = [fleetplan.ServerEntry.of(runctx.RunDir(run_dir).read("preflight", h, run=pre.run)) for h in servers]
     if any(e is None for e in entries):
         say("preflight wrote no plan for " + ", ".join(h for h, e in zip(servers, entries) if e is None)
             + ": no host was changed")
         return 2
-    fleet = fleetplan.with_servers(fleet, [fleetplan.ServerEntry(**{**e, "ports": tuple(e["ports"])})
-                                           for e in entries])
+    fleet = fleetplan.with_servers(fleet, entries)
     plan_path.write_text(fleet.to_json())
     if configure and INTERRUPT.signum is None:  # every gateway and mirror before the first batch
         t1 = time.time()
         rc, _ = pyinfra(a.inventory, configure if a.no_gateway else None,
-                        {**base_env, "VOLTAFLEET_PHASE": "gateway", "VOLTAFLEET_RUN": runctx.new_id()},
+                        replace(base, phase="gateway", run=runctx.new_id()),
                         run_dir / "gateway.log")
         seconds["gateway"] = round(time.time() - t1, 1)
         if rc != 0:
@@ -390,12 +400,10 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
             break
         say(f"{what}: {', '.join(batch)}")
         run_id = runctx.new_id()
-        env = {**base_env, "VOLTAFLEET_PHASE": "batch", "VOLTAFLEET_BATCH": str(n), "VOLTAFLEET_RUN": run_id}
-        if a.record_probe and n == 0:
-            env["VOLTAFLEET_PROBE"] = "record"
+        ctx = replace(base, phase="batch", batch=str(n), run=run_id, record_probe=a.record_probe and n == 0)
         log = run_dir / f"batch-{n}.log"
         t1 = time.time()
-        rc, _ = pyinfra(a.inventory, batch + gateways, env, log, label=what)
+        rc, _ = pyinfra(a.inventory, batch + gateways, ctx, log, label=what)
         seconds[f"batch-{n}"] = round(time.time() - t1, 1)
         records = {h: outcome.read(run_dir, h, run_id) for h in batch}
         for r in rolling.batch_results(n, batch, records, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)
@@ -434,6 +442,100 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
         + (f" ({unmeasured} host(s) unmeasured: smoke_enabled is false)" if unmeasured else "")
         + f"; report: {report_dir / f'rollout-{rollout_id}.json'}")
     return 0 if report["ok"] else 1
+
+
+def tuned_group(groups: list[str]) -> str | None:
+    """The group whose variables a tune of this host writes: its last group with a group_vars file."""
+    found = [g for g in groups if (REPO / "group_vars" / f"{g}.yml").exists()]
+    return found[-1] if found else None
+
+
+def tune(a, inventory, data, gateways, servers, canary) -> int:
+    """--tune: each setting of voltafleet.tune.candidates rolled onto the drained canary and
+    measured (VOLTAFLEET_PHASE=tune), within the budget; the winner written to
+    group_vars/<group>.tuned.yml; the canary restored (its group's values, back in rotation)."""
+    import yaml
+
+    from voltafleet import tune as tunemod
+
+    host = canary[0]
+    cfg = data[host]
+    group = tuned_group(inventory[host])
+    if group is None:
+        say(f"--tune: {host} is in no group with a group_vars file: nothing to write the winner to")
+        return 2
+    budget_s = 60 * (a.budget or cfg["tune_budget_minutes"])
+    rollout_id = runctx.new_id()
+    report_dir, run_dir = run_directory(a, rollout_id, "tune")
+    settings = tunemod.candidates(cfg)
+    say(f"tune of group {group} on {host} (drained for the tune), gateway: {', '.join(gateways) or 'none'}; "
+        f"{len(settings)} settings x {cfg['tune_repetitions']} repetitions of the workload "
+        f"({cfg['tune_clients']} clients, {cfg['tune_prompt_tokens']}+{cfg['tune_answer_tokens']} tokens), "
+        f"budget {budget_s / 60:.0f} min; records in {run_dir}")
+    base = replace(runctx.RunContext.from_env(), rollout=rollout_id, report_dir=str(run_dir),
+                   lock_owner=os.getpid(), smoke_always=True)
+    records = runctx.RunDir(run_dir)
+    trials, t0, status, gpu = [], time.time(), 0, None
+    try:
+        for n, setting in enumerate(settings):
+            trial = tunemod.Trial(setting)
+            trials.append(trial)
+            spent = time.time() - t0
+            longest = max((t.seconds or 0 for t in trials), default=0)
+            if INTERRUPT.signum is not None:
+                trial.status, trial.reason = "skipped", f"interrupted by {INTERRUPT.name}"
+                continue
+            if n and spent + longest > budget_s:
+                trial.status, trial.reason = "skipped", f"the budget ({budget_s / 60:.0f} min) would run out"
+                continue
+            say(f"trial {n + 1}/{len(settings)}: {setting.name} {setting.values or '(the shipped values)'}")
+            over = run_dir / f"trial-{n}.yml"
+            over.write_text(yaml.safe_dump(setting.values or {}))
+            run_id = runctx.new_id()
+            trial_ctx = replace(base, phase="tune", run=run_id, batch=f"trial-{n}", vars_file=str(over))
+            t1 = time.time()
+            rc, out = pyinfra(a.inventory, [host] + gateways, trial_ctx, run_dir / f"trial-{n}.log", label=setting.name)
+            trial.seconds = round(time.time() - t1, 1)
+            rec = records.read("tune", host, run=run_id)
+            if rec is not None:
+                gpu = rec.get("gpu") or gpu
+                trial.status, trial.reason, trial.probe = rec["status"], rec.get("reason") or "", rec.get("probe")
+                trial.reps, trial.after_load_mib, trial.planned_mib = rec["reps"], rec["after_load_mib"], rec["planned_mib"]
+                trial.planned_static_mib = rec.get("planned_static_mib")
+            elif "preflight refused" in out:
+                trial.status = "refused"
+                trial.reason = next((ln.strip() for ln in out.splitlines() if host + ":" in ln and "Fix" not in ln),
+                                    "preflight refused it")[:200]
+            else:
+                trial.status, trial.reason = "failed", f"no tune record (pyinfra exit {rc}; see {over.with_suffix('.log')})"
+            f = trial.figures()
+            say(f"trial {n + 1}: {trial.status}" + (f" ({trial.reason})" if trial.reason else "")
+                + (f": {f['throughput_tps']} tok/s, TTFT p50 {f['ttft_p50_ms']} / p99 {f['ttft_p99_ms']} ms"
+                   if trial.status == "measured" else "") + f" in {trial.seconds} s")
+    finally:
+        say(f"restoring {host}: its group's values, back in rotation")
+        rc, _ = pyinfra(a.inventory, [host] + gateways, replace(base, phase="batch", run=runctx.new_id()),
+                        run_dir / "restore.log", label="restore")
+        if rc != 0:
+            say(f"the canary {host} could not be restored: see {run_dir / 'restore.log'}")
+            status = 1
+    vram = float(gpu["memory_mib"]) if gpu and gpu.get("memory_mib") else None
+    best = tunemod.winner(trials, cfg, vram)
+    print("\n" + tunemod.table(trials, cfg, vram, best=best) + "\n")
+    if INTERRUPT.signum is not None:
+        say(f"INTERRUPTED ({INTERRUPT.name}): {host} restored, nothing written; records in {run_dir}")
+        return INTERRUPT.code
+    meta = {"host": host, "inventory": a.inventory, "backend": cfg["voltafleet_backend"],
+            "llama_cpp": {"repo": cfg["llama_cpp_repo"], "ref": cfg["llama_cpp_ref"],
+                          "commit": refs.resolve(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])},
+            "model_sha256": cfg["model_sha256"], "records": str(run_dir)}
+    meta["gpu"] = gpu or "none (the cpu backend)"
+    target = REPO / "group_vars" / f"{group}{tunemod.SUFFIX}"
+    target.write_text(tunemod.document(group, best, trials, cfg, meta, vram))
+    say((f"winner: {best.setting.name} {best.setting.values or '(the shipped values)'}" if best
+         else "no setting passed: the shipped values stay") + f"; written to {target.relative_to(REPO)} "
+        f"(review and commit it; `python -m rollout {a.inventory} --plan` shows what the next rollout changes)")
+    return status
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from voltafleet.runctx import RunDir
+
 BUILT = re.compile(r"voltafleet: release \S+ built in (\d+) s")
 DOWNLOAD = re.compile(r"voltafleet: downloading .*: \d+ MiB, (\d+) MiB/s")
 
@@ -39,11 +41,8 @@ def log_figures(run_dir: Path) -> dict[str, list[float]]:
 def smoke_timings(run_dir: Path) -> dict[str, list[float]]:
     """Every drain, restart and smoke test the smoke role timed (smoke-<host>.json)."""
     out: dict[str, list[float]] = {"drain_s": [], "restart_s": [], "smoke_s": []}
-    for path in sorted(Path(run_dir).glob("smoke-*.json")):
-        try:
-            t = json.loads(path.read_text()).get("timings") or {}
-        except ValueError:
-            continue
+    for record in RunDir(run_dir).all("smoke"):
+        t = record.get("timings") or {}
         out["drain_s"] += t.get("drain_s") or []
         out["restart_s"] += t.get("restart_s") or []
         out["smoke_s"] += [t["smoke_s"]] if t.get("smoke_s") is not None else []

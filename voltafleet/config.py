@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from voltafleet import checks, flags, urls
+from voltafleet import checks, flags, teams, urls
 from voltafleet.errors import Problem, format_errors
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -158,7 +158,12 @@ SCHEMA: dict[str, Var] = {
     "server_allow_unauthenticated": Var(bool),
     "server_model_alias": Var(str, nullable=True, pattern=re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"),
                               hint='a model name like "qwen3.6-27b" (letters, digits, . _ : -)'),
+    "server_reasoning_budget": Var(int, nullable=True, min=-1, max=1_000_000),
     "gateway_allow_unauthenticated": Var(bool),
+    "gateway_teams": Var(list, item=dict, hint="a list of teams: [{name: ..., key_sha256: ...}]"),
+    "gateway_team_max_concurrent": Var(int, min=1, max=1_000_000),
+    "gateway_team_requests_per_minute": Var(int, min=1, max=1_000_000),
+    "gateway_team_retry_after_s": Var(int, min=1, max=3600),
     "rollout_max_minutes": Var(int, min=1, max=7 * 24 * 60),
     # model mirror (nginx on the hosts of the `mirror` group; voltafleet/mirror.py)
     "mirror_port": _ports(),
@@ -172,6 +177,16 @@ SCHEMA: dict[str, Var] = {
     "mirror_extra_paths": Var(list, item=str, pattern=re.compile(r"^/[A-Za-z0-9._~/-]{1,500}$"),
                               hint='paths of model_url\'s origin like ["/org/repo/resolve/<rev>/next.gguf"]'),
     "mirror_lock_timeout_s": Var(int, min=1, max=3600),
+    # the tune on the canary (python -m rollout --tune; voltafleet/tune.py)
+    "tune_prompt_tokens": Var(int, min=1, max=1 << 20),
+    "tune_answer_tokens": Var(int, min=1, max=1 << 20),
+    "tune_clients": Var(int, min=1, max=1024),
+    "tune_requests": Var(int, min=1, max=100_000),
+    "tune_followup_share": Var((int, float), min=0, max=1),
+    "tune_repetitions": Var(int, min=1, max=20),
+    "tune_max_ttft_p99_ms": Var((int, float), min=1),
+    "tune_headroom_mib": Var(int, min=0, max=65536),
+    "tune_budget_minutes": Var((int, float), min=1, max=7 * 24 * 60),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),
@@ -221,7 +236,7 @@ class Sourced:
 def _type_name(kind) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join({str: "a string", int: "an integer", float: "a number", bool: "true/false",
-                        list: "a list"}[k] for k in kinds)
+                        list: "a list", dict: "a mapping"}[k] for k in kinds)
 
 
 def _is(value, kind) -> bool:
@@ -370,10 +385,15 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
              "set server_api_key_file (a 0600 file holding the key), or bind an address only the gateway reaches "
              "and set server_allow_unauthenticated: true to say so")
     gw_host = v["gateway_bind"].rsplit(":", 1)[0].strip("[]")
-    if not v["server_api_key_file"] and not v["gateway_allow_unauthenticated"] and not urls.is_loopback(gw_host):
-        fail("gateway_bind", f"is {v['gateway_bind']}, but the servers take no key (server_api_key_file is empty): "
-             "the fleet's API would answer anyone who reaches the gateway",
-             "set server_api_key_file (a 0600 file holding the key: clients send it as a Bearer token), or bind the "
+    team_problems = teams.problems(v["gateway_teams"], src.get("gateway_teams"))
+    if team_problems:
+        raise ConfigError(team_problems, host=host_name)
+    if not v["server_api_key_file"] and not v["gateway_teams"] and not v["gateway_allow_unauthenticated"] \
+            and not urls.is_loopback(gw_host):
+        fail("gateway_bind", f"is {v['gateway_bind']}, but neither the gateway nor the servers check a key "
+             "(gateway_teams and server_api_key_file are empty): the fleet's API would answer anyone who reaches it",
+             "give each team a key (gateway_teams), or set server_api_key_file (a 0600 file holding the key: clients "
+             "send it as a Bearer token), or bind the "
              'gateway to loopback (gateway_bind: "127.0.0.1:8000"), or set gateway_allow_unauthenticated: true '
              "for a network you trust")
     layers = v["server_gpu_layers"]

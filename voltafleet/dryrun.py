@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from voltafleet import timeline
 from voltafleet.hostplan import HostPlan
 from voltafleet.modelstate import is_verified
 from voltafleet.restarts import restart_set
+from voltafleet.runctx import RunDir
 
 ARGS_KEY = "LLAMA_SERVER_ARGS"
 
@@ -32,11 +32,11 @@ def sha1(text: str) -> str:
 
 @dataclass(frozen=True)
 class Observed:
-    """What a host has now, as the facts read it (roles/facts.py, roles/toolchain/facts.py)."""
+    """What a host has now, as the facts read it (roles/facts.py, roles/driver_facts.py)."""
 
     compiler: bool = False             # HostBasics: a C++ compiler
     toolkit: bool | None = None        # NvccVersion at the pinned toolkit (None: no CUDA)
-    fingerprint: str | None = None     # roles.common.host_fingerprint (None: compiler or toolkit missing)
+    fingerprint: str | None = None     # roles.factcache.host_fingerprint (None: compiler or toolkit missing)
     current: str | None = None         # Releases: the release `current` points at
     releases: tuple = ()               # Releases: every release on the host
     env: dict = field(default_factory=dict)      # EnvFiles: {index: {"sha1", "text"}}
@@ -93,24 +93,20 @@ def refused(host: str, reasons: list[str]) -> HostChange:
 
 def record_path(directory: Path, host: str) -> Path:
     """plan-<host>.json in the run directory (a "/" of a host name such as @fake/x as "_")."""
-    return Path(directory) / f"plan-{host.replace('/', '_')}.json"
+    return RunDir(directory).file("plan", host)
 
 
 def write(directory: Path, change: HostChange) -> Path:
     """Write a host's record atomically (the driver never reads half of one)."""
-    p = record_path(directory, change.host)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(change.to_dict(), indent=1) + "\n")
-    tmp.replace(p)
-    return p
+    return RunDir(directory).write("plan", change.host, change.to_dict())
 
 
 def read(directory: Path, host: str) -> HostChange | None:
     """The host's record, or None (missing or unreadable: the plan run did not reach it)."""
+    data = RunDir(directory).read("plan", host)
     try:
-        return HostChange.from_dict(json.loads(record_path(directory, host).read_text()))
-    except (OSError, ValueError, TypeError):
+        return HostChange.from_dict(data) if data is not None else None
+    except (ValueError, TypeError):
         return None
 
 

@@ -44,6 +44,10 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
         "--host", cfg["server_host"],
         "--port", str(port),
         *(["--alias", cfg["server_model_alias"]] if cfg.get("server_model_alias") else []),  # /v1/models's id
+        # thinking tokens before the answer is forced to start (-1: unbounded); a request's own
+        # thinking_budget_tokens overrides it, chat_template_kwargs enable_thinking=false skips it
+        *(["--reasoning-budget", str(cfg["server_reasoning_budget"])]
+          if cfg.get("server_reasoning_budget") is not None else []),
         "--metrics",
         *([] if cfg.get("server_slots_endpoint") else ["--no-slots"]),  # /slots shows users' prompts
         # llama.cpp logs its library's info lines (`offloaded N/M layers to GPU`, buffer
@@ -160,6 +164,7 @@ MANAGED: dict[str, tuple[str | None, str]] = {
     "--host": ("server_host", "the health check and the smoke test use it"),
     "--port": ("server_port_base", "each instance has its own port"),
     "--alias": ("server_model_alias", "every instance answers to the same model name"),
+    "--reasoning-budget": ("server_reasoning_budget", "the fleet's default thinking budget"),
     "--metrics": (None, "the smoke test reads /metrics"),
     "-lv": (None, "the offload check reads llama.cpp's log at verbosity 4"),
     "-dev": (None, "each instance gets one GPU through CUDA_VISIBLE_DEVICES"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from voltafleet.mirror import Mirror
@@ -29,6 +29,15 @@ class ServerEntry:
     ports: tuple                      # one per instance, in instance order
     slots: int = 1                    # each instance's -np
     fingerprint: str | None = None    # its release fingerprint, when its compiler is known
+
+    @classmethod
+    def of(cls, record: dict | None) -> "ServerEntry | None":
+        """The preflight record (RunDir "preflight") as an entry; None when there is none."""
+        if record is None:
+            return None
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in record.items() if k in known}
+        return cls(**{**d, "ports": tuple(d["ports"])})
 
 
 @dataclass(frozen=True)

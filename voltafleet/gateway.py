@@ -9,12 +9,16 @@ sets it ready again once its host's smoke test passed.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+
+from voltafleet import teams
 
 BACKEND = "llama"
 ADMIN_SOCKET = "/run/haproxy/admin.sock"
 STATE_FILE = "/var/lib/haproxy/server-state"
+ERRORFILE = "/etc/haproxy/voltafleet-503.http"  # the busy answer (busy_page)
 
 
 @dataclass(frozen=True)
@@ -104,10 +108,58 @@ def fleet_backends(planned: list[tuple], unplanned: list[str], live: list[tuple]
 def busy_page(retry_after_s: int) -> str:
     """HAProxy's raw 503 answer when no instance has a free slot within the queue timeout:
     fast, with Retry-After, and never forwarded to a llama-server."""
-    body = '{"error": {"code": 503, "type": "unavailable_error", "message": "every instance of the fleet is busy: retry later"}}\n'
+    body = json.dumps(openai_error(f"every instance of the fleet is busy: retry after {int(retry_after_s)} s",
+                                   "server_error", "fleet_busy")) + "\n"
     return ("HTTP/1.1 503 Service Unavailable\r\n"
             "Content-Type: application/json\r\n"
             f"Retry-After: {int(retry_after_s)}\r\n"
             "Cache-Control: no-cache\r\n"
             f"Content-Length: {len(body)}\r\n"
             "\r\n" + body)
+
+
+def openai_error(message: str, kind: str, code: str, param: str | None = None) -> dict:
+    """The body of an error the gateway answers itself, shaped as OpenAI's API shapes its
+    own (the SDKs read error.message, .type, .param and .code)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def haproxy_string(body: dict) -> str:
+    """A JSON body for `http-request return ... string '<body>'` (no single quote inside)."""
+    text = json.dumps(body, separators=(",", ":"))
+    if "'" in text:
+        raise ValueError(f"a single quote in a gateway answer: {text}")
+    return text
+
+
+def teams_vars(cfg: dict, backends: list[Backend]) -> dict | None:
+    """The template's `teams` block (None: no team keys; the client's Authorization goes through)."""
+    team_list = teams.parse(cfg["gateway_teams"])
+    if not team_list:
+        return None
+    retry = cfg["gateway_team_retry_after_s"]
+    return {
+        "lua": teams.USAGE_LUA, "keys_map": teams.KEYS_MAP, "limits_map": teams.LIMITS_MAP,
+        "upstream_map": teams.UPSTREAM_MAP, "upstream_key": bool(cfg["server_api_key_file"]),
+        "table": teams.TABLE, "metrics_path": teams.METRICS_PATH, "retry_after_s": retry,
+        "unauthorized": haproxy_string(openai_error(
+            "Incorrect API key provided: the gateway knows no team with this key", "invalid_request_error",
+            "invalid_api_key")),
+        "over_concurrent": haproxy_string(openai_error(
+            f"Your team has reached its limit of requests in flight: retry after {retry} s", "requests",
+            "rate_limit_exceeded")),
+        "over_rate": haproxy_string(openai_error(
+            f"Your team has reached its limit of requests per minute: retry after {retry} s", "requests",
+            "rate_limit_exceeded")),
+    }
+
+
+def template_vars(cfg: dict, backends: list[Backend]) -> dict:
+    """Everything templates/haproxy.cfg.j2 reads, from the gateway host's variables."""
+    return dict(
+        backends=backends, bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
+        stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
+        maxconn=cfg["gateway_maxconn"], admin_socket=ADMIN_SOCKET, state_file=STATE_FILE,
+        queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
+        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
+        model_alias=cfg["server_model_alias"], errorfile=ERRORFILE, teams=teams_vars(cfg, backends))

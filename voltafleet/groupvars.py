@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from voltafleet.config import ConfigError, Sourced, validate
+from voltafleet.runctx import ENV
 
 # Host data keys voltafleet adds beside the variables: the groups of the host, and
 # {variable: the file that set it} so refusals in the roles can name the file.
@@ -25,7 +26,8 @@ GROUP_VARS = REPO / "group_vars"
 # Host data keys that belong to pyinfra (connection), not to voltafleet.
 CONNECTOR_PREFIXES = ("ssh_", "_", "fake_")
 # A YAML file of variables applied last, to every host of the run.
-EXTRA_VARS_ENV = "VOLTAFLEET_VARS"
+EXTRA_VARS_ENV = ENV["vars_file"]  # VOLTAFLEET_VARS (voltafleet/runctx.py: the run contract)
+TUNED_SUFFIX = ".tuned.yml"  # group_vars/<group>.tuned.yml (voltafleet/tune.py)
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -94,6 +96,14 @@ def host_vars(groups: list[str], host_data: dict, origin: str, group_vars: Path 
         path = group_vars / f"{g}.yml"
         if path.exists():
             merged.update(read_yaml(path), f"group_vars/{g}.yml")
+        tuned = group_vars / f"{g}{TUNED_SUFFIX}"  # python -m rollout --tune's winner, reviewed and committed
+        if tuned.exists():
+            rel = f"group_vars/{g}{TUNED_SUFFIX}"
+            doc = read_yaml(tuned)
+            if not isinstance(doc.get("values", {}), dict):
+                raise ConfigError("`values` is not a mapping", "write the tune's values as `key: value` lines under "
+                                  "`values:`, or delete the file to return to the shipped values", rel, "values")
+            merged.update(doc.get("values") or {}, rel)
     merged.update(host_data, origin)
     return merged
 

@@ -8,10 +8,10 @@ this run says so; no record, a record of another run, or an unreadable one is a 
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from voltafleet.runctx import RunDir
 
 STATUSES = ("passed", "unmeasured", "rolled_back", "failed", "interrupted", "unreachable", "not_run")
 # unmeasured: serving, but not judged (smoke_enabled: false): never counted as passed, nor as failed
@@ -53,26 +53,21 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 def path(directory: Path, host: str) -> Path:
-    return Path(directory) / f"outcome-{host}.json"
+    return RunDir(directory).file("outcome", host)
 
 
 def write(directory: Path, outcome: HostOutcome) -> Path:
     """Write the record atomically (a reader never sees half of it)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    p = path(directory, outcome.host)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(outcome), indent=2) + "\n")
-    tmp.replace(p)
-    return p
+    return RunDir(directory).write("outcome", outcome.host, asdict(outcome), indent=2)
 
 
 def read(directory: Path, host: str, run: str) -> HostOutcome | None:
     """The host's record of run `run`, or None (missing, unreadable, another run's)."""
-    try:
-        data = json.loads(path(directory, host).read_text())
-        known = {f.name for f in fields(HostOutcome)}
-        outcome = HostOutcome(**{k: v for k, v in data.items() if k in known})
-    except (OSError, ValueError, TypeError):
+    data = RunDir(directory).read("outcome", host, run=run)
+    if data is None:
         return None
-    return outcome if outcome.run == run else None
+    known = {f.name for f in fields(HostOutcome)}
+    try:
+        return HostOutcome(**{k: v for k, v in data.items() if k in known})
+    except (TypeError, ValueError):
+        return None

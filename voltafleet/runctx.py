@@ -1,18 +1,32 @@
-"""What one pyinfra run of deploy.py was asked to do, read once from the environment the
-rolling driver (python -m rollout) sets; a plain `pyinfra ... deploy.py` gets the defaults.
+"""The run contract between the rolling driver (python -m rollout) and deploy.py: every
+environment variable and every file name that passes between them is spelled here, and
+only here. The driver makes a RunContext and hands pyinfra `ctx.to_env()`; deploy.py's roles
+read the same context back with `RunContext.from_env()`; the records a run leaves for the
+driver go through RunDir (atomic, and each carrying its run id: a record of another run is
+never read as this one's). A plain `pyinfra ... deploy.py` gets the defaults.
 
     >>> ctx = RunContext.from_env({"VOLTAFLEET_PHASE": "batch", "VOLTAFLEET_RUN": "r1"})
     >>> ctx.phase, ctx.run
     ('batch', 'r1')
+    >>> RunContext.from_env(ctx.to_env()) == ctx
+    True
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 
-PHASES = ("all", "preflight", "gateway", "batch", "plan")
+PHASES = ("all", "preflight", "gateway", "batch", "plan", "tune")
+
+# RunContext's field -> the environment variable that carries it to deploy.py
+ENV = {"phase": "VOLTAFLEET_PHASE", "run": "VOLTAFLEET_RUN", "rollout": "VOLTAFLEET_ROLLOUT",
+       "batch": "VOLTAFLEET_BATCH", "report_dir": "VOLTAFLEET_REPORT_DIR", "fleet_plan": "VOLTAFLEET_FLEET_PLAN",
+       "smoke_always": "VOLTAFLEET_SMOKE", "no_gateway": "VOLTAFLEET_NO_GATEWAY", "record_probe": "VOLTAFLEET_PROBE",
+       "lock_owner": "VOLTAFLEET_LOCK_OWNER", "vars_file": "VOLTAFLEET_VARS"}
 
 
 def new_id() -> str:
@@ -22,7 +36,8 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class RunContext:
-    phase: str = "all"                # all | preflight | gateway | batch | plan (read only: --plan)
+    phase: str = "all"                # all | preflight | gateway | batch | plan (read only: --plan) | tune (a trial
+                                      # on the drained canary: it stays drained, the workload runs: --tune)
     run: str = ""                     # this pyinfra run's id: every record it writes carries it
     rollout: str | None = None        # the rolling driver's rollout id (None: a plain pyinfra run)
     batch: str | None = None          # the batch number, as the driver counts them
@@ -33,18 +48,88 @@ class RunContext:
     record_probe: bool = False        # record the golden probe from this run's canary
     lock_owner: int | None = None     # pid of the driver that holds the fleet lock for this run
 
+    vars_file: str | None = None      # a YAML file of variables applied last to every host (a tune trial)
+
     @classmethod
     def from_env(cls, env=None) -> "RunContext":
         env = os.environ if env is None else env
-        phase = env.get("VOLTAFLEET_PHASE") or "all"
+        phase = env.get(ENV["phase"]) or "all"
         if phase not in PHASES:
-            raise ValueError(f"VOLTAFLEET_PHASE={phase!r}: one of {', '.join(PHASES)}")
-        owner = env.get("VOLTAFLEET_LOCK_OWNER")
-        return cls(phase=phase, run=env.get("VOLTAFLEET_RUN") or new_id(),
-                   rollout=env.get("VOLTAFLEET_ROLLOUT") or None, batch=env.get("VOLTAFLEET_BATCH") or None,
-                   report_dir=env.get("VOLTAFLEET_REPORT_DIR") or None,
-                   fleet_plan=env.get("VOLTAFLEET_FLEET_PLAN") or None,
-                   smoke_always=env.get("VOLTAFLEET_SMOKE") == "always",
-                   no_gateway=env.get("VOLTAFLEET_NO_GATEWAY") == "1",
-                   record_probe=env.get("VOLTAFLEET_PROBE") == "record",
-                   lock_owner=int(owner) if owner and owner.isdigit() else None)
+            raise ValueError(f"{ENV['phase']}={phase!r}: one of {', '.join(PHASES)}")
+        owner = env.get(ENV["lock_owner"])
+        return cls(phase=phase, run=env.get(ENV["run"]) or new_id(),
+                   rollout=env.get(ENV["rollout"]) or None, batch=env.get(ENV["batch"]) or None,
+                   report_dir=env.get(ENV["report_dir"]) or None,
+                   fleet_plan=env.get(ENV["fleet_plan"]) or None,
+                   smoke_always=env.get(ENV["smoke_always"]) == "always",
+                   no_gateway=env.get(ENV["no_gateway"]) == "1",
+                   record_probe=env.get(ENV["record_probe"]) == "record",
+                   lock_owner=int(owner) if owner and owner.isdigit() else None,
+                   vars_file=env.get(ENV["vars_file"]) or None)
+
+    def to_env(self) -> dict[str, str]:
+        """What a pyinfra run of deploy.py gets on top of the driver's own environment, so that
+        it reads back as this context (the driver starts from RunContext.from_env() of its own
+        environment, so `VOLTAFLEET_SMOKE=always python -m rollout ...` reaches every run)."""
+        on = {"smoke_always": "always", "no_gateway": "1", "record_probe": "record"}
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None or v is False:
+                continue
+            out[ENV[f.name]] = on[f.name] if f.name in on else str(v)
+        return out
+
+    @property
+    def holds_drained(self) -> bool:
+        """A tune trial: the canary's instances stay out of rotation (roles.gateway_api.ready)."""
+        return self.phase == "tune"
+
+
+class RunDir:
+    """A run directory: the only place the names of the records a run leaves are spelled.
+
+    Each kind is `<kind>-<host>.json` (a "/" of a host name as "_"), written atomically with
+    the run id inside; `read` returns None for a missing, unreadable or other run's record."""
+
+    KINDS = ("preflight", "outcome", "smoke", "plan", "tune")
+    FLEET_PLAN = "fleet-plan.json"
+    PLAN = "plan.json"
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def file(self, kind: str, host: str) -> Path:
+        if kind not in self.KINDS:
+            raise ValueError(f"no record kind {kind!r}: one of {', '.join(self.KINDS)}")
+        return self.path / f"{kind}-{host.replace('/', '_')}.json"
+
+    def write(self, kind: str, host: str, data: dict, indent: int | None = 1) -> Path:
+        p = self.file(kind, host)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=indent) + "\n")
+        tmp.replace(p)
+        return p
+
+    def read(self, kind: str, host: str, run: str | None = None) -> dict | None:
+        """The record, or None: missing, unreadable, not a mapping, or (with `run`) another run's."""
+        try:
+            data = json.loads(self.file(kind, host).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or (run is not None and data.get("run") != run):
+            return None
+        return data
+
+    def all(self, kind: str) -> list[dict]:
+        """Every readable record of a kind, in file-name order."""
+        out = []
+        for p in sorted(self.path.glob(f"{kind}-*.json")):
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                out.append(data)
+        return out

@@ -7,7 +7,13 @@ Prometheus exporter on. A new configuration is validated with `haproxy -c` befor
 replaces the running one, then reloaded without dropping connections; an invalid one
 leaves the running gateway untouched.
 
-The rolling rollout drains instances through the runtime API (roles/common: drain, ready).
+With gateway_teams, the gateway checks a key per team (the sha256 of the Bearer token in a
+map), limits each team (requests in flight, per minute: 429 with Retry-After), counts its
+usage (/metrics/teams on the metrics bind), and sends the servers their own key instead
+(voltafleet/teams.py). A key change replaces the maps in the running process: no reload,
+no server touched.
+
+The rolling rollout drains instances through the runtime API (roles/gateway_api: drain, ready).
 """
 from __future__ import annotations
 
@@ -20,15 +26,20 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config, fleet_plan, host_config, host_fact, is_server, server_address
+from roles.factcache import host_fact
+
+from roles.gateway_api import is_server, server_address
+
+from roles.run import changes, config, fleet_plan, host_config
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet import gateway as gw
-from voltafleet import hostplan
+from voltafleet import hostplan, teams
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "haproxy.cfg.j2"
 LIVE = "/etc/haproxy/haproxy.cfg"
 STAGED = "/etc/haproxy/haproxy.cfg.voltafleet"
-ERRORFILE = "/etc/haproxy/voltafleet-503.http"
+ERRORFILE = gw.ERRORFILE
+USAGE_LUA_SRC = Path(__file__).resolve().parent / "files" / "voltafleet-teams.lua"
 
 
 def server_backends(state) -> list[gw.Backend]:
@@ -74,6 +85,41 @@ def installed(staged: str, live: str, staged_op=None):
     yield "systemctl reload-or-restart haproxy"
 
 
+@operation()
+def maps_live(paths: list[str], ops: list):
+    """Replace each changed map in the running HAProxy, atomically (the runtime API's prepare,
+    add and commit map), so a revoked key fails on its next request, without a reload.
+
+    .. code:: python
+
+        gateway.maps_live(paths=[teams.LIMITS_MAP, teams.KEYS_MAP], ops=[limits_op, keys_op])
+    """
+    for path, op in zip(paths, ops):
+        if changes(op):
+            yield teams.runtime_replace(path)
+
+
+def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
+    """The teams' maps (limits first: a new key's team always finds its limits) and the usage
+    script; each map 0640, HAProxy's group. Without teams, they are removed."""
+    team_list = teams.parse(cfg["gateway_teams"])
+    paths = [teams.LIMITS_MAP, teams.KEYS_MAP, teams.UPSTREAM_MAP]
+    if not team_list:
+        for path in paths + [teams.USAGE_LUA]:
+            files.file(name=f"No team file {path}", path=path, present=False)
+        return
+    slots = sum(b.slots for b in backends) if backends and all(b.slots for b in backends) else None
+    lim = teams.limits(team_list, cfg["gateway_team_max_concurrent"], cfg["gateway_team_requests_per_minute"], slots)
+    key = Path(cfg["server_api_key_file"]).read_text().strip() if cfg["server_api_key_file"] else None
+    texts = [teams.limits_map(lim), teams.keys_map(team_list), teams.upstream_map(key)]
+    what = [f"Team limits ({len(lim)} teams)", f"Team keys ({sum(len(t.keys) for t in team_list)} sha256)",
+            "The servers' key, for the gateway alone"]
+    ops = [files.put(name=w, src=StringIO(t), dest=path, mode="640", user="root", group="haproxy")
+           for w, t, path in zip(what, texts, paths)]
+    files.put(name="Usage per team (Lua)", src=str(USAGE_LUA_SRC), dest=teams.USAGE_LUA, mode="644")
+    maps_live(name="Team maps replaced in the running gateway", paths=paths, ops=ops)
+
+
 @deploy("Gateway")
 def gateway() -> None:
     """HAProxy with every llama-server instance of the fleet as a backend.
@@ -86,15 +132,10 @@ def gateway() -> None:
     apt.packages(name="HAProxy and socat (runtime API)", packages=["haproxy", "socat"], update=True,
                  cache_time=24 * 3600, no_recommends=True)
     backends = server_backends(host.state)
+    team_maps(cfg, backends)
     staged = files.template(
         name=f"HAProxy configuration ({len(backends)} backends, staged)", src=str(TEMPLATE), dest=STAGED,
-        mode="644", jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True},
-        backends=backends, bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
-        stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
-        maxconn=cfg["gateway_maxconn"], admin_socket=gw.ADMIN_SOCKET, state_file=gw.STATE_FILE,
-        queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
-        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"], model_alias=cfg["server_model_alias"],
-        errorfile=ERRORFILE)
+        mode="644", jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True}, **gw.template_vars(cfg, backends))
     files.put(name="503 page: no free slot (Retry-After)", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"])),
               dest=ERRORFILE, mode="644")
     installed(name="Validate (haproxy -c), then install and reload", staged=STAGED, live=LIVE, staged_op=staged)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pyinfra.api import deploy
 
-from roles.common import SMOKE_CLIENT, bin_path
+from roles.shell import bin_path, SMOKE_CLIENT, WORKLOAD_CLIENT
 from roles.filesync import Wanted, synced
 from voltafleet.hostplan import HostPlan
 
@@ -18,7 +18,7 @@ REPO = ROLES.parent
 
 
 def scripts() -> dict[str, Path]:
-    """{installed name: source}: every roles/*/files/NAME.sh as NAME, plus the smoke client."""
+    """{installed name: source}: every roles/*/files/NAME.sh as NAME, plus the smoke and workload clients."""
     return dict(_scripts())
 
 
@@ -26,6 +26,7 @@ def scripts() -> dict[str, Path]:
 def _scripts() -> tuple[tuple[str, Path], ...]:  # looked up once per run, not once per host
     found = {p.stem: p for p in sorted(ROLES.glob("*/files/*.sh"))}
     found[SMOKE_CLIENT] = REPO / "voltafleet" / "smoke.py"
+    found[WORKLOAD_CLIENT] = REPO / "voltafleet" / "workload.py"  # the tune's workload (python -m rollout --tune)
     return tuple(found.items())
 
 

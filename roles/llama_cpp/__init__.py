@@ -19,8 +19,13 @@ from gevent.lock import Semaphore
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationError, StringCommand, deploy, operation
 
-from roles.common import (bin_path, connector_args, fleet_plan, host_fact, host_fingerprint, is_server, live,
-                          once_per_run, sh)
+from roles.factcache import host_fact, host_fingerprint
+
+from roles.gateway_api import is_server
+
+from roles.run import fleet_plan, once_per_run
+
+from roles.shell import bin_path, connector_args, live, sh
 from roles.facts import HostBasics, NvccVersion, Releases
 from voltafleet import hostplan
 from voltafleet.fleetplan import release_cache, release_cached

@@ -19,7 +19,9 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.common import changes, config, fleet_plan, is_server, server_address
+from roles.gateway_api import is_server, server_address
+
+from roles.run import changes, config, fleet_plan
 from roles.facts import Nameservers
 from voltafleet.mirror import allow_list, nginx_vars
 

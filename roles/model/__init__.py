@@ -16,7 +16,9 @@ import shlex
 from pyinfra import host
 from pyinfra.api import deploy, operation
 
-from roles.common import bin_path, fleet_mirrors, live
+from roles.gateway_api import fleet_mirrors
+
+from roles.shell import bin_path, live
 from roles.facts import FileState
 from voltafleet.hostplan import HostPlan, ModelFile
 from voltafleet.mirror import fetch_url

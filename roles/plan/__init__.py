@@ -9,9 +9,11 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.facts.files import Sha1File
 
-from roles.common import host_fingerprint, model_size, report_dir
+from roles.factcache import host_fingerprint, model_size
+
+from roles.run import report_dir
 from roles.facts import EnvFiles, FileState, HostBasics, NvccVersion, Releases, ServerInstances
-from roles.toolchain.facts import NvidiaPci, driver_plan
+from roles.driver_facts import NvidiaPci, driver_plan
 from voltafleet import dryrun, nvidia
 from voltafleet.hostplan import ENV_DIR, UNIT_PATH, HostPlan
 from voltafleet.modelstate import is_verified

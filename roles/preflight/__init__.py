@@ -2,20 +2,23 @@
 refuse, before anything changes, a host that cannot serve."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.common import (config, hold_fleet_lock, host_fact, host_fingerprint, is_gateway, missing_gateways, model_size,
-                          once_per_run, report_dir, resolve_ref, run_context, sources)
+from roles.factcache import host_fact, host_fingerprint, model_size, resolve_ref
+
+from roles.gateway_api import is_gateway, missing_gateways
+
+from roles.run import config, hold_fleet_lock, once_per_run, report_dir, run_context, sources
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
 from voltafleet import gguf_header
 from voltafleet import probe as probemod
 from voltafleet.fleetplan import ServerEntry
 from voltafleet.hostplan import HostFacts, HostPlan, make_plan, model_files
+from voltafleet.runctx import RunDir
 
 
 class PreflightError(PyinfraError):
@@ -65,7 +68,7 @@ def run_refusals(cfg: dict) -> list[str]:
             except probemod.ProbeError as e:
                 errors.append(f"{host.name}: {'smoke_probe_long' if p.min_prompt_tokens else 'smoke_probe'}: {e}")
     missing = missing_gateways(host.state)
-    if missing and run_context().phase in ("all", "batch", "plan") and not run_context().no_gateway:
+    if missing and run_context().phase in ("all", "batch", "plan", "tune") and not run_context().no_gateway:
         errors.append(f"{host.name}: gateway {', '.join(missing)} is not reachable in this run: no instance could "
                       "be drained before its restart. Fix: bring the gateway back (or include it in --limit); "
                       "to restart without a drain, run with --no-gateway (VOLTAFLEET_NO_GATEWAY=1)")
@@ -79,9 +82,7 @@ def preflight_record(plan: HostPlan) -> None:
     entry = ServerEntry(host=host.name, address=cfg["server_address"] or host.data.get("ssh_hostname") or host.name,
                         ports=tuple(i.port for i in plan.instances), slots=int(cfg["server_parallel"] or 1),
                         fingerprint=host_fingerprint(host, plan.build) if plan.build else None)
-    out = report_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"preflight-{host.name}.json").write_text(json.dumps(asdict(entry)) + "\n")
+    RunDir(report_dir(cfg)).write("preflight", host.name, {**asdict(entry), "run": run_context().run})
 
 
 @deploy("Preflight")

@@ -15,7 +15,11 @@ from pyinfra import host
 from pyinfra.api import OperationError, StringCommand, deploy, operation
 from pyinfra.operations import files, server as server_ops
 
-from roles.common import bin_path, host_fact, host_fingerprint, sources
+from roles.factcache import host_fact, host_fingerprint
+
+from roles.run import sources
+
+from roles.shell import bin_path
 from roles.filesync import ChangeLog, FileChange, Wanted, synced
 from roles.facts import HelpText, Releases, ServerInstances, ServiceAccount
 from voltafleet import flags as flagmod

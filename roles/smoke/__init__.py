@@ -23,14 +23,20 @@ import time
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, deploy, operation
 
-from roles.common import (SMOKE_CLIENT, DrainError, bin_path, changes, drain, drain_timeout, gateway_hosts, host_fact, q,
-                          out_of_rotation, ready, record, report_dir, restart_command, run_context, sh)
+from roles.factcache import host_fact
+
+from roles.gateway_api import drain, drain_timeout, DrainError, gateway_hosts, out_of_rotation, ready
+
+from roles.run import changes, record, report_dir, run_context
+
+from roles.shell import bin_path, q, restart_command, sh, SMOKE_CLIENT
 from roles.facts import GpuHealth, Releases, ServerInstances
 from roles.filesync import Wanted, synced
 from voltafleet import gpuhealth
 from voltafleet import probe as probemod
 from voltafleet import rollback
 from voltafleet import smoke as smokemod
+from voltafleet.runctx import RunDir
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, GOOD_DIR, UNIT_PATH, HostPlan
 from voltafleet.restarts import restart_set
 
@@ -130,9 +136,7 @@ def _figures(report: dict) -> dict:
 
 
 def _write(plan: HostPlan, name: str, report: dict) -> None:
-    outdir = report_dir(plan.cfg)
-    outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / f"smoke-{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    RunDir(report_dir(plan.cfg)).write("smoke", name, {**report, "run": run_context().run}, indent=2)
 
 
 class Failed(Exception):

@@ -3,7 +3,7 @@ smoke client) and, on CUDA hosts, NVIDIA's CUDA 12.x toolkit and the R580 driver
 proprietary kernel modules, held at its branch.
 
 The driver steps, in order (docs/UPGRADE.md tells the user's side):
-  1. decide from the installed packages (roles/toolchain/facts.py, voltafleet.nvidia.driver_plan)
+  1. decide from the installed packages (roles/driver_facts.py, voltafleet.nvidia.driver_plan)
      whether the driver changes: another branch or source to purge, packages missing, a newer
      release ("latest") or another exact release (nvidia_driver_version) to move to;
   2. only then: stop the host's llama-server instances (the rolling driver drains the host in
@@ -23,10 +23,10 @@ from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations.util import any_changed
 from pyinfra.operations import apt, files, server, systemd
 
-from roles.common import host_fact
+from roles.factcache import host_fact
 from roles.filesync import Wanted, synced
 from roles.facts import Gpus
-from roles.toolchain.facts import DriverDiagnostics, NvidiaPci, SmiBusIds, driver_plan
+from roles.driver_facts import DriverDiagnostics, NvidiaPci, SmiBusIds, driver_plan
 from voltafleet import nvidia
 from voltafleet.hostplan import HostPlan
 

@@ -98,14 +98,15 @@ def fleet_state() -> dict:
 
 
 def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None = None,
-           host_vars: dict | None = None) -> Run:
-    """Run the lab rollout; `vars` apply to every host, `host_vars` {host: {...}} to one each."""
+           host_vars: dict | None = None, limit: str | None = None) -> Run:
+    """Run the lab rollout; `vars` apply to every host, `host_vars` {host: {...}} to one each;
+    `limit`: only these hosts (pyinfra --limit), e.g. the gateway alone."""
     CONVERGED["state"] = None
     e = run_env(vars, host_vars, tmp, env)
-    proc = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO, env=e,
-                          capture_output=True, text=True, timeout=3000)
+    proc = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py", *(["--limit", limit] if limit else [])],
+                          cwd=REPO, env=e, capture_output=True, text=True, timeout=3000)
     run = Run(proc)
-    if run.rc == 0 and not (vars or host_vars or env):
+    if run.rc == 0 and not (vars or host_vars or env or limit):
         CONVERGED["state"] = fleet_state()
     return run
 

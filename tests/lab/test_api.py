@@ -62,9 +62,15 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
 
     slots = 4 * 2 * len(lab()["hosts"])
     assert deploy({"gateway_queue_timeout_s": 1}, tmp_path).rc == 0
-    seen = []
-    http = httpx.Client(event_hooks={"response": [lambda r: seen.append((time.monotonic(), r.status_code,
-                                                                         r.headers.get("retry-after")))]})
+    seen, bodies = [], []
+
+    def hook(r):
+        if r.status_code == 503:  # the gateway's own answer: OpenAI's error shape
+            r.read()
+            bodies.append(r.json()["error"])
+        seen.append((time.monotonic(), r.status_code, r.headers.get("retry-after")))
+
+    http = httpx.Client(event_hooks={"response": [hook]})
     sdk = openai.OpenAI(base_url=URL, api_key="lab-has-no-key", max_retries=8, timeout=120, http_client=http)
     # long streams hold every slot; the SDK sends the load's prompt, so affinity queues it behind them
     load = Load(URL.removesuffix("/v1"), clients=2 * slots, tokens=400, seconds=90, max_requests=600).start()
@@ -81,6 +87,7 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
         assert got.usage.completion_tokens == 4 and seen[-1][1] == 200
         busy = [(t, ra) for t, code, ra in seen if code == 503]
         assert all(ra == "5" for _, ra in busy)
+        assert bodies and all(b["code"] == "fleet_busy" and b["type"] == "server_error" and "param" in b for b in bodies)
         # the retry came no sooner than Retry-After said (the SDK honours it)
         nxt = [t for t, code, _ in seen if t > busy[0][0]]
         assert nxt and nxt[0] - busy[0][0] >= 4.5
@@ -88,3 +95,99 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
         load.stop()
         http.close()
         assert deploy().rc == 0
+
+
+# ---------------------------------------------------------------- issue 32: thinking, tools, JSON
+
+BUDGET = 32  # group_vars/lab.yml server_reasoning_budget: the tiny model never ends a thought itself
+
+
+def tokens(text: str) -> int:
+    import httpx
+
+    return len(httpx.post(URL.removesuffix("/v1") + "/tokenize", json={"content": text}, timeout=30).json()["tokens"])
+
+
+def test_thoughts_arrive_in_reasoning_content_within_the_fleet_budget_and_can_be_turned_off(gw):
+    c = client()
+    ask = dict(model="qwen3.6-27b", messages=[{"role": "user", "content": "Why is the sky blue?"}], max_tokens=80)
+    r = c.chat.completions.create(**ask)
+    m = r.choices[0].message
+    thought = m.model_extra["reasoning_content"]
+    # the real template opens <think>; the server forces </think> after the budget, then the answer
+    assert thought and m.content and "<think>" not in m.content and "</think>" not in m.content
+    assert tokens(thought) <= BUDGET + 1 and r.usage.completion_tokens == 80
+    # a request's own budget
+    own = c.chat.completions.create(**ask, extra_body={"thinking_budget_tokens": 4}).choices[0].message
+    assert tokens(own.model_extra["reasoning_content"]) <= 5 and own.content
+    # thinking off for one request: no thought at all, the whole answer in content
+    off = c.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert not off.choices[0].message.model_extra.get("reasoning_content") and off.choices[0].message.content
+    # streamed: reasoning deltas first, then content deltas, never mixed in one
+    kinds = []
+    for ch in c.chat.completions.create(**ask, stream=True):
+        if ch.choices:
+            d = ch.choices[0].delta
+            r_, c_ = (d.model_extra or {}).get("reasoning_content"), d.content
+            assert not (r_ and c_)
+            kind = "reasoning" if r_ else "content" if c_ else None
+            if kind and (not kinds or kinds[-1] != kind):
+                kinds.append(kind)
+    assert kinds == ["reasoning", "content"]
+
+
+def test_a_request_with_tools_renders_through_the_real_qwen_template(gw):
+    """The lab model carries the Qwen3.5/3.6 template; /apply-template through the gateway gives
+    exactly the reference rendering of Python's jinja2 (tests/fixtures/api, kept as a fixture)."""
+    import json
+
+    import httpx
+
+    from lab.fleet import ensure_sdist
+    from tests.fixtures.api.render import PROMPT, REQUEST, render
+
+    req = json.loads(REQUEST.read_text())
+    for call in req["messages"][2]["tool_calls"]:  # as the OpenAI SDK sends them: arguments as a JSON string
+        call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+    served = httpx.post(URL.removesuffix("/v1") + "/apply-template", json=req, timeout=30).json()["prompt"]
+    assert served == PROMPT.read_text()
+    template = (ensure_sdist() / "vendor/llama.cpp/models/templates/Qwen3.5-4B.jinja").read_text()
+    assert render(template, json.loads(REQUEST.read_text())) == PROMPT.read_text()  # the fixture is still the reference
+    assert "<tools>" in served and "<tool_call>\n<function=get_weather>" in served and "<tool_response>" in served
+    # the SDK's own request with tools is served (the random model answers in text)
+    r = client().chat.completions.create(model="qwen3.6-27b", messages=req["messages"], tools=req["tools"], max_tokens=8)
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["answer", "confidence"],
+          "properties": {"answer": {"type": "string", "enum": ["yes", "no"]},
+                         "confidence": {"type": "integer", "minimum": 0, "maximum": 100}}}
+
+
+def valid(text: str) -> bool:
+    import json
+
+    d = json.loads(text)
+    return set(d) == {"answer", "confidence"} and d["answer"] in ("yes", "no") \
+        and type(d["confidence"]) is int and 0 <= d["confidence"] <= 100
+
+
+def test_response_format_json_schema_holds_on_every_instance(gw):
+    """Grammar-constrained: even the lab's random model answers valid JSON, on each of the six
+    instances (direct) and through the gateway, thinking on (the budget ends it) or off."""
+    import openai
+
+    from tests.lab.helpers import lab
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": SCHEMA}}
+    ask = dict(model="qwen3.6-27b", messages=[{"role": "user", "content": "Is Paris in France?"}],
+               max_tokens=300, temperature=1.0, response_format=fmt)
+    ports = [(h["name"], h["server_port_base"] + i) for h in lab()["hosts"] for i in (0, 1)]
+    for name, port in ports:
+        direct = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="lab", max_retries=0, timeout=120)
+        for think in (True, False):
+            r = direct.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": think}})
+            assert r.choices[0].finish_reason == "stop" and valid(r.choices[0].message.content), (name, port, r)
+    for i in range(6):
+        r = client().chat.completions.create(**ask, extra_headers={"x-session-id": f"json-{i}"})
+        assert valid(r.choices[0].message.content), r

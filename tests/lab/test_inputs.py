@@ -93,7 +93,7 @@ def data_run(*data: str) -> Run:
     (f"server_extra_flags=[\"--alias $({TOUCH})\"]", "pyinfra --data: server_extra_flags: has the item"),
 ])
 def test_pyinfra_data_overrides_get_the_same_checks(hosts, data, text):
-    """Needs roles/common.config() to call validate_values (issue 13 wiring)."""
+    """Needs roles/run.config() to call validate_values (issue 13 wiring)."""
     if "MIRROR/" in data:
         data = data.replace("MIRROR/", mirror_url(""))
     before = pids(hosts)

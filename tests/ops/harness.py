@@ -19,7 +19,7 @@ CLI runs' tests/ops/inventory.py puts in place too).
 What differs from the CLI, on purpose:
 + no gevent monkey-patching of the test process (the CLI patches on import): the @fake
   connector and the roles only switch greenlets on gevent primitives;
-+ the controller's run-scoped values (roles.common's run context, once-per-run caches, the
++ the controller's run-scoped values (roles.run's run context, once-per-run caches, the
   fleet lock, the toolchain role's GPU report) are reset before and after each run, as a new
   `pyinfra` process would start them empty;
 + the commands are whole (the CLI's debug log, which its tests scraped, shows a command's
@@ -198,15 +198,15 @@ def _fresh_run():
 
 
 def _reset() -> None:
-    import roles.common as common
+    import roles.run as run
     import roles.toolchain as toolchain
     from voltafleet.once import Once
 
-    for lock in common._LOCK:
+    for lock in run._LOCK:
         lock.release()
-    common._LOCK.clear()
-    common.run_context.cache_clear()
-    common.fleet_plan.cache_clear()
+    run._LOCK.clear()
+    run.run_context.cache_clear()
+    run.fleet_plan.cache_clear()
     # pyinfra memoizes a host's temporary directory (its TmpDir fact) by the host's name, for
     # the process: a new run of a host name read it again only in a new process
     from pyinfra.api.host import Host

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from roles.common import DrainError, drain, drain_timeout
+from roles.gateway_api import drain, drain_timeout, DrainError
 
 HEADER = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status"
 

@@ -186,9 +186,9 @@ def test_shared_release_in_the_controller_cache_is_shipped_not_compiled(plan, tm
 
 
 def test_a_toolkit_upgrade_changes_the_fingerprint_and_a_driver_upgrade_does_not(cfg):
-    """roles.common.host_fingerprint itself, from a CUDA host's live facts: the driver
+    """roles.factcache.host_fingerprint itself, from a CUDA host's live facts: the driver
     version is among them, and must not be an input."""
-    from roles.common import host_fingerprint
+    from roles.factcache import host_fingerprint
 
     cfg.update(voltafleet_backend="cuda", llama_cpp_ref=COMMIT, cuda_toolkit_version="12.8")
 

@@ -12,7 +12,8 @@ import gevent
 import pytest
 from pyinfra.context import ctx_host, ctx_state
 
-import roles.common as common
+import roles.factcache as factcache
+import roles.gateway_api as gateway_api
 import roles.preflight as preflight
 from roles import facts as F
 from roles.llama_cpp import builder_of, run_builders
@@ -63,7 +64,7 @@ def elect(state) -> dict[str, str]:
     out = {}
     for h in state.inventory:
         with ctx_host.use(h), ctx_state.use(state):
-            out[h.name] = builder_of(common.host_fingerprint(h))
+            out[h.name] = builder_of(factcache.host_fingerprint(h))
     return out
 
 
@@ -88,10 +89,10 @@ def test_a_fingerprint_that_appears_later_is_elected_again(cfg):
     assert elect(state)["gpu-000"] == "gpu-000"
     late.facts[F.HostBasics] = {"cxx": CXX[1]}  # the toolchain role installed it: same fingerprint as gpu-000
     with ctx_host.use(late), ctx_state.use(state):
-        assert builder_of(common.host_fingerprint(late)) == "gpu-000"
+        assert builder_of(factcache.host_fingerprint(late)) == "gpu-000"
     late.facts[F.HostBasics] = {"cxx": "14.1.0 x86_64-linux-gnu"}  # a new one: it builds it
     with ctx_host.use(late), ctx_state.use(state):
-        assert builder_of(common.host_fingerprint(late)) == "gpu-003"
+        assert builder_of(factcache.host_fingerprint(late)) == "gpu-003"
     run_builders.forget()
 
 
@@ -105,16 +106,16 @@ def test_gateway_states_read_once_for_every_server_and_again_after_a_write():
     drained = []
     for h in servers:
         with ctx_host.use(h), ctx_state.use(state):
-            if common.out_of_rotation(state, h.name, range(8)):
+            if gateway_api.out_of_rotation(state, h.name, range(8)):
                 drained.append(h.name)
     assert drained == ["gpu-001"]
     assert reads == [("gw", "HAProxyServers")]  # once for 50 hosts (was once per host)
     with ctx_host.use(servers[1]), ctx_state.use(state):
-        common.ready(state, "gpu-001", [0])
+        gateway_api.ready(state, "gpu-001", [0])
         gw.facts[F.HAProxyServers] = {"gpu-001-0": "UP 1/3"}
-        assert not common.out_of_rotation(state, "gpu-001", [0])  # our own write: read again
+        assert not gateway_api.out_of_rotation(state, "gpu-001", [0])  # our own write: read again
     assert len(reads) == 2 and "set server llama/gpu-001-0 state ready" in gw.sent[0]
-    common._gateway_states.forget()
+    gateway_api._gateway_states.forget()
 
 
 def concurrently(fn, n=50):
@@ -132,17 +133,17 @@ def test_header_size_and_ref_fetched_once_per_run_not_per_greenlet(monkeypatch):
         return fetch
 
     monkeypatch.setattr(preflight.gguf_header, "read_url", slow("header", "HEADER"))
-    monkeypatch.setattr(common, "remote_size", slow("size", 15 << 30))
-    monkeypatch.setattr(common._resolve, "fn", slow("ref", "ab" * 20))
-    for once in (preflight.model_header, common.model_size, common._resolve):
+    monkeypatch.setattr(factcache, "remote_size", slow("size", 15 << 30))
+    monkeypatch.setattr(factcache._resolve, "fn", slow("ref", "ab" * 20))
+    for once in (preflight.model_header, factcache.model_size, factcache._resolve):
         once.forget()
     url = "http://m/Qwen3.6-27B-Q4_K_S.gguf"
     assert set(concurrently(lambda: preflight.model_header(url))) == {"HEADER"}
-    assert set(concurrently(lambda: common.model_size(url))) == {15 << 30}
-    assert set(concurrently(lambda: common.resolve_ref("https://github.com/ggml-org/llama.cpp.git", "master"))) \
+    assert set(concurrently(lambda: factcache.model_size(url))) == {15 << 30}
+    assert set(concurrently(lambda: factcache.resolve_ref("https://github.com/ggml-org/llama.cpp.git", "master"))) \
         == {"ab" * 20}
     assert calls == {"header": 1, "size": 1, "ref": 1}
-    for once in (preflight.model_header, common.model_size, common._resolve):
+    for once in (preflight.model_header, factcache.model_size, factcache._resolve):
         once.forget()
 
 
@@ -170,27 +171,27 @@ class RunHost(FakeHost):
 def test_a_fact_is_read_once_until_an_operation_changes_the_host():
     h = RunHost({F.HostBasics: {"cxx": CXX[1]}, F.Releases: {"current": "a", "good": None, "releases": {}}})
     for _ in range(3):
-        assert common.host_fact(h, F.HostBasics) == {"cxx": CXX[1]}
+        assert factcache.host_fact(h, F.HostBasics) == {"cxx": CXX[1]}
     assert h.read == ["HostBasics"]  # prepare: once
     h.state.is_executing = True
-    common.host_fact(h, F.HostBasics)
+    factcache.host_fact(h, F.HostBasics)
     h.operation(ran_commands=False)  # a no-op changes nothing
-    common.host_fact(h, F.HostBasics)
+    factcache.host_fact(h, F.HostBasics)
     assert h.read == ["HostBasics"] * 2  # execute: once more (a stage is never read from another)
     h.operation(ran_commands=True)
     h.facts[F.HostBasics] = {"cxx": CXX[2]}  # the operation installed another compiler
-    assert common.host_fact(h, F.HostBasics) == {"cxx": CXX[2]}
-    assert common.host_fact(h, F.Releases, root="/opt/voltafleet")["current"] == "a"  # each (fact, arguments) apart
+    assert factcache.host_fact(h, F.HostBasics) == {"cxx": CXX[2]}
+    assert factcache.host_fact(h, F.Releases, root="/opt/voltafleet")["current"] == "a"  # each (fact, arguments) apart
     assert h.read == ["HostBasics"] * 3 + ["Releases"]
 
 
 def test_a_read_fact_is_a_copy_and_a_fake_host_is_always_read():
     h = RunHost({F.Releases: {"current": "a", "good": None, "releases": {}}})
-    common.host_fact(h, F.Releases, root="/r")["releases"]["x"] = {}
-    assert common.host_fact(h, F.Releases, root="/r")["releases"] == {}
+    factcache.host_fact(h, F.Releases, root="/r")["releases"]["x"] = {}
+    assert factcache.host_fact(h, F.Releases, root="/r")["releases"] == {}
     plain = Host({F.HostBasics: {"cxx": None}}, reads=[])  # no run: nothing kept
     plain.get_fact = lambda cls, **kw: plain.reads.append(cls) or {"cxx": None}
-    common.host_fact(plain, F.HostBasics), common.host_fact(plain, F.HostBasics)
+    factcache.host_fact(plain, F.HostBasics), factcache.host_fact(plain, F.HostBasics)
     assert len(plain.reads) == 2
 
 

@@ -15,7 +15,7 @@ CALLERS = [importlib.import_module(f"pyinfra.api.{m}") for m in ("arguments", "f
 def test_applied_to_the_pinned_pyinfra():
     """requirements.txt pins the pyinfra whose functions the replacements were checked
     against: another version (another source) is left as it is, and this test says so."""
-    assert speed.APPLIED == ["get_operation_order_from_stack", "all_global_arguments", "pop_global_arguments"]
+    assert speed.applied() == speed.ALL and speed.why_not() is None
     assert operation.get_operation_order_from_stack is speed.get_operation_order_from_stack
     assert all(m.pop_global_arguments is speed.pop_global_arguments for m in CALLERS)
 
@@ -100,3 +100,27 @@ def test_every_data_layer_in_pyinfras_order():
             ours = speed.pop_global_arguments(state, h, mine)
             assert ours == speed.ORIGINAL["pop_global_arguments"](state, h, theirs) and mine == theirs
     assert speed.pop_global_arguments(state, inventory.get_host("b"), {})[0]["_timeout"] == 3
+
+
+def test_another_pyinfra_is_left_as_it_is_with_a_warning(monkeypatch):
+    """A pyinfra whose source differs: nothing replaced, one warning naming the fix."""
+    monkeypatch.setattr(speed, "APPLIED", [])
+    monkeypatch.setattr(speed, "_WARNED", [])
+    monkeypatch.setitem(speed.CHECKED, "all_global_arguments", "0" * 16)
+    monkeypatch.setitem(speed.CHECKED, "get_operation_order_from_stack", "0" * 16)
+    monkeypatch.setitem(speed.CHECKED, "pop_global_arguments", "0" * 16)
+    said = []
+    assert speed.applied(warn=said.append) == [] and speed.applied(warn=said.append) == []
+    assert len(said) == 1 and "left pyinfra" in said[0] and "Fix: pin pyinfra==3.10.0" in said[0]
+    monkeypatch.setenv("VOLTAFLEET_PYINFRA_AS_IS", "1")
+    assert speed.why_not() is None  # asked for: no warning
+
+
+def test_the_patches_offered_to_pyinfra_are_the_replacements_in_use():
+    """docs/pyinfra-patches.md is each replacement as a whole-function diff against the installed
+    pyinfra's source, as speed.patches() writes it now: the doc never drifts from the code."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "pyinfra-patches.md").read_text()
+    assert doc == speed.patches()
+    assert doc.count("```diff") == 3 and "+    stack_items = list(reversed(inspect.getouterframes(sys._getframe(1), 0)))" in doc

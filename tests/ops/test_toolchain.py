@@ -35,7 +35,7 @@ APT_INSTALL = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--f
               '-o Dpkg::Options::="--force-confold" install '
 
 
-# What dpkg-query (roles/toolchain/facts.py NvidiaPackages) answers on a converged R580 host, and
+# What dpkg-query (roles/driver_facts.py NvidiaPackages) answers on a converged R580 host, and
 # the loaded kernel module's line in /proc/driver/nvidia/version.
 R580_NOBLE_DPKG = "\n".join(f"pkg|{st}|{p}|{v}" for st, p, v in (
     ("hi ", "cuda-drivers-580", "580.95.05-0ubuntu1"), ("hi ", "nvidia-dkms-580", "580.95.05-0ubuntu1"),

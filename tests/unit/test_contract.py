@@ -267,3 +267,67 @@ def test_a_host_missing_from_a_run_keeps_its_backends():
         ("h3-0", "10.0.0.3", 8080, 4)]
     assert configured_servers("backend llama\n    server h3-0 10.0.0.3:8080 check maxconn 4 weight 64\n") == [
         ("h3-0", "10.0.0.3", 8080, 4)]  # affinity's ring weight after it
+
+
+# ---------------------------------------------------------------- issue 31: one run contract
+
+def test_the_driver_and_the_roles_spell_no_name_of_the_run_contract():
+    """Every environment variable and record file between python -m rollout and deploy.py is
+    spelled in voltafleet/runctx.py only: the driver, deploy.py and the roles go through
+    RunContext.to_env/from_env and RunDir (a stray literal is a second spelling to drift)."""
+    import re
+    from pathlib import Path
+
+    from voltafleet.runctx import ENV, RunDir
+
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "deploy.py", *sorted((root / "rollout").glob("*.py")), *sorted((root / "roles").rglob("*.py")),
+             *[p for p in sorted((root / "voltafleet").glob("*.py")) if p.name != "runctx.py"]]
+    env_literal = re.compile(r"""["'](%s)["']""" % "|".join(ENV.values()))
+    record_literal = re.compile(r"""["'/](%s)-(\{|\*)""" % "|".join(RunDir.KINDS))
+    found = []
+    for f in files:
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if env_literal.search(line) or record_literal.search(line):
+                found.append(f"{f.relative_to(root)}:{n}: {line.strip()}")
+    assert found == []
+    assert len(files) > 40  # the scan read the tree
+
+
+def test_the_contract_round_trips_and_its_records_are_atomic_and_run_checked(tmp_path):
+    from dataclasses import replace
+
+    from voltafleet.fleetplan import ServerEntry
+    from voltafleet.runctx import RunContext, RunDir
+
+    ctx = RunContext(phase="tune", run="r2", rollout="x", batch="tune-1", report_dir=str(tmp_path),
+                     smoke_always=True, no_gateway=True, record_probe=True, lock_owner=7, vars_file="/v.yml")
+    assert RunContext.from_env(ctx.to_env()) == ctx and ctx.holds_drained
+    assert "VOLTAFLEET_NO_GATEWAY" not in replace(ctx, no_gateway=False).to_env()  # the driver's own env stays
+    d = RunDir(tmp_path)
+    d.write("preflight", "gpu/01", {"host": "gpu/01", "address": "a", "ports": [8080, 8081], "slots": 4, "run": "r2"})
+    assert d.file("preflight", "gpu/01").name == "preflight-gpu_01.json"
+    assert ServerEntry.of(d.read("preflight", "gpu/01", run="r2")).ports == (8080, 8081)
+    assert d.read("preflight", "gpu/01", run="r1") is None and ServerEntry.of(None) is None  # another run's: none
+    (tmp_path / "smoke-bad.json").write_text("{half")
+    assert d.read("smoke", "bad") is None and [r["host"] for r in d.all("preflight")] == ["gpu/01"]
+    assert not list(tmp_path.glob(".*.tmp"))
+    import pytest
+    with pytest.raises(ValueError):
+        d.file("secrets", "h")
+
+
+def test_no_role_imports_another_role():
+    """A role (roles/<name>/) imports shared modules (roles/*.py) and voltafleet/, never another role."""
+    import re
+    from pathlib import Path
+
+    roles = Path(__file__).resolve().parents[2] / "roles"
+    names = {p.name for p in roles.iterdir() if (p / "__init__.py").exists()}
+    found = []
+    for role in sorted(names):
+        for f in sorted((roles / role).rglob("*.py")):
+            for m in re.finditer(r"^\s*(?:from|import) roles\.(\w+)", f.read_text(), re.M):
+                if m.group(1) in names and m.group(1) != role:
+                    found.append(f"{f.relative_to(roles.parent)} imports roles.{m.group(1)}")
+    assert len(names) >= 10 and found == []

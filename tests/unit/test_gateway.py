@@ -1,3 +1,4 @@
+import json
 import pytest
 
 from voltafleet.gateway import backend_name, backends, current_sessions, runtime, server_states, set_state
@@ -36,22 +37,18 @@ def test_sessions_and_states_from_show_stat():
 # ---------------------------------------------------------------- issue 18: the configuration
 
 
-def render(**over):
+def render(cfg_over: dict | None = None, **over):
+    cfg_over = cfg_over or {}
     import jinja2
 
-    from voltafleet.gateway import backends
+    from voltafleet.gateway import backends, template_vars
     from tests.fixture_vars import all_yml_vars
 
     cfg = all_yml_vars()
     env = jinja2.Environment(loader=jinja2.FileSystemLoader("templates"), trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    args = dict(backends=backends([("h1", "10.0.0.1", [8080, 8081], 4), ("h2", "10.0.0.2", [8080], None)]),
-                bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
-                stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
-                maxconn=cfg["gateway_maxconn"], admin_socket="/run/haproxy/admin.sock", state_file="/x",
-                queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
-                affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"], model_alias=cfg["server_model_alias"],
-                errorfile="/etc/haproxy/voltafleet-503.http")
+    args = template_vars({**cfg, **cfg_over}, backends([("h1", "10.0.0.1", [8080, 8081], 4), ("h2", "10.0.0.2", [8080], None)]))
+    args.update(state_file="/x")
     return env.get_template("haproxy.cfg.j2").render(**{**args, **over})
 
 
@@ -69,7 +66,9 @@ def test_the_busy_answer_is_fast_and_says_when_to_retry():
     page = busy_page(7)
     head, body = page.split("\r\n\r\n", 1)
     assert head.startswith("HTTP/1.1 503 ") and "\r\nRetry-After: 7" in head
-    assert f"Content-Length: {len(body)}" in head and '"code": 503' in body
+    assert f"Content-Length: {len(body)}" in head
+    err = json.loads(body)["error"]  # OpenAI's shape: the SDK raises InternalServerError with this code
+    assert err["code"] == "fleet_busy" and err["type"] == "server_error" and "param" in err and "7 s" in err["message"]
 
 
 def test_the_server_side_closes_after_each_response_the_client_side_stays_open():
@@ -109,11 +108,12 @@ def test_a_public_gateway_in_front_of_keyless_servers_is_refused_unless_said(cfg
     base = {**cfg, "model_sha256": "a" * 64, "server_allow_unauthenticated": True, "server_api_key_file": None,
             "gateway_allow_unauthenticated": False}
     for bind in ("0.0.0.0:8000", "[::]:8000", "192.0.2.10:8000", "gw.example:8000"):
-        with pytest.raises(ConfigError, match=r"(?s)gateway_bind: is .* the servers take no key.*Fix: set server_api_key_file"):
+        with pytest.raises(ConfigError, match=r"(?s)gateway_bind: is .* neither the gateway nor the servers check a key.*Fix: give each team a key \(gateway_teams\), or set server_api_key_file"):
             validate_values("h1", {**base, "gateway_bind": bind}, {"gateway_bind": "group_vars/all.yml"})
     for bind in ("127.0.0.1:8000", "[::1]:8000", "localhost:8000"):
         validate_values("h1", {**base, "gateway_bind": bind}, {})
     validate_values("h1", {**base, "gateway_allow_unauthenticated": True}, {})           # said so
+    validate_values("h1", {**base, "gateway_teams": [{"name": "web", "key_sha256": "b" * 64}]}, {})  # keys at the gateway
     key = {**base, "server_api_key_file": __file__}
     try:
         validate_values("h1", key, {})

@@ -40,7 +40,7 @@ def run(*args, stdin=None):
 def test_alert_rules_are_valid_and_their_unit_tests_pass():
     check = run("check", "rules", "alerts.yml")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 14 rules found" in check.stdout
+    assert "SUCCESS: 15 rules found" in check.stdout
     tests = run("test", "rules", "alerts.test.yml")
     assert tests.returncode == 0, tests.stdout + tests.stderr
 
@@ -48,7 +48,7 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass():
 def test_every_alert_has_a_unit_test():
     rules = set(re.findall(r"- alert: (\w+)", (MON / "alerts.yml").read_text()))
     tested = set(re.findall(r"alertname: (\w+)", (MON / "alerts.test.yml").read_text()))
-    assert len(rules) == 14 and rules == tested
+    assert len(rules) == 15 and rules == tested
 
 
 def cuda_report(cfg) -> dict:
@@ -132,7 +132,7 @@ def test_dashboard_uses_only_metrics_that_exist(cfg):
     used = {name for p in dash["panels"] for t in p["targets"] for name in promql_metrics(t["expr"])}
     exist = exposition_names(smoke.textfile("gpu-01", cuda_report(cfg), "3f2a"))
     exist |= exposition_names(metrics.rollout_textfile(ROLLOUT))
-    for fixture in ("llama-server-metrics.txt", "haproxy-metrics.txt"):
+    for fixture in ("llama-server-metrics.txt", "haproxy-metrics.txt", "haproxy-teams-metrics.txt"):
         exist |= exposition_names((EXPORTERS / fixture).read_text())
     assert len(used) >= 30  # the extraction found the dashboard's metrics, not nothing
     assert used - exist == set()

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from voltafleet.runctx import RunContext, RunDir
+
 import rollout.__main__ as driver
 from voltafleet import outcome
 
@@ -26,17 +28,17 @@ def runs(tmp_path, monkeypatch):
     batch passes every host it rolls."""
     calls = []
 
-    def fake_pyinfra(inventory, limit, env, log, echo=True, label=""):
-        phase = env["VOLTAFLEET_PHASE"]
+    def fake_pyinfra(inventory, limit, ctx, log, echo=True, label=""):
+        phase = RunContext.from_env(ctx.to_env()).phase  # what deploy.py would read
         calls.append((phase, limit))
-        run_dir = log.parent
+        run_dir = RunDir(ctx.report_dir)
         if phase == "preflight":
             for h in ("gpu-1", "gpu-2", "gpu-3"):
-                (run_dir / f"preflight-{h}.json").write_text(json.dumps(
-                    {"host": h, "address": h, "ports": [8080], "slots": 2, "fingerprint": "fp"}))
+                run_dir.write("preflight", h, {"host": h, "address": h, "ports": [8080], "slots": 2,
+                                               "fingerprint": "fp", "run": ctx.run})
         if phase == "batch":
             for h in limit:
-                outcome.write(run_dir, outcome.HostOutcome(host=h, run=env["VOLTAFLEET_RUN"], status="passed"))
+                outcome.write(run_dir.path, outcome.HostOutcome(host=h, run=ctx.run, status="passed"))
         return 0, ""
 
     monkeypatch.setattr(driver, "pyinfra", fake_pyinfra)

@@ -1,5 +1,6 @@
-"""Facts of the NVIDIA driver role: installed driver packages, the loaded kernel module, what
-apt would install, the PCI bus, nvidia-smi's bus ids, and why a driver sees no GPU.
+"""Facts of the NVIDIA driver, shared by the toolchain role and the plan role (roles never import
+each other): installed driver packages, the loaded kernel module, what apt would install, the PCI bus,
+nvidia-smi's bus ids, and why a driver sees no GPU.
 
 Each is read afresh when an operation executes (after the reboot, for instance).
 `driver_plan` decides the driver's change from them (the toolchain role, and the plan)."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from roles.common import host_fact
+from roles.factcache import host_fact
 from voltafleet import nvidia
 
 # Package name globs handed to dpkg-query; voltafleet.nvidia.driver_set keeps the driver ones.

@@ -1,0 +1,122 @@
+"""Issue 29 on the H200: the tune of the v100_32gb group through the GPU proof.
+
+The controller side (`plan29`, in the pack's plan.json): voltafleet.tune.candidates of the
+v100_32gb group's variables, each setting's llama-server argv rendered as a host of the group
+gets it and its VRAM plan for a V100-32GB (32,768 MiB; a setting that does not fit is kept,
+refused, never run), and the build it runs on: the shipped FORCE_MMQ release (`mmq`), or for the
+build-variant setting the Volta-rule release (`volta`).
+
+The GPU side (`run29`, phase tune29 of proof_bench.py): each setting's server, then the group's
+workload (voltafleet/workload.py, as shipped to hosts: tune_* of group_vars/all.yml) on it,
+tune_repetitions times; the records go to results.json["tune29"]. `report` judges them with
+voltafleet.tune (the winner against the shipped setting, one session) from the records alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+V100_32GB_MIB = 32768
+GROUP = "v100_32gb"
+
+
+# the group's workload (tune_* of group_vars/all.yml) cut to fit the device's 30 minutes: each of
+# the 16 clients sends one 512-token prompt for 128 tokens a repetition (the issue-27 serve shape)
+PROOF_WORKLOAD = {"tune_requests": 16, "tune_prompt_tokens": 512, "tune_answer_tokens": 128}
+
+
+def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD) -> dict:
+    """Every setting of the tune: name, values, argv (MODEL for the model), build, plan."""
+    from voltafleet import tune, vram
+
+    cfg = {**group_cfg(GROUP), "voltafleet_backend": "cuda", **workload}
+    out = []
+    for s in tune.candidates(cfg):
+        c = {**cfg, **s.values}
+        build = "mmq" if tune.FORCE_MMQ in (c.get("llama_cpp_cmake_extra") or []) else "volta"
+        d = vram.decide(c, V100_32GB_MIB, header, archs=[70])
+        p = d.plan
+        out.append({"name": s.name, "values": s.values, "build": build, "args": render_args(c),
+                    "fits": d.error is None, "refusal": d.error,
+                    "planned_mib": round(p.needed / vram.MIB, 1) if p else None,
+                    "planned_static_mib": round((p.needed - p.overhead - p.pool) / vram.MIB, 1) if p else None})
+    w = tune.Workload.of(cfg)
+    return {"settings": out, "workload": w.argv(), "repetitions": w.repetitions, "gpu_mib": V100_32GB_MIB,
+            "objective_ttft_p99_ms": cfg["tune_max_ttft_p99_ms"], "headroom_mib": cfg["tune_headroom_mib"]}
+
+
+def run29(proof, workload_py: str) -> None:
+    """On the GPU machine: each fitting setting's server and the workload; records appended."""
+    from qwen35_bench import say
+
+    plan = proof.plan["tune29"]
+    out = proof.results.setdefault("tune29", [])
+    for item in plan["settings"]:
+        r = {k: item[k] for k in ("name", "values", "build", "fits", "refusal", "planned_mib", "planned_static_mib")}
+        if not item["fits"]:
+            r.update(status="refused", reps=[])
+            out.append(r)
+            proof.save()
+            continue
+        t0 = time.time()
+        s = proof.server(item["build"], "tune-" + item["name"].replace(" ", "_"), item["args"])
+        r.update(args=s.args, healthy=s.ok, load_s=s.load_s)
+        try:
+            if s.ok:
+                import smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
+
+                pr = proof.plan["probe"]
+                r["probe_tokens"] = smoke.probe(proof.port, None, pr["short"], pr["tokens"])["tokens"]
+                cmd = [sys.executable, workload_py, "--port", str(proof.port), "--gpu", "0", *plan["workload"]]
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+                got = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+                r.update(status="measured" if got else "failed", reps=got["reps"] if got else [],
+                         after_load_mib=got["after_load_mib"] if got else None,
+                         reason="" if got else (done.stderr.strip().splitlines() or ["no output"])[-1][:300])
+            else:
+                r.update(status="failed", reps=[], reason="the server did not start")
+        finally:
+            s.stop()
+        r["seconds"] = round(time.time() - t0, 1)
+        r["log"] = proof.loglines(s)
+        out.append(r)
+        proof.save()
+        say("tune29", item["name"], r["status"], [x.get("throughput_tps") for x in r.get("reps", [])])
+
+
+def trials(records: list[dict]):
+    """voltafleet.tune.Trial of each record; its probe: its greedy tokens against the shipped
+    setting's (the first record), as the fleet compares every host with the golden probe."""
+    from voltafleet import tune
+
+    out = []
+    gold = records[0].get("probe_tokens") if records else None
+    for r in records:
+        probe = None if r.get("probe_tokens") is None or gold is None else \
+            "match" if r["probe_tokens"] == gold else "diverged from the shipped setting's tokens"
+        t = tune.Trial(tune.Setting(r["name"], r["values"]), status=r["status"], reason=r.get("refusal") or
+                       r.get("reason") or "", reps=r.get("reps", []), probe=probe,
+                       after_load_mib=r.get("after_load_mib"), planned_mib=r.get("planned_mib"),
+                       planned_static_mib=r.get("planned_static_mib"), seconds=r.get("seconds"))
+        out.append(t)
+    return out
+
+
+def report(records: list[dict], cfg: dict) -> str:
+    from voltafleet import tune
+
+    ts = trials(records)
+    best = tune.winner(ts, cfg, V100_32GB_MIB)
+    return tune.table(ts, cfg, V100_32GB_MIB, best)
+
+
+if __name__ == "__main__":  # python bench/tune29.py RESULTS.json: the table
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.gpu_proof import group_cfg
+
+    print(report(json.loads(Path(sys.argv[1]).read_text())["tune29"], {**group_cfg(GROUP), "tune_repetitions": 3}))
+    os._exit(0)

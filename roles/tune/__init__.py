@@ -1,0 +1,98 @@
+"""Tune: one trial of `python -m rollout INVENTORY --tune` on the canary (VOLTAFLEET_PHASE=tune).
+
+The canary's instances are drained before anything changes and stay drained (roles.gateway_api.ready
+does nothing in a tune trial), the trial's setting is rolled and smoke-tested as any rollout
+does (a setting the VRAM plan refuses never starts; one that fails its smoke test or the golden
+probe is rolled back), then the group's workload runs on instance 0 (voltafleet/workload.py,
+`tune_repetitions` times) and its figures go to tune-<host>.json beside the run's outcome record.
+The driver restores the canary when the tune ends or is interrupted.
+"""
+from __future__ import annotations
+
+import json
+
+from pyinfra.api import FunctionCommand, deploy, operation
+
+from roles.factcache import host_fact
+
+from roles.gateway_api import drain, drain_timeout
+
+from roles.run import report_dir, run_context
+
+from roles.shell import bin_path, q, sh, WORKLOAD_CLIENT
+from roles.facts import Gpus
+from voltafleet import outcome
+from voltafleet.hostplan import API_KEY_PATH, HostPlan
+from voltafleet.runctx import RunDir
+from voltafleet.tune import Workload
+
+@operation()
+def held(plan: HostPlan):
+    """Every instance of the canary out of rotation before the trial changes anything (the
+    shipped setting's trial restarts nothing, and is measured drained too).
+
+    .. code:: python
+
+        tune.held(plan)
+    """
+    def hook(state, h):
+        for inst in plan.instances:
+            drain(state, h.name, inst.index, drain_timeout(plan.cfg))
+        return True
+    yield FunctionCommand(hook, (), {})
+
+
+def workload_command(plan: HostPlan) -> str:
+    inst = plan.instances[0]
+    args = [bin_path(plan, WORKLOAD_CLIENT), "--port", str(inst.port), *Workload.of(plan.cfg).argv()]
+    if plan.cfg["server_api_key_file"]:
+        args += ["--api-key-file", API_KEY_PATH]
+    args += ["--gpu", str(inst.index)] if plan.cuda else ["--unit", inst.unit]
+    return "python3 " + q(*args)
+
+
+@operation()
+def measured(plan: HostPlan):
+    """When this run's smoke test passed, the workload on instance 0; tune-<host>.json either way.
+
+    .. code:: python
+
+        tune.measured(plan)
+    """
+    def run(state, h):
+        cfg, ctx = plan.cfg, run_context()
+        rec = outcome.read(report_dir(cfg), h.name, ctx.run)
+        doc = {"host": h.name, "run": ctx.run, "status": "failed", "reason": "no outcome record",
+               "probe": None, "reps": [], "after_load_mib": None,
+               "planned_mib": round(plan.vram.needed / 2**20, 1) if plan.vram is not None else None,
+               # what the plan puts on the GPU at load, before the CUDA context and the pool's growth
+               "planned_static_mib": round((plan.vram.needed - plan.vram.overhead - plan.vram.pool) / 2**20, 1)
+               if plan.vram is not None else None}
+        if plan.cuda:  # the GPU the figures were measured on, for the tuned file
+            g = (host_fact(h, Gpus) or [{}])[plan.instances[0].index]
+            doc["gpu"] = {k: g.get(k) for k in ("name", "compute_cap", "memory_mib", "driver_version")}
+        if rec is not None:
+            doc.update(probe=rec.probe, reason=rec.reason)
+        if rec is not None and rec.status == "passed":
+            ok, out = sh(h, workload_command(plan))
+            if ok:
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                doc.update(status="measured", reason="", reps=got["reps"], after_load_mib=got["after_load_mib"])
+            else:
+                doc["reason"] = "the workload failed: " + ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]
+        elif rec is not None:
+            doc["status"] = "refused" if rec.status == "refused" else "failed"
+        RunDir(report_dir(cfg)).write("tune", h.name, doc)
+        return True
+    yield FunctionCommand(run, (), {})
+
+
+@deploy("Tune trial")
+def tuned(plan: HostPlan) -> None:
+    """The trial's measurement (after the smoke test); `held` runs before the trial's changes.
+
+    .. code:: python
+
+        tuned(plan)
+    """
+    measured(name="The tune's workload on instance 0, figures to tune-<host>.json", plan=plan)

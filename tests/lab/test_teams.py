@@ -1,0 +1,193 @@
+"""Many teams through one gateway (issue 30), on the lab fleet with pooled keep-alive clients:
+a key per team (sha256 in group_vars, a map on the gateway), limits per team (429 with
+Retry-After), usage per team (/metrics/teams), keys added, rotated and revoked by a
+gateway-only run that restarts no server and loses no request."""
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.lab.helpers import REPO, deploy, lab, pids, ssh
+from voltafleet import teams
+
+sys.path.insert(0, str(REPO / "bench"))
+from load import Load  # noqa: E402
+
+URL = "http://127.0.0.1:18800"
+METRICS = "http://127.0.0.1:18404" + teams.METRICS_PATH
+KEY = {name: "vf-" + secrets.token_urlsafe(24) for name in ("web", "web2", "batch", "slow", "stranger")}
+BATCH_SHARE = 0.25  # of the lab's 24 slots: 6 requests in flight
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def team_vars(web_keys=("web",)) -> dict:
+    return {"gateway_teams": [{"name": "web", "key_sha256": [sha(KEY[k]) for k in web_keys], "requests_per_minute": 100000},
+                              {"name": "batch", "key_sha256": sha(KEY["batch"]), "slot_share": BATCH_SHARE,
+                               "requests_per_minute": 100000},
+                              {"name": "slow", "key_sha256": sha(KEY["slow"]), "requests_per_minute": 5}]}
+
+
+def gateway_only(vars: dict, tmp) -> None:
+    """A gateway-only run (pyinfra --limit the gateway): the servers are not even connected to."""
+    run = deploy(vars, tmp, limit=lab()["gateway"]["name"])
+    assert run.rc == 0, run
+    assert "vf-lab-1" not in run.out  # no server host in this run
+
+
+def usage() -> dict[tuple[str, str], float]:
+    """{(metric, labels): value} from the gateway's /metrics/teams."""
+    out = {}
+    for line in httpx.get(METRICS, timeout=10).text.splitlines():
+        m = re.match(r"^(voltafleet_team_\w+)\{([^}]*)\} (\S+)$", line)
+        if m:
+            out[(m.group(1), m.group(2))] = float(m.group(3))
+    return out
+
+
+def delta(after: dict, before: dict, metric: str, labels: str) -> float:
+    return after.get((metric, labels), 0) - before.get((metric, labels), 0)
+
+
+@pytest.fixture(scope="module")
+def team_fleet(first_rollout, tmp_path_factory):
+    """The lab fleet with two teams (a whole run: the servers converge, none restarts when
+    they were converged); the gateway without teams again at the end. The tests take this,
+    not `converged`, which would roll the teams back out."""
+    from tests.lab.helpers import CONVERGED, fleet_state
+
+    tmp = tmp_path_factory.mktemp("teams")
+    if CONVERGED["state"] is None or fleet_state() != CONVERGED["state"]:
+        assert deploy().rc == 0  # the repository's configuration first, so the pids below are the converged ones
+    hosts = lab()["hosts"]
+    before = pids(hosts)
+    run = deploy(team_vars(), tmp)
+    assert run.rc == 0, run
+    assert pids(hosts) == before  # keys are the gateway's business: no server restarted
+    mode = ssh(lab()["gateway"], f"stat -c '%a %U %G' {teams.KEYS_MAP} {teams.LIMITS_MAP}").splitlines()
+    assert mode == ["640 root haproxy"] * 2
+    yield tmp
+    gateway_only({}, tmp)
+
+
+def test_a_request_without_a_known_key_gets_401_at_the_gateway_in_openais_shape(team_fleet):
+    from tests.lab.helpers import gateway_stat
+
+    served = lambda: sum(int(r["stot"]) for r in gateway_stat(lab()["gateway"]).values())  # noqa: E731
+    before = served()
+    c = openai.OpenAI(base_url=URL + "/v1", api_key=KEY["stranger"], max_retries=0, timeout=30)
+    with pytest.raises(openai.AuthenticationError) as e:
+        c.chat.completions.create(model="qwen3.6-27b", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert e.value.code == "invalid_api_key" and e.value.body["type"] == "invalid_request_error"
+    assert e.value.response.headers["www-authenticate"] == "Bearer"
+    for headers in ({}, {"Authorization": "Basic dXNlcjpwYXNz"}, {"Authorization": "Bearer x"}):  # none, another scheme, unknown
+        r = httpx.post(URL + "/v1/completions", json={"model": "qwen3.6-27b", "prompt": "hi", "max_tokens": 2},
+                       headers=headers, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (headers, r.text)
+    assert served() == before  # no server saw them
+    ok = openai.OpenAI(base_url=URL + "/v1", api_key=KEY["web"], max_retries=0, timeout=60)
+    assert ok.models.list().data[0].id == "qwen3.6-27b"
+
+
+def test_a_flooding_team_gets_429s_while_the_other_keeps_its_ttft_and_usage_matches(team_fleet):
+    web = dict(clients=3, tokens=24, seconds=20, max_requests=40, key=KEY["web"], streams_only=True)
+    before = usage()
+    alone = Load(URL, **web).start()
+    alone.wait()
+    base = alone.stop()
+    flood = Load(URL, clients=24, tokens=48, seconds=40, max_requests=100000, key=KEY["batch"], client="openai",
+                 honor_retry_after=True)  # as the SDK's own retry would: it waits Retry-After
+    flood.start()
+    time.sleep(3)
+    loaded = Load(URL, **web).start()
+    loaded.wait()
+    under = loaded.stop()
+    batch = flood.stop()
+    print(f"\nweb alone: {base}\nweb while batch floods: {under}\nbatch: {batch}")
+    assert base["served"] == base["requests"] == 40 and under["served"] == under["requests"] == 40
+    assert under["failed"] == under["cut"] == under["busy"] == under["limited"] == 0
+    # the flooder: 429s with Retry-After, never a 5xx, never a cut stream; its share of slots still served
+    limited = [r for r in flood.results if r["outcome"] == "limited"]
+    assert limited and {r["retry_after"] for r in limited} == {"2"}
+    assert batch["failed"] == batch["cut"] == batch["busy"] == 0 and batch["served"] > 0
+    # the web team's time to first token is what it is alone, within the lab's shared two cores
+    assert under["ttft_p50_ms"] <= 3 * base["ttft_p50_ms"] + 500, (base, under)
+    # usage per team on the gateway's Prometheus endpoint matches what this test sent
+    after = usage()
+    assert delta(after, before, "voltafleet_team_responses_total", 'team="web",code="200"') == 80
+    assert delta(after, before, "voltafleet_team_requests_total", 'team="web"') == 80
+    assert delta(after, before, "voltafleet_team_responses_total", 'team="batch",code="200"') == batch["served"]
+    assert delta(after, before, "voltafleet_team_responses_total", 'team="batch",code="429"') == len(limited)
+    assert delta(after, before, "voltafleet_team_requests_total", 'team="batch"') == batch["requests"]
+    # non-streamed answers' completion tokens (the flood alternates streamed and not)
+    plain = sum(r["tokens"] for r in flood.results if r["ok"] and not r["stream"])
+    assert delta(after, before, "voltafleet_team_completion_tokens_total", 'team="batch"') == plain > 0
+    assert delta(after, before, "voltafleet_team_request_seconds_total", 'team="web"') > 0
+    assert delta(after, before, "voltafleet_team_bytes_out_total", 'team="web"') > 0
+
+
+def test_the_sdk_reads_a_429_and_its_retry_after(team_fleet):
+    share = int(BATCH_SHARE * 24)  # the team's limit: 6 of the lab's 24 slots
+    hold = Load(URL, clients=share, tokens=800, seconds=60, max_requests=share, key=KEY["batch"],
+                streams_only=True).start()
+    try:
+        deadline = time.monotonic() + 20
+        while usage().get(("voltafleet_team_in_flight", 'team="batch"'), 0) < share:  # all six streams in flight
+            assert time.monotonic() < deadline, usage()
+            time.sleep(0.1)
+        c = openai.OpenAI(base_url=URL + "/v1", api_key=KEY["batch"], max_retries=0, timeout=60)
+        with pytest.raises(openai.RateLimitError) as e:
+            c.completions.create(model="qwen3.6-27b", prompt="hi", max_tokens=2)
+        assert e.value.code == "rate_limit_exceeded" and e.value.response.headers["retry-after"] == "2"
+        assert "in flight" in e.value.body["message"]
+    finally:
+        held = hold.stop()
+    assert held["served"] == share  # the six in flight were served to their end
+
+
+def test_a_team_over_its_requests_per_minute_gets_429_and_the_others_are_served(team_fleet):
+    c = openai.OpenAI(base_url=URL + "/v1", api_key=KEY["slow"], max_retries=0, timeout=60)
+    for _ in range(5):
+        assert c.completions.create(model="qwen3.6-27b", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+    with pytest.raises(openai.RateLimitError) as e:
+        c.completions.create(model="qwen3.6-27b", prompt="hi", max_tokens=2)
+    assert "per minute" in e.value.body["message"] and e.value.response.headers["retry-after"] == "2"
+    web = openai.OpenAI(base_url=URL + "/v1", api_key=KEY["web"], max_retries=0, timeout=60)
+    assert web.completions.create(model="qwen3.6-27b", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_rotating_a_key_under_load_loses_no_request_and_a_revoked_key_fails_at_once(team_fleet):
+    tmp = team_fleet
+    hosts = lab()["hosts"]
+    before = pids(hosts)
+    # the team's clients keep one pooled keep-alive connection each while the keys change under them
+    old = httpx.Client(base_url=URL, headers={"Authorization": f"Bearer {KEY['web']}"}, timeout=60)
+    assert old.post("/completion", json={"prompt": "hi", "n_predict": 2}).status_code == 200
+    load = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web"]).start()
+    gateway_only(team_vars(("web", "web2")), tmp)  # step 1: the new key added beside the old one
+    time.sleep(1)
+    on_old = load.stop()
+    load2 = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web2"]).start()
+    gateway_only(team_vars(("web2",)), tmp)  # step 2: the old key revoked, the clients on the new one
+    time.sleep(1)
+    on_new = load2.stop()
+    print(f"\nrotation: old key {on_old}\nnew key {on_new}")
+    for s in (on_old, on_new):
+        assert s["requests"] > 0 and s["served"] == s["requests"], s
+    # the revoked key fails on its next request, on the connection it already had
+    r = old.post("/completion", json={"prompt": "hi", "n_predict": 2})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.post(URL + "/completion", json={"prompt": "hi", "n_predict": 2},
+                      headers={"Authorization": f"Bearer {KEY['web2']}"}, timeout=60).status_code == 200
+    assert pids(hosts) == before  # no server restarted
+    old.close()
+    gateway_only(team_vars(), tmp)  # back to the module's teams

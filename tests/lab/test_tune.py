@@ -1,0 +1,110 @@
+"""Autotune on the canary (issue 29), on the lab fleet: `python -m rollout inventory/lab.py --tune`
+measures every setting on the drained canary, writes group_vars/lab.tuned.yml, and the next
+rollout uses it; an interrupted tune leaves the canary as it was, and the fleet serves
+every request meanwhile (a pooled keep-alive load through the gateway)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.lab.helpers import REPO, env_file, gateway_stat, lab, rollout, run_env
+from voltafleet import tune
+
+sys.path.insert(0, str(REPO / "bench"))
+from load import Load  # noqa: E402
+
+TUNED = REPO / "group_vars" / f"lab{tune.SUFFIX}"
+URL = "http://127.0.0.1:18800"
+
+
+@pytest.fixture
+def no_tuned_file():
+    """The lab group's tuned file exists only during the test (the repository ships none)."""
+    assert not TUNED.exists(), f"{TUNED} is left from an earlier run: remove it"
+    yield
+    TUNED.unlink(missing_ok=True)
+
+
+def in_rotation(host: str) -> bool:
+    rows = gateway_stat(lab()["gateway"])
+    return all(rows[f"{host}-{i}"]["status"].startswith("UP") for i in (0, 1))
+
+
+def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(converged, no_tuned_file, tmp_path):
+    canary = lab()["hosts"][0]
+    before = [env_file(canary, i) for i in (0, 1)]
+    load = Load(URL, clients=4, tokens=16, seconds=900, max_requests=100000).start()
+    run, _ = rollout(["--tune", "--canary", canary["name"]], tmp=tmp_path)
+    served = load.stop()
+    assert run.rc == 0, run
+    print(run.out[-3500:])
+    doc = yaml.safe_load(TUNED.read_text())
+    trials = doc["trials"]
+    assert len(trials) >= 6 and trials[0]["setting"] == "shipped"
+    measured = [t for t in trials if t["status"] == "measured"]
+    assert len(measured) >= 6, [(t["setting"], t["status"], t["verdict"]) for t in trials]
+    for t in measured:  # three repetitions each, medians recomputed from the raw figures
+        assert len(t["reps"]) == 3
+        tps = sorted(r["throughput_tps"] for r in t["reps"])
+        assert t["medians"]["throughput_tps"] == pytest.approx(tps[1])
+        assert t["medians"]["peak_mib"] is not None and t["probe"] == "match"  # CPU: the server's peak RSS
+    eligible = [t for t in measured if t["verdict"] == "eligible"]
+    best = max(eligible, key=lambda t: t["medians"]["throughput_tps"])
+    assert doc["chosen"]["setting"] == best["setting"] and doc["values"] == best["values"]
+    assert doc["tuned"]["model_sha256"] == lab()["model_sha256"] and len(doc["tuned"]["llama_cpp"]["commit"]) == 40
+    assert doc["calibration"]["measured"] is False  # no GPU in the lab: said, not invented
+    # the canary is back as it was and serving; the fleet served every request meanwhile
+    assert [env_file(canary, i) for i in (0, 1)] == before and in_rotation(canary["name"])
+    assert served["requests"] > 0 and served["served"] == served["requests"], served
+    # the next rollout: --plan shows the change on every host, then the rollout applies it
+    plan, _ = rollout(["--plan"], tmp=tmp_path)
+    assert plan.rc == 0, plan
+    records = json.loads(Path(re.search(r"(\S+/plan\.json)", plan.out).group(1)).read_text())["records"]
+    changed = {h: r["flags"] for h, r in records.items() if r["flags"]}
+    assert bool(changed) == bool(doc["values"]) and (not changed or set(changed) == {h["name"] for h in lab()["hosts"]})
+    if doc["values"]:
+        run2, report = rollout(["--canary", "1", "--batch", "2"], tmp=tmp_path)
+        assert run2.rc == 0 and report["ok"], run2
+        flag = {"server_spec_ngram": "--spec-type", "server_parallel": "-np", "server_cache_ram": "--cache-ram",
+                "server_backend_sampling": "--backend-sampling", "server_ctx_checkpoints": "--ctx-checkpoints"}
+        for h in lab()["hosts"]:
+            text = env_file(h, 0)
+            for key, value in doc["values"].items():
+                assert flag[key] in text, (h["name"], key, text)
+    TUNED.unlink()  # the fleet back to the shipped values (the converged fixture re-rolls it)
+
+
+def test_an_interrupted_tune_leaves_the_canary_as_it_was_and_loses_no_request(converged, no_tuned_file, tmp_path):
+    canary = lab()["hosts"][0]
+    before = [env_file(canary, i) for i in (0, 1)]
+    load = Load(URL, clients=4, tokens=16, seconds=900, max_requests=100000).start()
+    proc = subprocess.Popen([sys.executable, "-m", "rollout", "inventory/lab.py", "--tune", "--canary", canary["name"]],
+                            cwd=REPO, env=run_env(None, None, tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out = []
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:  # interrupt during the second trial (the canary runs a changed setting)
+        out.append(line)
+        if "trial 2/" in line:
+            time.sleep(3)
+            proc.send_signal(signal.SIGINT)
+            break
+        assert time.monotonic() < deadline, "".join(out)
+    out += proc.stdout.readlines()
+    rc = proc.wait(timeout=600)
+    served = load.stop()
+    text = "".join(out)
+    assert rc == 128 + signal.SIGINT, text[-3000:]
+    assert "restoring" in text and "INTERRUPTED" in text and not TUNED.exists()
+    assert [env_file(canary, i) for i in (0, 1)] == before and in_rotation(canary["name"])
+    assert served["requests"] > 0 and served["served"] == served["requests"], served
+    assert os.environ.get("VOLTAFLEET_VARS") is None

@@ -1,0 +1,104 @@
+"""The tune's pure part (issue 29): candidates, the winner's rules, the tuned file and its loading."""
+import pytest
+import yaml
+
+from voltafleet import tune
+
+
+def cfg_of(cfg, **over):
+    return {**cfg, "model_sha256": "a" * 64, **over}
+
+
+def rep(tps, p99, peak=None, errors=(), p50=None):
+    return {"throughput_tps": tps, "ttft_p50_ms": p50 or p99 / 2, "ttft_p99_ms": p99, "decode_tps": tps / 4,
+            "peak_mib": peak, "requests": 12, "errors": list(errors)}
+
+
+def trial(name, values, reps, probe="match", status="measured", **kw):
+    return tune.Trial(tune.Setting(name, values), status=status, reps=reps, probe=probe, **kw)
+
+
+def test_candidates_change_one_thing_at_a_time_and_keep_each_slot_s_context(cfg):
+    lab = cfg_of(cfg, voltafleet_backend="cpu", server_parallel=4, server_ctx=4096)
+    got = {s.name: s.values for s in tune.candidates(lab)}
+    assert got["shipped"] == {} and len(got) >= 6
+    assert got["slots 2"] == {"server_parallel": 2, "server_ctx": 2048}
+    assert got["slots 8"] == {"server_parallel": 8, "server_ctx": 8192}  # 1,024 tokens a slot, as shipped
+    assert got["n-gram drafts"] == {"server_spec_ngram": "ngram-mod"}
+    assert all(len(v) <= 2 for v in got.values())
+    cuda = cfg_of(cfg, voltafleet_backend="cuda", llama_cpp_cmake_extra=[tune.FORCE_MMQ, "-DX=1"])
+    builds = [s for s in tune.candidates(cuda) if "llama_cpp_cmake_extra" in s.values]
+    assert [s.values["llama_cpp_cmake_extra"] for s in builds] == [["-DX=1"]]  # the Volta-rule release beside it
+
+
+def test_the_winner_is_the_fastest_setting_that_keeps_every_rule(cfg):
+    c = cfg_of(cfg, tune_repetitions=3, tune_max_ttft_p99_ms=1000, tune_headroom_mib=500)
+    trials = [
+        trial("shipped", {}, [rep(100, 500, 9000)] * 3),
+        trial("fast but slow to start", {"server_parallel": 16}, [rep(300, 1500, 9000)] * 3),
+        trial("fast but diverged", {"a": 1}, [rep(290, 500, 9000)] * 3, probe="diverged: token 3"),
+        trial("fast but full", {"b": 1}, [rep(280, 500, 15800)] * 3),
+        trial("fast with an error", {"c": 1}, [rep(270, 500, 9000), rep(270, 500, 9000, errors=["HTTP 500"]),
+                                               rep(270, 500, 9000)]),
+        trial("crashed", {"d": 1}, [], status="failed"),
+        trial("two reps", {"e": 1}, [rep(260, 500, 9000)] * 2),
+        trial("good", {"server_spec_ngram": "ngram-mod"}, [rep(150, 600, 9000), rep(170, 400, 9000), rep(160, 500, 9000)]),
+    ]
+    best = tune.winner(trials, c, vram_mib=16000)
+    assert best.setting.name == "good" and best.median("throughput_tps") == 160  # the median, not the best rep
+    whys = {t.setting.name: tune.judge(t, c, 16000) for t in trials}
+    assert "over the objective" in whys["fast but slow to start"] and "golden probe" in whys["fast but diverged"]
+    assert "leaves less than 500 MiB" in whys["fast but full"] and "request error" in whys["fast with an error"]
+    assert whys["crashed"] == "failed" and "2 of 3 repetitions" in whys["two reps"]
+    assert tune.winner(trials[1:7], c, 16000) is None  # none passes: no winner, never a default
+    assert "WINNER" in tune.table(trials, c, 16000, best).splitlines()[-1]
+
+
+def test_the_tuned_file_holds_the_values_their_figures_and_calibrates_the_planner(cfg):
+    c = cfg_of(cfg, tune_repetitions=1)
+    t = trial("n-gram drafts", {"server_spec_ngram": "ngram-mod"}, [rep(150, 600, 15000)],
+              after_load_mib=14100, planned_mib=14800, planned_static_mib=13700)
+    text = tune.document("v100_32gb", t, [trial("shipped", {}, [rep(100, 500, 14900)]), t], c,
+                         {"host": "gpu-01", "gpu": {"name": "Tesla V100-SXM2-32GB"}, "model_sha256": "a" * 64})
+    doc = yaml.safe_load(text)
+    assert doc["values"] == {"server_spec_ngram": "ngram-mod", "vram_cuda_overhead_mib": 400}  # 14,100 - 13,700
+    assert doc["chosen"]["figures"]["throughput_tps"] == 150 and doc["tuned"]["gpu"]["name"].startswith("Tesla")
+    assert doc["calibration"]["planner_error_pct"]["n-gram drafts"] == pytest.approx(1.35)  # 15,000 vs 14,800
+    assert [x["setting"] for x in doc["trials"]] == ["shipped", "n-gram drafts"]
+    assert tune.values_of(text, "f") == doc["values"]
+    none = yaml.safe_load(tune.document("lab", None, [t], c, {}))
+    # no winner: the shipped values stay; the calibration holds whatever won
+    assert none["values"] == {"vram_cuda_overhead_mib": 400} and none["chosen"]["setting"] is None
+
+
+def test_the_inventory_applies_a_tuned_file_after_its_group_file(tmp_path, cfg):
+    from voltafleet.config import ConfigError
+    from voltafleet.groupvars import build_inventory
+
+    gv = tmp_path / "group_vars"
+    gv.mkdir()
+    (gv / "all.yml").write_text(yaml.safe_dump({**cfg, "model_sha256": "a" * 64, "server_parallel": 4}))
+    (gv / "g.yml").write_text("server_parallel: 6\n")
+    inv = build_inventory({"g": ["h1"]}, origin="inv.py", group_vars=gv)
+    assert inv["g"][0][1]["server_parallel"] == 6
+    (gv / "g.tuned.yml").write_text(tune.document("g", trial("slots 8", {"server_parallel": 8}, [rep(1, 1)]),
+                                                  [], {**cfg, "tune_repetitions": 1}, {}))
+    data = build_inventory({"g": ["h1"]}, origin="inv.py", group_vars=gv)["g"][0][1]
+    assert data["server_parallel"] == 8 and data["voltafleet_sources"]["server_parallel"] == "group_vars/g.tuned.yml"
+    (gv / "g.tuned.yml").write_text("values:\n  server_parallel: 0\n")
+    with pytest.raises(ConfigError, match=r"group_vars/g.tuned.yml: server_parallel: is 0, below the minimum"):
+        build_inventory({"g": ["h1"]}, origin="inv.py", group_vars=gv)
+
+
+def test_the_gpu_proof_tunes_the_v100_32gb_group_as_its_hosts_get_it():
+    """bench/tune29.py: the shipped setting's argv is the group's own, each setting is planned for a
+    V100-32GB, and the build variant runs on the Volta-rule release."""
+    from bench.gpu_proof import plan_tune29, render
+
+    p = plan_tune29()
+    by = {s["name"]: s for s in p["settings"]}
+    assert by["shipped"]["args"] == render("v100_32gb") and by["shipped"]["build"] == "mmq"
+    assert by["Volta rule build (no FORCE_MMQ)"]["build"] == "volta"
+    assert all(s["planned_mib"] and s["planned_static_mib"] < s["planned_mib"] for s in p["settings"] if s["fits"])
+    assert "-np" in by["slots 8"]["args"] and by["slots 8"]["args"][by["slots 8"]["args"].index("-np") + 1] == "8"
+    assert p["gpu_mib"] == 32768 and p["workload"][p["workload"].index("--reps") + 1] == "3"
