@@ -3,6 +3,7 @@
     .venv/bin/python bench/gpu_proof.py pack [DEST]      # sources + every argv into DEST (< 64 MiB)
     bash DEST/gpu_proof.sh                                 # on the GPU machine (no network needed)
     .venv/bin/python bench/gpu_proof.py report RESULTS.json  # the tables of bench/RESULTS.md
+    .venv/bin/python bench/gpu_proof.py report32 RESULTS.json  # issue 32's table (the thinking budget)
     .venv/bin/python bench/gpu_proof.py all                # a GPU host with this checkout: all three
 
 The pack holds llama.cpp at the pinned commit (a one-commit bare git repository made from the
@@ -237,6 +238,81 @@ def plan_tune29() -> dict:
                                                    api_key_file=None), header)
 
 
+THINK_MODES = (("off", {"chat_template_kwargs": {"enable_thinking": False}}),
+               ("b0", {"thinking_budget_tokens": 0}),
+               ("b256", {"thinking_budget_tokens": 256}),
+               ("b1024", {"thinking_budget_tokens": 1024}),
+               ("unbounded", {"thinking_budget_tokens": -1}))
+THINK_MAX_TOKENS = 1088  # budget 1024 + a 64-token answer; the unbounded thought runs to it
+
+
+def plan32() -> dict:
+    """Issue 32: the thinking budget on the Volta-rule build, v100_32gb's argv as shipped (--jinja is
+    the server's default: the model's Qwen3.6 chat template). Per request: thinking off
+    (enable_thinking false), a budget of 0, 256 or 1024 tokens (thinking_budget_tokens, which the
+    server takes like its --reasoning-budget), or unbounded (-1: until max_tokens); 1 and 16
+    clients (the group's 16 slots), 3 repetitions, streamed, greedy."""
+    g = group_cfg("v100_32gb")
+    return {"think32": {"build": "volta", "name": "v100_32gb-ship", "group": "v100_32gb", "args": render("v100_32gb"),
+                        "model": g["server_model_alias"],
+                        "question": "how many prime numbers are there below 100? Think it through, then answer.",
+                        "modes": [{"mode": m, "extra": e} for m, e in THINK_MODES],
+                        "streams": [1, g["server_parallel"]], "max_tokens": THINK_MAX_TOKENS, "runs": 3}}
+
+
+THINK_FIGURES = ("ttfr_ms", "answer_ms", "n_reasoning", "n_content", "think_tps", "answer_tps", "decode_tps")
+
+
+def _median(values):
+    import statistics
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
+def think_round(recs: list) -> dict:
+    """One round (1 or 16 requests at once): the median request's figures (proof_bench.think_figures,
+    and the server's decode tok/s), and the round's aggregate tok/s: every streamed token over the
+    time from the first request sent to the last token."""
+    out = {f: _median([q.get(f) for q in recs]) for f in THINK_FIGURES}
+    ends = [q["t_start"] + max(q["reasoning_ms"][-1:] + q["content_ms"][-1:]) / 1000 for q in recs]
+    tokens = sum(len(q["reasoning_ms"]) + len(q["content_ms"]) for q in recs)
+    out["agg_tps"] = tokens / (max(ends) - min(q["t_start"] for q in recs))
+    return out
+
+
+def think_table(results: dict) -> dict:
+    """{(mode, clients): {figure: (median, min, max) over the repetitions}} of issue 32's record."""
+    (t,) = results["think32"]
+    rows: dict = {}
+    for rnd in t["rounds"]:
+        rows.setdefault((rnd["mode"], rnd["streams"]), []).append(think_round(rnd["recs"]))
+
+    def mmm(values):
+        v = [x for x in values if x is not None]
+        return (_median(v), min(v), max(v)) if v else (None, None, None)
+    return {key: {f: mmm([x[f] for x in reps]) for f in reps[0]} for key, reps in rows.items()}
+
+
+def think_report(results: dict) -> str:
+    """The markdown table of bench/RESULTS.md's issue 32 section (medians of the 3 repetitions)."""
+    label = {"off": "thinking off (`enable_thinking: false`)", "b0": "budget 0", "b256": "budget 256",
+             "b1024": "budget 1024", "unbounded": "unbounded (-1)"}
+
+    def f(v, d=0):
+        return "-" if v is None else f"{v:,.{d}f}"
+    lines = ["| request | clients | first thought token ms | answer starts ms | thought / answer tokens | "
+             "tok/s thinking | tok/s answering | server decode tok/s | aggregate tok/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    tab = think_table(results)
+    for k in sorted({k for _, k in tab}):
+        for mode in label:
+            x = {n: v[0] for n, v in tab[(mode, k)].items()}
+            lines.append(f"| {label[mode]} | {k} | {f(x['ttfr_ms'])} | {f(x['answer_ms'])} | "
+                         f"{f(x['n_reasoning'])} / {f(x['n_content'])} | {f(x['think_tps'], 1)} | "
+                         f"{f(x['answer_tps'], 1)} | {f(x['decode_tps'], 1)} | {f(x['agg_tps'])} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- pack
 
 
@@ -291,7 +367,7 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
     for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py",
               "bench/voltarule.py", "voltafleet/smoke_client.py", "voltafleet/workload.py", "bench/tune29.py"):
         shutil.copy(REPO / f, dest)
-    plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29()}
+    plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)
@@ -310,6 +386,9 @@ def main(argv: list[str]) -> int:
     if cmd == "report":
         from bench import proof_report
         print(proof_report.report(json.loads(Path(argv[1]).read_text())))
+        return 0
+    if cmd == "report32":
+        print(think_report(json.loads(Path(argv[1]).read_text())))
         return 0
     if cmd == "all":
         dest = REPO / ".gpuproof"

@@ -5,6 +5,8 @@
 #   facts -> CUDA build through vf-build-release.sh with voltafleet's argv -> the shape-exact
 #   Qwen3.6-27B Q4_K_S -> the Volta-rule variant (voltarule.py: Volta's exact kernel choice) and
 #   the same with FORCE_MMQ -> proof_bench.py: peaks, llama-bench, the servers, the probes (issue 27)
+# PHASES picks proof_bench's phases (default: issue 27's); the FORCE_MMQ variant is skipped when every
+# phase names the Volta-rule build (e.g. issue 32: PHASES=think32:volta), the tiny probe model unless probe27 runs.
 set -u
 W=$(cd "$(dirname "$0")" && pwd)
 RES=${RES:-/tmp/proof}
@@ -57,19 +59,26 @@ PY
     "/tmp/$1/bin/llama-server" --version >> "$RES/build-$1.txt" 2>&1
     log "$(grep " rc=" "$RES/build-$1.txt")"
   }
+  PH=${PHASES:-peak:volta,bench27:volta,bench27:mmq,serve27:volta,serve27:mmq,probe27,peak:mmq}
   python3 "$W/voltarule.py" "$src" > "$RES/voltarule.diff" || { log "voltarule: anchors moved"; echo failed > "$RES/DONE"; exit 1; }
   variant volta
-  for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_MMQ' "$src/$f"; done
-  variant mmq
+  # the FORCE_MMQ variant unless every phase names the Volta-rule build (issue 32: think32:volta)
+  need_mmq=0
+  IFS=, read -ra PHS <<< "$PH"
+  for p in "${PHS[@]}"; do case "$p" in *:volta) ;; *) need_mmq=1 ;; esac; done
+  if [ "$need_mmq" = 1 ]; then
+    for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_MMQ' "$src/$f"; done
+    variant mmq
+  fi
   git -C "$src" diff > "$RES/variants.diff"
-  # a random-weight qwen35 for the probes, quantized to Q8_0 by the build's own llama-quantize
-  PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/tiny-f16.gguf --shape tiny \
-    --dense >> "$RES/progress.txt" 2>&1 && "$BIN/llama-quantize" /tmp/models/tiny-f16.gguf /tmp/models/tiny-q8_0.gguf q8_0 \
-    > "$RES/quantize.txt" 2>&1
+  case "$PH" in *probe27*)  # a random-weight qwen35 for the probes, quantized to Q8_0 by the build's own llama-quantize
+    PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/tiny-f16.gguf --shape tiny \
+      --dense >> "$RES/progress.txt" 2>&1 && "$BIN/llama-quantize" /tmp/models/tiny-f16.gguf /tmp/models/tiny-q8_0.gguf \
+      q8_0 > "$RES/quantize.txt" 2>&1 ;;
+  esac
   B=(python3 "$W/proof_bench.py" --plan "$W/plan.json" --bin "$BIN" --bins "volta=/tmp/volta/bin,mmq=/tmp/mmq/bin"
      --models /tmp/models --res "$RES")
-  PYTHONPATH=$W "${B[@]}" --phases "${PHASES:-peak:volta,bench27:volta,bench27:mmq,serve27:volta,serve27:mmq,probe27,peak:mmq}" \
-    2>&1 | tee -a "$RES/progress.txt"
+  PYTHONPATH=$W "${B[@]}" --phases "$PH" 2>&1 | tee -a "$RES/progress.txt"
   ( cd /tmp && tar czf "$RES/logs.tgz" load-*.log 2>/dev/null )
   log "done"
   echo ok > "$RES/DONE"
