@@ -525,6 +525,9 @@ def tune(a, inventory, data, gateways, servers, canary) -> int:
     if INTERRUPT.signum is not None:
         say(f"INTERRUPTED ({INTERRUPT.name}): {host} restored, nothing written; records in {run_dir}")
         return INTERRUPT.code
+    if not any(t.status == "measured" for t in trials):
+        say(f"no setting could be measured on {host} (each trial's log is in {run_dir}): nothing written")
+        return 1
     meta = {"host": host, "inventory": a.inventory, "backend": cfg["voltafleet_backend"],
             "llama_cpp": {"repo": cfg["llama_cpp_repo"], "ref": cfg["llama_cpp_ref"],
                           "commit": refs.resolve(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])},

@@ -35,9 +35,9 @@ def held(plan: HostPlan):
 
         tune.held(plan)
     """
-    def hook(state, h):
+    def hook(state, host):  # pyinfra passes state and host only to these two names
         for inst in plan.instances:
-            drain(state, h.name, inst.index, drain_timeout(plan.cfg))
+            drain(state, host.name, inst.index, drain_timeout(plan.cfg))
         return True
     yield FunctionCommand(hook, (), {})
 
@@ -59,22 +59,22 @@ def measured(plan: HostPlan):
 
         tune.measured(plan)
     """
-    def run(state, h):
+    def run(state, host):  # pyinfra passes state and host only to these two names
         cfg, ctx = plan.cfg, run_context()
-        rec = outcome.read(report_dir(cfg), h.name, ctx.run)
-        doc = {"host": h.name, "run": ctx.run, "status": "failed", "reason": "no outcome record",
+        rec = outcome.read(report_dir(cfg), host.name, ctx.run)
+        doc = {"host": host.name, "run": ctx.run, "status": "failed", "reason": "no outcome record",
                "probe": None, "reps": [], "after_load_mib": None,
                "planned_mib": round(plan.vram.needed / 2**20, 1) if plan.vram is not None else None,
                # what the plan puts on the GPU at load, before the CUDA context and the pool's growth
                "planned_static_mib": round((plan.vram.needed - plan.vram.overhead - plan.vram.pool) / 2**20, 1)
                if plan.vram is not None else None}
         if plan.cuda:  # the GPU the figures were measured on, for the tuned file
-            g = (host_fact(h, Gpus) or [{}])[plan.instances[0].index]
+            g = (host_fact(host, Gpus) or [{}])[plan.instances[0].index]
             doc["gpu"] = {k: g.get(k) for k in ("name", "compute_cap", "memory_mib", "driver_version")}
         if rec is not None:
             doc.update(probe=rec.probe, reason=rec.reason)
         if rec is not None and rec.status == "passed":
-            ok, out = sh(h, workload_command(plan))
+            ok, out = sh(host, workload_command(plan))
             if ok:
                 got = json.loads(out.stdout.strip().splitlines()[-1])
                 doc.update(status="measured", reason="", reps=got["reps"], after_load_mib=got["after_load_mib"])
@@ -82,7 +82,7 @@ def measured(plan: HostPlan):
                 doc["reason"] = "the workload failed: " + ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]
         elif rec is not None:
             doc["status"] = "refused" if rec.status == "refused" else "failed"
-        RunDir(report_dir(cfg)).write("tune", h.name, doc)
+        RunDir(report_dir(cfg)).write("tune", host.name, doc)
         return True
     yield FunctionCommand(run, (), {})
 

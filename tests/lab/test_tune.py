@@ -74,12 +74,16 @@ def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(co
     if doc["values"]:
         run2, report = rollout(["--canary", "1", "--batch", "2"], tmp=tmp_path)
         assert run2.rc == 0 and report["ok"], run2
-        flag = {"server_spec_ngram": "--spec-type", "server_parallel": "-np", "server_cache_ram": "--cache-ram",
-                "server_backend_sampling": "--backend-sampling", "server_ctx_checkpoints": "--ctx-checkpoints"}
+        flag = {"server_spec_ngram": "--spec-type", "server_parallel": "-np", "server_ctx": "-c",
+                "server_cache_ram": "--cache-ram", "server_backend_sampling": "--backend-sampling",
+                "server_ctx_checkpoints": "--ctx-checkpoints"}
         for h in lab()["hosts"]:
-            text = env_file(h, 0)
+            args = env_file(h, 0).replace('"', " ").split()
             for key, value in doc["values"].items():
-                assert flag[key] in text, (h["name"], key, text)
+                if value is True:
+                    assert flag[key] in args, (h["name"], key, args)
+                else:
+                    assert args[args.index(flag[key]) + 1] == str(value), (h["name"], key, args)
     TUNED.unlink()  # the fleet back to the shipped values (the converged fixture re-rolls it)
 
 
