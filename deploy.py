@@ -21,6 +21,7 @@ from roles import speed
 speed.applied()  # pyinfra's per-operation cost cut (roles/speed.py); a warning when this pyinfra is not the checked one
 from roles.gateway_api import drain_host, is_gateway, is_mirror, is_server, mirrors_and_gateways_first
 from roles.run import run_context
+from roles.activation import activation
 from roles.gateway import gateway
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
@@ -55,6 +56,7 @@ if is_server(host):
         llama_cpp(plan)
         model_ops = model(plan)
         changes = server(plan, [*model_ops, driver_op])  # a new model or driver restarts every instance
-        smoke(plan, changes)  # restart (drained), smoke, probe; rollback on any failure; the outcome record
+        judge = smoke(plan)  # the probes' prompts in place; how this host is measured and judged
+        activation(plan, changes, judge)  # restart (drained), judge, rollback on any failure; the outcome record
         if phase == "tune":
             tuned(plan)  # python -m rollout --tune: the workload on the drained canary, tune-<host>.json

@@ -4,7 +4,7 @@ that pays pyinfra's cost per operation and per fact on every host (bench/scale.p
 helper scripts were eight operations reading 22 facts, the instances' environment files
 nine reading 25.
 
-    synced(name="Helper scripts", files=[Wanted("/opt/voltafleet/bin/vf-good", "755", path="roles/smoke/files/vf-good.sh")],
+    synced(name="Helper scripts", files=[Wanted("/opt/voltafleet/bin/vf-good", "755", path="roles/activation/files/vf-good.sh")],
            directories=[("/opt/voltafleet/bin", "755")])
 
 Per file, as files.put(src, dest, mode) does: missing (or a symbolic link) or another
@@ -16,7 +16,7 @@ what it says there; so is every changed file under `pyinfra --diff` (which print
 
 `log` (a ChangeLog) learns which files the operation changes before it yields a command,
 in the prepare phase (pyinfra's will_change) and when it executes (did_change): an
-instance's environment file restarts that instance only (roles/smoke).
+instance's environment file restarts that instance only (roles/activation).
 """
 from __future__ import annotations
 

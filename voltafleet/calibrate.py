@@ -7,7 +7,7 @@ Where each measured value comes from (the rollout's run directory, reports/rollo
 
 - plan_compile_s: "voltafleet: release <fp> built in N s" (vf-build-release, batch-N.log)
 - plan_model_mib_s: "voltafleet: downloading <file>: N MiB, M MiB/s" (vf-fetch-model, every 30 s)
-- plan_drain_s, plan_restart_s, plan_smoke_s: the "timings" of smoke-<host>.json (the smoke role
+- plan_drain_s, plan_restart_s, plan_smoke_s: the "timings" of smoke-<host>.json (the activation role
   times each drain, each restart until /health answers, and the smoke test)
 - plan_run_s: the preflight run's seconds (a run that only reads facts), and each batch's
   seconds minus the steps the timeline counted for it (what is left is the run's own cost)
@@ -39,7 +39,7 @@ def log_figures(run_dir: Path) -> dict[str, list[float]]:
 
 
 def smoke_timings(run_dir: Path) -> dict[str, list[float]]:
-    """Every drain, restart and smoke test the smoke role timed (smoke-<host>.json)."""
+    """Every drain, restart and smoke test the activation role timed (smoke-<host>.json)."""
     out: dict[str, list[float]] = {"drain_s": [], "restart_s": [], "smoke_s": []}
     for record in RunDir(run_dir).all("smoke"):
         t = record.get("timings") or {}

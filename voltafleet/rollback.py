@@ -1,5 +1,5 @@
 """Rollback as a decision: what a host that failed after its first change must do to serve
-what it served before. Facts and the failure in, steps out; the smoke role carries them out.
+what it served before. Facts and the failure in, steps out; the activation role carries them out.
 
     >>> decide(Failure("restart", "instance 0 did not start", restarted=[0]),
     ...        Facts(has_good=True, rollback=True, instances=[0, 1]))
@@ -16,6 +16,15 @@ CUDA_NOTE = ("the VRAM plan fits, so this is likely llama.cpp #28416 (sm_70 buil
              "allocate the weights on a V100): set cuda_toolkit_version: \"12.8\" for this group")
 ERROR_LINE = re.compile(r"error|failed|invalid|unknown|abort|exception|not supported|out of memory|terminate",
                         re.IGNORECASE)
+
+
+class StepFailed(Exception):
+    """A step of a host's activation failed (restart, smoke, probe, rollback): `phase` and a
+    one-line `reason`, raised by the roles and turned into a Failure."""
+
+    def __init__(self, phase: str, reason: str):
+        super().__init__(reason)
+        self.phase, self.reason = phase, reason
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,7 @@ def decide(failure: Failure, facts: Facts) -> list[Step]:
     """The steps back to the last good state; [] when there is none to go back to (the
     report then says why: see `why_not`). The restore puts every instance's files back; only
     the instances this run restarted (or tried to) run anything else, so only they restart,
-    each drained first (the smoke role confirms the drain, as for any restart). An instance
+    each drained first (the activation role confirms the drain, as for any restart). An instance
     this run never touched still runs the process it ran before, which is what the restored
     files describe: it keeps serving and is never restarted under load."""
     if why_not(facts):

@@ -3,7 +3,7 @@
 Before anything restarts, every rendered flag is checked against the new binary's own
 --help (a stale flag such as the seed's --draft-max is refused with its replacement);
 then `current` is switched atomically. Which instances restart (those whose unit,
-environment, binary or model changed) is returned to the smoke role, which restarts them
+environment, binary or model changed) is returned to the activation role, which restarts them
 drained, one at a time, smokes them and rolls the host back on any failure.
 """
 from __future__ import annotations
@@ -135,7 +135,7 @@ class Changes:
 @deploy("Server")
 def server(plan: HostPlan, model_ops=()):
     """Service user, API key file, unit, per-instance flags, the release switch. Returns the
-    Changes that decide which instances the smoke role restarts (drained, one at a time).
+    Changes that decide which instances the activation role restarts (drained, one at a time).
 
     .. code:: python
 

@@ -7,7 +7,8 @@ from roles import facts as F
 from roles.llama_cpp import compiled
 from roles.model import fetched
 from roles.server import flags_accepted, release_switched, retired
-from roles.smoke import activated
+from roles.activation import activated
+from roles.smoke import Judge
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
 from tests.ops.fakes import FakeHost, FakeInventory, FakeOp, commands
@@ -121,15 +122,15 @@ UP = {"active": "active", "enabled": "enabled"}
 
 
 def activation(fake, plan, envs, everything, monkeypatch):
-    """The instances the smoke role restarts (drained, smoked, rolled back on failure), or
+    """The instances the activation role restarts (drained, judged, rolled back on failure), or
     None when it only probes a converged host (whose outcome record it writes)."""
-    import roles.smoke as sm
+    import roles.activation as act
 
     written = []
-    monkeypatch.setattr(sm, "record", lambda cfg, name, status, reason="", **kw: written.append(status))
+    monkeypatch.setattr(act, "record", lambda cfg, name, status, reason="", **kw: written.append(status))
     with ctx_host.use(fake), ctx_state.use(fake.state), ctx_inventory.use(FakeInventory()):
-        cmds = list(activated._inner(plan, env_ops=envs, everything_ops=everything))
-    todo = [c.args[1] for c in cmds if getattr(c, "function", None) is sm._activate]
+        cmds = list(activated._inner(plan, env_ops=envs, everything_ops=everything, judge=Judge(plan)))
+    todo = [c.args[1] for c in cmds if getattr(c, "function", None) is act._activate]
     return todo[0] if todo else (None, written)
 
 
