@@ -44,11 +44,12 @@ demo: lab-up
 unit: setup
 	$(PY) -m pytest -q tests/unit tests/ops
 
-# Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU tests skip without a GPU).
+# Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU figures: bench/gpu_proof.py,
+# their raw records checked by tests/unit/test_proof*.py).
 # The fast tests first, each suite in its own process (the in-process pyinfra harness of
 # tests/ops keeps nothing from the lab tests' session), then the lab fleet from fresh hosts.
 test: setup
-	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops tests/gpu
+	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops
 	$(PY) -m lab up --fresh --hosts 3 --gateway
 	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=50 tests/lab
 

@@ -27,7 +27,7 @@ from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
 from roles.mirror import mirror
 from roles.model import model
-from roles.plan import planned
+from roles.dryrun import dry_run
 from roles.preflight import preflight
 from roles.server import server
 from roles.smoke import smoke
@@ -47,7 +47,7 @@ if phase == "all":
 if is_server(host):
     plan = preflight()
     if phase == "plan":
-        planned(plan)  # read only: what a batch would change, or why preflight refuses (python -m rollout --plan)
+        dry_run(plan)  # read only: what a batch would change, or why preflight refuses (python -m rollout --plan)
     elif phase in ("all", "batch", "tune"):
         if phase == "tune":
             held(name="The canary's instances out of rotation for the trial", plan=plan)

@@ -1,6 +1,6 @@
-"""Tables of the GPU proof (issue 19) from its raw record (bench/proof19/results.json).
+"""Tables of the GPU proof (issue 19) from its raw record (bench/records/proof19/results.json).
 
-    .venv/bin/python bench/proof_report.py [bench/proof19/results.json]
+    .venv/bin/python bench/proof_report.py [bench/records/proof19/results.json]
 
 Every figure is the median of the 3 runs of one session with min-max; each ratio's two sides
 come from the same session. TTFT percentiles: nearest rank over the streams of a round
@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from voltafleet.smoke_client import percentile  # noqa: E402
 
-RECORD = REPO / "bench" / "proof19" / "results.json"
+RECORD = REPO / "bench" / "records" / "proof19" / "results.json"
 
 
 def mmm(values: list) -> tuple:

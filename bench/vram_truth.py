@@ -1,9 +1,9 @@
 """Planner vs. measured VRAM on the H200 (the table in bench/VRAM_TRUTH.md).
 
 Measured: llama-server's own process memory (nvidia-smi --query-compute-apps) after load,
-from bench/gpu-loads-run*.json (bench/gpu_run.sh). Predicted: voltafleet.vram from the
+from bench/records/gpu-loads-run*.json (bench/gpu_run.sh). Predicted: voltafleet.vram from the
 same model's GGUF header (tests/fixtures/gguf/). Overhead: 610 MiB (CUDA context + cuBLAS).
-Second table: the Qwen3.6-27B shape (hybrid qwen35, bench/qwen35-h200-run1.json), each
+Second table: the Qwen3.6-27B shape (hybrid qwen35, bench/records/qwen35-h200-run1.json), each
 term against llama.cpp's own CUDA0 buffer and the total against nvidia-smi's process memory
 after the first request.
 
@@ -25,7 +25,7 @@ RUNS = [("gpu-loads-run1.json", {"q4ks": "qwen2-1p5b-q4ks", "q8": "qwen2-1p5b-q8
 
 def rows():
     for run, models in RUNS:
-        for r in json.loads((REPO / "bench" / run).read_text()):
+        for r in json.loads((REPO / "bench" / "records" / run).read_text()):
             fixture = models[r["model"]]
             shape = ModelShape.from_header(from_json(json.loads(
                 (REPO / "tests/fixtures/gguf" / f"{fixture}.json").read_text())))
@@ -47,7 +47,7 @@ def main():
 
 
 def qwen35():
-    run = json.loads((REPO / "bench/qwen35-h200-run1.json").read_text())
+    run = json.loads((REPO / "bench/records/qwen35-h200-run1.json").read_text())
     fx = REPO / "tests/fixtures/gguf"
     m = ModelShape.from_header(from_json(json.loads((fx / "qwen35-27b-q4ks.json").read_text())))
     mm = ModelShape.from_header(from_json(json.loads((fx / "qwen35-27b-q4ks-mtp.json").read_text())))

@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         canary = [c.strip() for c in a.canary.split(",") if c.strip()]
     try:
-        plan = rolling.batches(servers, canary, a.batch)
+        batches = rolling.batches(servers, canary, a.batch)
     except rolling.RollingError as e:
         print(f"voltafleet: {e}", file=sys.stderr)
         return 2
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.tune:
             return tune(a, inventory, data, gateways, servers, canary)
-        return (dry_run if a.plan else rollout)(a, inventory, data, gateways, servers, canary, plan, mirrors)
+        return (dry_run if a.plan else rollout)(a, inventory, data, gateways, servers, canary, batches, mirrors)
     finally:
         lock.release()
 
@@ -317,7 +317,7 @@ def start(a, servers, data, mirrors):
     return rollout_id, report_dir, run_dir, fleet, plan_path, base
 
 
-def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> int:
+def dry_run(a, inventory, data, gateways, servers, canary, batches, mirrors=()) -> int:
     """--plan: one read-only pyinfra run (VOLTAFLEET_PHASE=plan) records what each host would
     change; the batches, refusals and estimates are printed and written to plan.json."""
     started = start(a, servers, data, mirrors)
@@ -329,14 +329,14 @@ def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
         gateways = []
     log = run_dir / "plan.log"
     say(f"plan: {len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}; batches: "
-        + " | ".join(", ".join(b) for b in plan) + "; reading facts (nothing changes)")
+        + " | ".join(", ".join(b) for b in batches) + "; reading facts (nothing changes)")
     pyinfra(a.inventory, servers if a.no_gateway else None, ctx, log, echo=False)
     changes = {h: dryrun.read(run_dir, h) or dryrun.refused(
         h, [f"no plan record: unreachable, or the plan run failed on it (see {log})"]) for h in servers}
     planned = [c for c in changes.values() if not c.refusals]
     cache = fleetplan.release_cache(REPO)
     cached = {c.fingerprint for c in planned if c.fingerprint and fleetplan.release_cached(cache, c.fingerprint)}
-    report = dryrun.fleet_report(plan, changes, fleetplan.builders(planned), cached, gateway=bool(gateways))
+    report = dryrun.fleet_report(batches, changes, fleetplan.builders(planned), cached, gateway=bool(gateways))
     report = {"rollout": rollout_id, "inventory": a.inventory, "canary": canary, "commits": fleet.commits,
               "log": str(log), **report, "records": {h: c.to_dict() for h, c in changes.items()}}
     (run_dir / "plan.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -345,7 +345,7 @@ def dry_run(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
     return 0 if report["ok"] else 2
 
 
-def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> int:
+def rollout(a, inventory, data, gateways, servers, canary, batches, mirrors=()) -> int:
     started = start(a, servers, data, mirrors)
     if started is None:
         return 2
@@ -358,7 +358,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
         gateways = []
     say(f"{len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}, "
         f"mirror: {', '.join(mirrors) or 'none'}; batches: "
-        + " | ".join(", ".join(b) for b in plan) + f"; llama.cpp {', '.join(sorted(set(fleet.commits.values())))[:60]}")
+        + " | ".join(", ".join(b) for b in batches) + f"; llama.cpp {', '.join(sorted(set(fleet.commits.values())))[:60]}")
 
     t0 = time.time()
     max_s = 60 * float((data.get(servers[0], {}) if servers else {}).get("rollout_max_minutes") or 45)
@@ -392,7 +392,7 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
 
     results: dict[str, rolling.HostResult] = {}
     stopped = None
-    for n, batch in enumerate(plan):
+    for n, batch in enumerate(batches):
         what = "canary" if n == 0 and canary else f"batch {n}"
         if INTERRUPT.signum is not None:
             stopped = f"interrupted by {INTERRUPT.name} before {'the canary' if what == 'canary' else what}"
@@ -423,10 +423,10 @@ def rollout(a, inventory, data, gateways, servers, canary, plan, mirrors=()) -> 
             say(f"stopping: {stopped}")
             break
 
-    every = [results.get(h) or rolling.HostResult(h, next(i for i, b in enumerate(plan) if h in b),
+    every = [results.get(h) or rolling.HostResult(h, next(i for i, b in enumerate(batches) if h in b),
                                                   detail="not tried: the rollout stopped") for h in servers]
     report = {"rollout": rollout_id, "inventory": a.inventory, "seconds": round(time.time() - t0, 1), "runs": seconds,
-              "canary": canary, "batches": plan, "fail_percent": a.fail_percent, "commits": fleet.commits,
+              "canary": canary, "batches": batches, "fail_percent": a.fail_percent, "commits": fleet.commits,
               **rolling.summary(every, stopped), "interrupted": INTERRUPT.name, "hosts": [r.to_dict() for r in every]}
     (report_dir / f"rollout-{rollout_id}.json").write_text(json.dumps(report, indent=2) + "\n")
     (report_dir / "rollout-latest.json").write_text(json.dumps(report, indent=2) + "\n")

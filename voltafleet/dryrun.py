@@ -1,5 +1,5 @@
 """What a rollout would change, decided without changing anything (`python -m rollout --plan`):
-the pure part. On each host the plan role (roles/plan) reads the facts a batch would read
+the pure part. On each host the dry-run role (roles/dryrun) reads the facts a batch would read
 (Observed) and `host_change` compares them with the host's plan, the way the roles decide:
 release (llama_cpp, server), flags and unit (server's files.put), model (model's
 is_verified), driver (voltafleet.nvidia.driver_plan), restarts (voltafleet.restarts). The

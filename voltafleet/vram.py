@@ -27,13 +27,13 @@
                          when decoding, draft + 1 a slot when verifying speculation. Plus the
                          pool's scratch (cuBLAS's first use, FA's F16 K/V, sampling), measured
                          (POOL_SCRATCH). Held within 1 %, never under, of the peaks of an H200
-                         made to take Volta's exact choice (bench/proof27)
+                         made to take Volta's exact choice (bench/records/proof27)
     CUDA overhead        context, cuBLAS workspace: 592 MiB after load + 18 MiB after the first
                          request on an H200 (CUDA 13)
     headroom             kept free for load spikes (default 1 GiB: ../shared/DOMAIN.md)
 
 Calibrated against llama-server's own buffer sizes on an H200 (bench/VRAM_TRUTH.md): qwen2
-shapes (bench/gpu-loads-run*.json) and the Qwen3.6-27B shape (bench/qwen35-h200-run1.json).
+shapes (bench/records/gpu-loads-run*.json) and the Qwen3.6-27B shape (bench/records/qwen35-h200-run1.json).
 """
 from __future__ import annotations
 
@@ -161,11 +161,11 @@ ROUTES = ("mmq", "volta", "cublas")
 MMVQ_MAX_BATCH = 8           # ggml-cuda: MMVQ up to 8 columns (every type on Volta and Hopper)
 MMQ_MAX_BATCH = 64           # MMQ_DP4A_MAX_BATCH_SIZE: Volta's MMQ below 64 columns
 NGRAM_DRAFT_MAX = 64         # common_params_speculative_ngram_mod.n_max: an n-gram draft's largest
-# The pool's scratch beside its largest op, measured on the H200 (bench/proof27; not traced op by op):
+# The pool's scratch beside its largest op, measured on the H200 (bench/records/proof27; not traced op by op):
 # cuBLAS's first use (handle, workspace, kernels), flash attention's F16 K/V copies, MMQ's q8_1 rows,
 # sampling. cuBLAS routes: the largest residual of the 13 Volta-rule loads (peak - planned after-load -
 # largest op: 82-159 MiB, growing with slots, prompt length and n-gram verification), rounded up. MMQ: the largest growth
-# after long prompts on MMQ-only builds (16-28 MiB, bench/proof19, proof19b), rounded up.
+# after long prompts on MMQ-only builds (16-28 MiB, bench/records/proof19, proof19b), rounded up.
 POOL_SCRATCH = {"volta": 160 * MIB, "cublas": 160 * MIB, "mmq": 32 * MIB}
 
 
@@ -281,7 +281,7 @@ def _quantized(cache_k: str, cache_v: str) -> bool:
 
 def compute_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str) -> int:
     if m.hybrid:
-        # Fitted on the Qwen3.6-27B shape over 15 H200 loads (bench/qwen35-h200-run1.json):
+        # Fitted on the Qwen3.6-27B shape over 15 H200 loads (bench/records/qwen35-h200-run1.json):
         # FFN activations of one ubatch, or, when K/V are quantized, the attention step with
         # every cell of the pool dequantized to f16 (4 KiB a cell: grows with -c, not -np);
         # plus the f16 KQ mask of one slot (n_ctx_seq x ubatch).
@@ -298,7 +298,7 @@ def compute_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v:
 
 def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int) -> int:
     """What serving the model's own MTP head (--spec-type draft-mtp) adds, measured on an H200
-    (bench/qwen35-h200-run1.json, mtp-*): the nextn block's weights, draft_max more recurrent
+    (bench/records/qwen35-h200-run1.json, mtp-*): the nextn block's weights, draft_max more recurrent
     copies a slot, the draft context's f16 KV cache and one compute buffer, and a main-context
     compute buffer that grows with the verify batch (19 MiB at -np 4 and 3 drafts, 0 at 1)."""
     if not draft_max:

@@ -1,6 +1,6 @@
 """bench/affinity.py's pure parts: the users' pauses (the same in every mode), the bounded-load check
 sample by sample, and the summary the README and bench/RESULTS.md quote, recomputed from the raw
-per-turn records kept in bench/affinity-records/."""
+per-turn records kept in bench/records/affinity-records/."""
 import json
 import statistics
 from pathlib import Path
@@ -11,7 +11,7 @@ from bench import affinity as af
 
 ROOT = Path(__file__).resolve().parents[2]
 # the records made since the bench counts reprocessed logs (8users-no-think.json is older)
-RECORDS = sorted(p for p in (ROOT / "bench/affinity-records").glob("*.json") if p.name != "8users-no-think.json")
+RECORDS = sorted(p for p in (ROOT / "bench/records/affinity-records").glob("*.json") if p.name != "8users-no-think.json")
 
 
 def test_a_conversation_pauses_the_same_in_every_mode():

@@ -1,4 +1,4 @@
-"""Issue 19's H200 record (bench/proof19/results.json, raw): the figures bench/RESULTS.md and the
+"""Issue 19's H200 record (bench/records/proof19/results.json, raw): the figures bench/RESULTS.md and the
 group files quote are recomputed here from the raw per-token times, VRAM samples and bench rows,
 and the planner's cuBLAS pool term is held to 1 % of the measured FORCE_CUBLAS peaks."""
 import json
@@ -12,7 +12,7 @@ from voltafleet.gguf_header import from_json
 from voltafleet.vram import MIB, ModelShape, decide, plan, route
 
 ROOT = Path(__file__).resolve().parents[2]
-RES = json.loads((ROOT / "bench/proof19/results.json").read_text())
+RES = json.loads((ROOT / "bench/records/proof19/results.json").read_text())
 V100_16, V100_32 = 16160, 32480
 SERVE = pr.serve_table(RES["serve"])
 BATCHED = pr.batched_table(RES["batched"])
@@ -95,10 +95,10 @@ def test_report_prints_from_the_record():
     assert "| v32-cr0 | 16 |" in out and "splits seen in every load: [2]" in out
 
 
-# ---------------------------------------------------------------- the second session (bench/proof19b)
+# ---------------------------------------------------------------- the second session (bench/records/proof19b)
 
-RUN1 = json.loads((ROOT / "bench/proof19b/results-run1.json").read_text())
-RUN2 = json.loads((ROOT / "bench/proof19b/results-run2.json").read_text())
+RUN1 = json.loads((ROOT / "bench/records/proof19b/results-run1.json").read_text())
+RUN2 = json.loads((ROOT / "bench/records/proof19b/results-run2.json").read_text())
 
 
 @pytest.mark.parametrize("record,build,name,ctx,parallel", [
@@ -122,8 +122,8 @@ def test_32gb_at_16_clients_is_over_2_3x_the_seed_in_one_session():
     assert round(cub[0] / seed_cub[0], 2) == 1.12
 
 
-# ---- §6 on the GPU: n-gram drafting on the hybrid 27B (bench/proof19c/results.json, one session)
-SPEC = pr.spec_table(json.loads((ROOT / "bench/proof19c/results.json").read_text())["spec"])
+# ---- §6 on the GPU: n-gram drafting on the hybrid 27B (bench/records/proof19c/results.json, one session)
+SPEC = pr.spec_table(json.loads((ROOT / "bench/records/proof19c/results.json").read_text())["spec"])
 
 
 @pytest.mark.parametrize("name,kind,n,ratio", [("v32-ngram-mod", "plain", 1, 2.35), ("v32-ngram-mod", "repeat", 1, 2.44),

@@ -1,4 +1,4 @@
-"""Issue 27's H200 record (bench/proof27/run1: the Volta-rule build, raw): the planner against every
+"""Issue 27's H200 record (bench/records/proof27/run1: the Volta-rule build, raw): the planner against every
 peak, recomputed from the records; the patch that makes the H200 take Volta's kernel choice."""
 import json
 from pathlib import Path
@@ -10,7 +10,7 @@ from voltafleet.gguf_header import from_json
 from voltafleet.vram import MIB, NGRAM_DRAFT_MAX, ModelShape, plan, pool_bytes, routed, spec_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN1 = ROOT / "bench/proof27/run1"
+RUN1 = ROOT / "bench/records/proof27/run1"
 PEAKS = json.loads((RUN1 / "results.json").read_text())["peaks"]
 V100_32 = 32480
 
@@ -107,8 +107,8 @@ def test_both_v100_groups_build_one_release_and_a_toolkit_move_rebuilds_it_once(
     assert builders(hosts) == {fp128: "h0"}
 
 
-# ---- the second session (bench/proof27/run2): FORCE_MMQ against the Volta rule, one session
-RUN2 = json.loads((ROOT / "bench/proof27/run2/results.json").read_text())
+# ---- the second session (bench/records/proof27/run2): FORCE_MMQ against the Volta rule, one session
+RUN2 = json.loads((ROOT / "bench/records/proof27/run2/results.json").read_text())
 
 
 @pytest.mark.parametrize("name", ["v32-np16-long", "v16-np2-long", "v32-np16-ngram"])

@@ -1,4 +1,4 @@
-"""Issue 32's H200 record (bench/proof32/run1: the thinking budget on the Volta-rule build, raw): every
+"""Issue 32's H200 record (bench/records/proof32/run1: the thinking budget on the Volta-rule build, raw): every
 figure bench/RESULTS.md quotes, recomputed from each request's chunk arrivals."""
 import json
 import statistics
@@ -10,7 +10,7 @@ import pytest
 from bench import gpu_proof
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN1 = ROOT / "bench/proof32/run1"
+RUN1 = ROOT / "bench/records/proof32/run1"
 RESULTS = json.loads((RUN1 / "results.json").read_text())
 (T,) = RESULTS["think32"]
 MODES = ("off", "b0", "b256", "b1024", "unbounded")

@@ -14,7 +14,7 @@ from voltafleet.vram import MIB, ModelShape, decide, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
-RUN1 = json.loads((ROOT / "bench" / "qwen35-h200-run1.json").read_text())
+RUN1 = json.loads((ROOT / "bench" / "records" / "qwen35-h200-run1.json").read_text())
 V100_16, V100_32 = 16160, 32480  # MiB, nvidia-smi memory.total of V100-SXM2-16GB / -32GB
 T = gen.T
 
@@ -120,7 +120,7 @@ def truth():
 
 @pytest.mark.parametrize("load", truth())
 def test_each_term_and_the_total_within_3_percent_of_the_h200(load):
-    """bench/qwen35-h200-run1.json: llama-server's own CUDA0 buffers and nvidia-smi's process
+    """bench/records/qwen35-h200-run1.json: llama-server's own CUDA0 buffers and nvidia-smi's process
     memory after the first request, at the project's rendered argv (bench/qwen35_prep.py)."""
     p = plan(shape(), load["ctx"], load["parallel"], load["kv"], load["kv"], 143771)
     buf = {k: v for d, k, v in load["buffers"] if d == "CUDA0"}

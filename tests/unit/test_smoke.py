@@ -52,7 +52,7 @@ from pathlib import Path  # noqa: E402
 from voltafleet.smoke import splits_problem, textfile, ttft_summary  # noqa: E402
 from voltafleet.smoke_client import expected_splits, graph_splits, offload_from_log, percentile  # noqa: E402
 
-PROOF = Path(__file__).resolve().parents[2] / "bench" / "proof19" / "results.json"
+PROOF = Path(__file__).resolve().parents[2] / "bench" / "records" / "proof19" / "results.json"
 
 
 def test_graph_splits_reads_both_forms_of_the_line():
@@ -84,7 +84,7 @@ def test_verdict_fails_on_a_cpu_fallback_naming_the_figure(cfg):
 
 
 def test_every_h200_load_of_the_proof_logged_two_splits():
-    """The recorded log lines of every qwen35 load at -lv 4 on the H200 (bench/proof19): 2 splits.
+    """The recorded log lines of every qwen35 load at -lv 4 on the H200 (bench/records/proof19): 2 splits.
     (The seed's own argv has no -lv 4: llama.cpp does not print the line there.)"""
     res = json.loads(PROOF.read_text())
     seen = [graph_splits("\n".join(r["log"])) for r in res["serve"] + res["vram"] if "--log-verbosity" in r["args"]]
@@ -109,7 +109,7 @@ def test_ttft_percentiles_in_table_and_textfile():
 
 
 def test_issue_9_loads_mtp_included_logged_two_splits():
-    """bench/qwen35-h200-run1.json: the VRAM ladder, the V100 argv and MTP speculation (the draft context
+    """bench/records/qwen35-h200-run1.json: the VRAM ladder, the V100 argv and MTP speculation (the draft context
     logs its own sched_reserve line) at -lv 4: all 2."""
     res = json.loads((PROOF.parents[1] / "qwen35-h200-run1.json").read_text())
     seen = [graph_splits("\n".join(r["log"])) for k in ("ladder", "mtp") for r in res[k]]

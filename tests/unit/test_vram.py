@@ -8,7 +8,7 @@ from voltafleet.gguf_header import from_json
 from voltafleet.vram import MIB, ModelShape, choose, plan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "records"  # the raw benchmark records
 GB = 1e9
 V100_16 = 16384  # MiB, nvidia-smi memory.total of a V100 16 GB
 

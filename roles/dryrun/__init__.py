@@ -1,6 +1,7 @@
-"""Plan (`python -m rollout INVENTORY --plan`, VOLTAFLEET_PHASE=plan): what a batch would change
+"""Dry run (`python -m rollout INVENTORY --plan`, VOLTAFLEET_PHASE=plan): what a batch would change
 on this host. The facts a batch reads (release, environment files, unit, model files, driver
-packages, running instances) are compared with the host's plan by voltafleet.dryrun; the
+packages, running instances) are compared with the host plan (voltafleet.hostplan) by
+voltafleet.dryrun; the
 record goes to the controller (reports/rollout-<id>/plan-<host>.json). Nothing is changed:
 this role reads facts and runs no operation.
 """
@@ -52,12 +53,12 @@ def observed(plan: HostPlan) -> dryrun.Observed:
         live=host.get_fact(ServerInstances, env_dir=ENV_DIR), driver=_driver(plan))
 
 
-def planned(plan: HostPlan) -> dryrun.HostChange:
+def dry_run(plan: HostPlan) -> dryrun.HostChange:
     """Record what a batch would change on this host (or why preflight refuses it).
 
     .. code:: python
 
-        planned(preflight())   # in deploy.py, when VOLTAFLEET_PHASE=plan
+        dry_run(preflight())   # in deploy.py, when VOLTAFLEET_PHASE=plan
     """
     if plan.refusals:
         change = dryrun.refused(host.name, list(plan.refusals))
