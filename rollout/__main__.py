@@ -339,9 +339,9 @@ def dry_run(a, inventory, data, gateways, servers, canary, batches, mirrors=()) 
     report = dryrun.fleet_report(batches, changes, fleetplan.builders(planned), cached, gateway=bool(gateways))
     report = {"rollout": rollout_id, "inventory": a.inventory, "canary": canary, "commits": fleet.commits,
               "log": str(log), **report, "records": {h: c.to_dict() for h, c in changes.items()}}
-    (run_dir / "plan.json").write_text(json.dumps(report, indent=2) + "\n")
+    (run_dir / runctx.RunDir.PLAN).write_text(json.dumps(report, indent=2) + "\n")
     print("\n" + dryrun.table(report, canary) + "\n")
-    say(f"plan {'OK' if report['ok'] else 'NOT OK'}: nothing was changed; {run_dir / 'plan.json'}")
+    say(f"plan {'OK' if report['ok'] else 'NOT OK'}: nothing was changed; {run_dir / runctx.RunDir.PLAN}")
     return 0 if report["ok"] else 2
 
 
