@@ -70,6 +70,7 @@ def test_the_gateway_answers_401_and_429_itself_in_openais_shape(cfg):
     keyed = render_teams(cfg, server_api_key_file="/etc/vf/key")
     assert f"http-request set-header Authorization %[str(upstream),map({teams.UPSTREAM_MAP})]" in keyed
     assert "del-header Authorization" not in keyed
+    assert "tune.pattern.cache-size 0" in text  # a revoked key never resolves from a thread's lookup cache
     assert "lua.vf_account" in text and f"use-service lua.vf_team_metrics if {{ path {teams.METRICS_PATH} }}" in text
 
 
