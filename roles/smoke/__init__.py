@@ -82,56 +82,6 @@ def probe_verdicts(report: dict, gold: dict | None, tolerance: float) -> list[st
     return fails
 
 
-def _client(host, plan: HostPlan, probe_only: bool = False) -> dict:
-    ok, out = sh(host, client_command(plan, probe_only))
-    if not ok:
-        raise RuntimeError(f"the smoke client failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _smoke(host, plan: HostPlan, gold: dict | None) -> tuple[dict, list[str]]:
-    """Run the client on the host; (report, failures)."""
-    report = _client(host, plan)
-    probe_fails = probe_verdicts(report, gold, plan.cfg["smoke_probe_tolerance"])
-    fails = smokemod.verdict(report, plan.cfg) + probe_fails + gpu_check(host, plan, report)
-    report["probe_only_failures"] = bool(probe_fails) and len(probe_fails) == len(fails)
-    judged, notes = {}, []
-    for m in report["instances"]:
-        if "error" not in m:
-            single, figures, note = smokemod.single_stream(m)
-            judged[str(m["instance"])] = {"single_tps": single, **{f"{k}_tps": v for k, v in figures.items()}}
-            notes += [f"instance {m['instance']}: {note}"] if note else []
-    report.update(judged=judged, disagreements=notes)
-    return report, fails
-
-
-def _figures(report: dict) -> dict:
-    inst = [m for m in report.get("instances", []) if "error" not in m]
-    if not inst:
-        return {}
-    judged = report.get("judged", {})
-    n_way = [smokemod.ttft_summary(m) for m in inst]
-    worst = lambda key: max((t[key] for t in n_way if t[key] is not None), default=None)  # noqa: E731
-    return {"ttft_ms": max(m["ttft_ms"] for m in inst), "ttft_p50_ms": worst("p50"), "ttft_p99_ms": worst("p99"),
-            "single_tps": min(judged.get(str(m["instance"]), {}).get("single_tps", 0) for m in inst),
-            "aggregate_tps": min(m.get("aggregate_tps") or 0 for m in inst)}
-
-
-def _write(plan: HostPlan, name: str, report: dict) -> None:
-    RunDir(report_dir(plan.cfg)).write("smoke", name, {**report, "run": run_context().run}, indent=2)
-
-
-def _textfile(host, plan: HostPlan, report: dict) -> None:
-    """voltafleet.prom for node_exporter, after a pass and after a failure alike (the
-    alerts read voltafleet_smoke_passed and the GPU gauges)."""
-    cfg = plan.cfg
-    if cfg["smoke_textfile_dir"]:
-        prom = smokemod.textfile(host.name, report, report.get("fingerprint"))
-        sh(host, f"mkdir -p {shlex.quote(cfg['smoke_textfile_dir'])} && "
-                 + q(bin_path(plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
-                 + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
-
-
 def gpu_check(host, plan: HostPlan, report: dict) -> list[str]:
     """On a CUDA host, the boards' health read now (GpuHealth, judged as preflight does),
     kept in the report for the textfile; its refusals fail the smoke test."""
@@ -142,25 +92,6 @@ def gpu_check(host, plan: HostPlan, report: dict) -> list[str]:
     for line in health["warnings"]:
         print(f"warning: {line}", flush=True)
     return health["refusals"]
-
-
-def _record_golden(host, plan: HostPlan, report: dict) -> None:
-    """Every probe of the first instance, once all instances agree (and a long probe's prompt
-    reached its minimum length), saved as the golden probes."""
-    cfg = plan.cfg
-    for spec in probemod.probes(cfg):
-        probes = [m.get(spec.name) for m in report["instances"] if "error" not in m]
-        first = probes[0] if probes else None
-        for p in probes[1:]:
-            why = probemod.check(first, p, cfg["smoke_probe_tolerance"], spec)
-            if why:
-                raise StepFailed("probe", f"instances disagree, golden probe not recorded: {why}")
-        short = probemod.check(first, first, 0, spec) if first else None
-        if short:
-            raise StepFailed("probe", f"golden probe not recorded: {short}")
-        path = probemod.save(plan.model_files[0].sha256, spec.prompt, spec.tokens, first or {},
-                             source=f"{host.name} release {report.get('fingerprint')}")
-        logger.info(f"{host.name}: golden probe recorded in {path}: commit it beside the model's pin")
 
 
 class ProbeOnly(FactBase):
@@ -193,25 +124,72 @@ class Judge:
         return golden(self.plan)
 
     def client(self, host) -> dict:
-        return _client(host, self.plan)
+        ok, out = sh(host, client_command(self.plan))
+        if not ok:
+            raise RuntimeError(f"the smoke client failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
     def measure(self, host, gold: dict | None) -> tuple[dict, list[str]]:
-        return _smoke(host, self.plan, gold)
+        """Run the client on the host; (report, failures)."""
+        report = self.client(host)
+        probe_fails = probe_verdicts(report, gold, self.plan.cfg["smoke_probe_tolerance"])
+        fails = smokemod.verdict(report, self.plan.cfg) + probe_fails + gpu_check(host, self.plan, report)
+        report["probe_only_failures"] = bool(probe_fails) and len(probe_fails) == len(fails)
+        judged, notes = {}, []
+        for m in report["instances"]:
+            if "error" not in m:
+                single, figures, note = smokemod.single_stream(m)
+                judged[str(m["instance"])] = {"single_tps": single, **{f"{k}_tps": v for k, v in figures.items()}}
+                notes += [f"instance {m['instance']}: {note}"] if note else []
+        report.update(judged=judged, disagreements=notes)
+        return report, fails
 
-    def figures(self, report: dict) -> dict:
-        return _figures(report)
+    @staticmethod
+    def figures(report: dict) -> dict:
+        inst = [m for m in report.get("instances", []) if "error" not in m]
+        if not inst:
+            return {}
+        judged = report.get("judged", {})
+        n_way = [smokemod.ttft_summary(m) for m in inst]
+        worst = lambda key: max((t[key] for t in n_way if t[key] is not None), default=None)  # noqa: E731
+        return {"ttft_ms": max(m["ttft_ms"] for m in inst), "ttft_p50_ms": worst("p50"), "ttft_p99_ms": worst("p99"),
+                "single_tps": min(judged.get(str(m["instance"]), {}).get("single_tps", 0) for m in inst),
+                "aggregate_tps": min(m.get("aggregate_tps") or 0 for m in inst)}
 
-    def table(self, name: str, report: dict) -> str:
+    @staticmethod
+    def table(name: str, report: dict) -> str:
         return smokemod.table(name, report)
 
     def write(self, name: str, report: dict) -> None:
-        _write(self.plan, name, report)
+        RunDir(report_dir(self.plan.cfg)).write("smoke", name, {**report, "run": run_context().run}, indent=2)
 
     def textfile(self, host, report: dict) -> None:
-        _textfile(host, self.plan, report)
+        """voltafleet.prom for node_exporter, after a pass and after a failure alike (the
+        alerts read voltafleet_smoke_passed and the GPU gauges)."""
+        cfg = self.plan.cfg
+        if cfg["smoke_textfile_dir"]:
+            prom = smokemod.textfile(host.name, report, report.get("fingerprint"))
+            sh(host, f"mkdir -p {shlex.quote(cfg['smoke_textfile_dir'])} && "
+                     + q(bin_path(self.plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
+                     + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
 
     def record_golden(self, host, report: dict) -> None:
-        _record_golden(host, self.plan, report)
+        """Every probe of the first instance, once all instances agree (and a long probe's prompt
+        reached its minimum length), saved as the golden probes."""
+        cfg = self.plan.cfg
+        for spec in probemod.probes(cfg):
+            probes = [m.get(spec.name) for m in report["instances"] if "error" not in m]
+            first = probes[0] if probes else None
+            for p in probes[1:]:
+                why = probemod.check(first, p, cfg["smoke_probe_tolerance"], spec)
+                if why:
+                    raise StepFailed("probe", f"instances disagree, golden probe not recorded: {why}")
+            short = probemod.check(first, first, 0, spec) if first else None
+            if short:
+                raise StepFailed("probe", f"golden probe not recorded: {short}")
+            path = probemod.save(self.plan.model_files[0].sha256, spec.prompt, spec.tokens, first or {},
+                                 source=f"{host.name} release {report.get('fingerprint')}")
+            logger.info(f"{host.name}: golden probe recorded in {path}: commit it beside the model's pin")
 
     def probe_only(self, host, gold: dict) -> list[str]:
         """A converged host: every instance's probe against the golden one, no restart; the failures."""
