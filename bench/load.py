@@ -29,6 +29,17 @@ ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
 PROMPT = "Tell me about load balancers."
 
 
+# answers that refuse a request on purpose, with Retry-After: the fleet busy (the gateway's queue
+# timed out), the team over its limit (gateway_teams)
+REFUSED = {503: "busy", 429: "limited"}
+
+
+def refused(rec: dict, status: int, headers) -> None:
+    """Mark a request the gateway refused on purpose, and when it may be tried again."""
+    if status in REFUSED:
+        rec["outcome"], rec["retry_after"] = REFUSED[status], headers.get("retry-after")
+
+
 class Load:
     """`clients` threads sending completions until stop() (or the bounds), over one pool."""
 
@@ -73,7 +84,7 @@ class Load:
             (self._sdk if self.sdk else self._httpx)(rec, t0, stream)
         except Exception as e:  # counted: failed, cut or busy
             rec["error"] = f"{type(e).__name__}: {e}"[:200]
-            if rec["outcome"] not in ("busy", "limited"):  # a stream the server had begun to answer, then broke: cut
+            if rec["outcome"] not in REFUSED.values():  # a stream the server had begun to answer, then broke: cut
                 rec["outcome"] = "cut" if rec.get("started") else "failed"
         finally:
             rec["end"] = time.time()
@@ -126,16 +137,12 @@ class Load:
                 if not finished:
                     raise RuntimeError("stream ended before its last chunk")
         except APIStatusError as e:
-            if e.status_code in (503, 429):  # the fleet busy; the team over its limit (gateway_teams)
-                rec["outcome"] = "busy" if e.status_code == 503 else "limited"
-                rec["retry_after"] = e.response.headers.get("retry-after")
+            refused(rec, e.status_code, e.response.headers)
             raise
         rec["ok"], rec["outcome"] = True, "ok"
 
     def _status(self, rec: dict, r) -> None:
-        if r.status_code in (503, 429):
-            rec["outcome"] = "busy" if r.status_code == 503 else "limited"
-            rec["retry_after"] = r.headers.get("retry-after")
+        refused(rec, r.status_code, r.headers)
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}")
 
@@ -180,7 +187,7 @@ def summary(results: list[dict]) -> dict:
     def pct(p):
         return round(ttft[min(len(ttft) - 1, int(p / 100 * len(ttft)))], 1) if ttft else None
 
-    count = {k: sum(r.get("outcome") == k for r in results) for k in ("failed", "cut", "busy", "limited")}
+    count = {k: sum(r.get("outcome") == k for r in results) for k in ("failed", "cut", *REFUSED.values())}
     return {"requests": len(results), "served": len(ok), **count,
             "ttft_p50_ms": pct(50), "ttft_p95_ms": pct(95), "ttft_p99_ms": pct(99),
             "ttft_mean_ms": round(statistics.mean(ttft), 1) if ttft else None,

@@ -98,11 +98,8 @@ def trials(records: list[dict]):
     for r in records:
         probe = None if r.get("probe_tokens") is None or gold is None else \
             "match" if r["probe_tokens"] == gold else "diverged from the shipped setting's tokens"
-        t = tune.Trial(tune.Setting(r["name"], r["values"]), status=r["status"], reason=r.get("refusal") or
-                       r.get("reason") or "", reps=r.get("reps", []), probe=probe,
-                       after_load_mib=r.get("after_load_mib"), planned_mib=r.get("planned_mib"),
-                       planned_static_mib=r.get("planned_static_mib"), seconds=r.get("seconds"))
-        out.append(t)
+        out.append(tune.Trial.of(tune.Setting(r["name"], r["values"]), r, probe=probe,
+                                 reason=r.get("refusal") or r.get("reason") or ""))
     return out
 
 

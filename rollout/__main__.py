@@ -207,13 +207,6 @@ def _watch(proc: subprocess.Popen) -> None:
         time.sleep(0.5)
 
 
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/prod.py")
@@ -495,13 +488,11 @@ def tune(a, inventory, data, gateways, servers, canary) -> int:
             trial_ctx = replace(base, phase="tune", run=run_id, batch=f"trial-{n}", vars_file=str(over))
             t1 = time.time()
             rc, out = pyinfra(a.inventory, [host] + gateways, trial_ctx, run_dir / f"trial-{n}.log", label=setting.name)
-            trial.seconds = round(time.time() - t1, 1)
+            seconds = round(time.time() - t1, 1)
             rec = records.read("tune", host, run=run_id)
+            trial = trials[-1] = tunemod.Trial.of(setting, rec or {}, seconds=seconds)
             if rec is not None:
                 gpu = rec.get("gpu") or gpu
-                trial.status, trial.reason, trial.probe = rec["status"], rec.get("reason") or "", rec.get("probe")
-                trial.reps, trial.after_load_mib, trial.planned_mib = rec["reps"], rec["after_load_mib"], rec["planned_mib"]
-                trial.planned_static_mib = rec.get("planned_static_mib")
             elif "preflight refused" in out:
                 trial.status = "refused"
                 trial.reason = next((ln.strip() for ln in out.splitlines() if host + ":" in ln and "Fix" not in ln),

@@ -42,11 +42,16 @@ def backends(servers: list[tuple]) -> list[Backend]:
     return out
 
 
+def admin(socket: str = ADMIN_SOCKET) -> str:
+    """The shell command that talks to HAProxy's admin socket: runtime-API commands on its stdin."""
+    return f"socat stdio UNIX-CONNECT:{socket}"
+
+
 def runtime(command: str, socket: str = ADMIN_SOCKET) -> str:
     """A shell command that sends one runtime-API command to HAProxy's admin socket."""
     if not re.fullmatch(r"[A-Za-z0-9 ._/@:-]+", command):
         raise ValueError(f"unexpected characters in HAProxy runtime command {command!r}")
-    return f"echo '{command}' | socat stdio UNIX-CONNECT:{socket}"
+    return f"echo '{command}' | {admin(socket)}"
 
 
 def set_state(host: str, index: int, state: str) -> str:

@@ -147,11 +147,11 @@ def runtime_replace(path: str, socket: str | None = None) -> str:
     current content in one atomic commit (prepare map, add map @version, commit map), through
     the admin socket; the entries go through stdin, never argv (the upstream map holds a key).
     Nothing happens when the running process does not use that map (a reload loads it)."""
-    from voltafleet.gateway import ADMIN_SOCKET
+    from voltafleet.gateway import ADMIN_SOCKET, admin
 
     if not re.fullmatch(r"/[A-Za-z0-9._/-]+", path):
         raise ValueError(f"unexpected characters in map path {path!r}")
-    sock = f"socat stdio UNIX-CONNECT:{socket or ADMIN_SOCKET}"
+    sock = admin(socket or ADMIN_SOCKET)
     return (f"if echo 'show map' | {sock} | grep -qF '({path})'; then "
             f"v=$(echo 'prepare map {path}' | {sock} | sed -n 's/^New version created: //p'); "
             f"[ -n \"$v\" ] || {{ echo 'voltafleet: HAProxy did not prepare a new version of {path}' >&2; exit 1; }}; "

@@ -92,6 +92,16 @@ class Trial:
     planned_static_mib: float | None = None  # the plan without the CUDA context and the pool
     seconds: float | None = None
 
+    @classmethod
+    def of(cls, setting: Setting, record: dict, **over) -> "Trial":
+        """The trial a measurement record describes (roles/tune's tune-<host>.json, or the GPU
+        proof's tune29 record); `over` replaces what the caller knows better."""
+        fields = {"status": record.get("status", "failed"), "reason": record.get("reason") or "",
+                  "reps": record.get("reps") or [], "probe": record.get("probe"),
+                  "after_load_mib": record.get("after_load_mib"), "planned_mib": record.get("planned_mib"),
+                  "planned_static_mib": record.get("planned_static_mib"), "seconds": record.get("seconds")}
+        return cls(setting, **{**fields, **over})
+
     def median(self, key: str) -> float | None:
         vals = [r[key] for r in self.reps if r.get(key) is not None]
         return round(statistics.median(vals), 2) if vals else None

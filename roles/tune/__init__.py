@@ -15,7 +15,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 
 from roles.factcache import host_fact
 
-from roles.gateway_api import drain, drain_timeout
+from roles.gateway_api import drain_host
 
 from roles.run import report_dir, run_context
 
@@ -35,11 +35,7 @@ def held(plan: HostPlan):
 
         tune.held(plan)
     """
-    def hook(state, host):  # pyinfra passes state and host only to these two names
-        for inst in plan.instances:
-            drain(state, host.name, inst.index, drain_timeout(plan.cfg))
-        return True
-    yield FunctionCommand(hook, (), {})
+    yield FunctionCommand(drain_host(plan), (), {})
 
 
 def workload_command(plan: HostPlan) -> str:
@@ -80,8 +76,6 @@ def measured(plan: HostPlan):
                 doc.update(status="measured", reason="", reps=got["reps"], after_load_mib=got["after_load_mib"])
             else:
                 doc["reason"] = "the workload failed: " + ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]
-        elif rec is not None:
-            doc["status"] = "refused" if rec.status == "refused" else "failed"
         RunDir(report_dir(cfg)).write("tune", host.name, doc)
         return True
     yield FunctionCommand(run, (), {})
