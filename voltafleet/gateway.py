@@ -43,8 +43,11 @@ def backends(servers: list[tuple]) -> list[Backend]:
 
 
 def admin(socket: str = ADMIN_SOCKET) -> str:
-    """The shell command that talks to HAProxy's admin socket: runtime-API commands on its stdin."""
-    return f"socat stdio UNIX-CONNECT:{socket}"
+    """The shell command that talks to HAProxy's admin socket: runtime-API commands on its stdin.
+    `-t 30`: after its stdin ends, socat waits for HAProxy to answer and close (default 0.5 s);
+    a busy gateway could otherwise see the connection gone before its last command (a map's
+    `commit`) ran."""
+    return f"socat -t 30 stdio UNIX-CONNECT:{socket}"
 
 
 def runtime(command: str, socket: str = ADMIN_SOCKET) -> str:

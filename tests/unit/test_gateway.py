@@ -20,7 +20,7 @@ def test_every_instance_of_every_server_host_is_a_backend():
 
 def test_runtime_commands_go_to_the_admin_socket_and_refuse_odd_characters():
     assert set_state("vf-lab-1", 0, "drain") == \
-        "echo 'set server llama/vf-lab-1-0 state drain' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock"
+        "echo 'set server llama/vf-lab-1-0 state drain' | socat -t 30 stdio UNIX-CONNECT:/run/haproxy/admin.sock"
     with pytest.raises(ValueError):
         runtime("set server x; rm -rf /")
     with pytest.raises(ValueError):

@@ -83,7 +83,9 @@ def test_without_teams_the_client_authorization_goes_through_unchanged():
 
 def test_the_upstream_key_is_fed_through_stdin_never_argv():
     script = teams.runtime_replace(teams.UPSTREAM_MAP)
-    assert "Bearer" not in script and f"sed -e '/^[[:space:]]*$/d' -e \"s|^|add map @$v {teams.UPSTREAM_MAP} |\" {teams.UPSTREAM_MAP}" in script
+    # the file's lines reach HAProxy through a pipe (sed | awk | socat), never as an argument
+    assert "Bearer" not in script and f"sed 's/^/F /' {teams.UPSTREAM_MAP}; }} | awk" in script
+    assert script.index('"add map "') < script.index('"del map "')  # a successor key before its predecessor goes
     assert teams.upstream_map("s3cret") == "upstream Bearer s3cret\n" and teams.upstream_map(None) == ""
     with pytest.raises(ValueError):
         teams.runtime_replace("/etc/haproxy/x.map; rm -rf /")
