@@ -120,6 +120,7 @@ SCHEMA: dict[str, Var] = {
     "server_host": Var(str, check=urls.server_host_error, hint="an IP address or a host name"),
     "server_ctx": Var(int, nullable=True, min=256, max=1 << 20),
     "server_parallel": Var(int, nullable=True, min=1, max=64),
+    "server_ubatch": Var(int, nullable=True, min=32, max=2048, hint="a token count, 32 to 2048 (llama.cpp's -b is 2048)"),
     "vram_headroom_mib": Var(int, min=0, max=65536),
     "vram_cuda_overhead_mib": Var(int, min=0, max=65536),
     "vram_plan_required": Var(bool),

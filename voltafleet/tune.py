@@ -23,8 +23,12 @@ from dataclasses import asdict, dataclass, field
 
 import yaml
 
+from voltafleet.vram import N_UBATCH  # llama.cpp's -ub when server_ubatch is null
+
 SUFFIX = ".tuned.yml"  # group_vars/<group>.tuned.yml, read after group_vars/<group>.yml
 FORCE_MMQ = "-DGGML_CUDA_FORCE_MMQ=ON"
+UBATCH_RANGE = (32, 2048)   # server_ubatch's bounds (config.py): -b stays llama.cpp's 2048
+HOST_CACHE_MIB = 8192       # the host-RAM prompt cache tried when a group ships it off (llama.cpp's default)
 FIGURES = ("throughput_tps", "ttft_p50_ms", "ttft_p99_ms", "decode_tps", "peak_mib")
 
 
@@ -55,21 +59,30 @@ class Workload:
 
 
 def candidates(cfg: dict) -> list[Setting]:
-    """The bounded set: the shipped setting, then one change at a time (slots, n-gram drafting,
-    backend sampling, the host-RAM prompt cache, context checkpoints, and on CUDA the build
-    variant without FORCE_MMQ, the other release the Volta issue keeps)."""
+    """The bounded set: the shipped setting, then one change at a time (slots at the same context
+    a slot, twice the context a slot, the prompt step (ubatch) halved and doubled, n-gram
+    drafting, backend sampling, the host-RAM prompt cache on or off, context checkpoints, and on
+    CUDA the build variant without FORCE_MMQ, the other release the Volta issue keeps)."""
     out = [Setting("shipped", {})]
     par, ctx = cfg.get("server_parallel"), cfg.get("server_ctx")
     if par:
         per_slot = (ctx // par) if ctx else None
         for n in sorted({max(1, par // 2), par * 2} - {par}):
             out.append(Setting(f"slots {n}", {"server_parallel": n, **({"server_ctx": per_slot * n} if per_slot else {})}))
+        if ctx and ctx * 2 <= 1 << 20:
+            out.append(Setting(f"context {ctx * 2 // par} a slot", {"server_ctx": ctx * 2}))
+    ub = cfg.get("server_ubatch") or N_UBATCH
+    for n in (ub // 2, ub * 2):
+        if UBATCH_RANGE[0] <= n <= UBATCH_RANGE[1]:
+            out.append(Setting(f"ubatch {n}", {"server_ubatch": n}))
     if not cfg.get("server_spec_ngram"):
         out.append(Setting("n-gram drafts", {"server_spec_ngram": "ngram-mod"}))
     out.append(Setting(f"backend sampling {'off' if cfg.get('server_backend_sampling') else 'on'}",
                        {"server_backend_sampling": not cfg.get("server_backend_sampling")}))
     if cfg.get("server_cache_ram") != 0:
         out.append(Setting("no host-RAM cache", {"server_cache_ram": 0}))
+    else:
+        out.append(Setting(f"host-RAM cache {HOST_CACHE_MIB} MiB", {"server_cache_ram": HOST_CACHE_MIB}))
     checkpoints = cfg.get("server_ctx_checkpoints")
     out.append(Setting("32 checkpoints" if checkpoints != 32 else "no checkpoints",
                        {"server_ctx_checkpoints": 32 if checkpoints != 32 else 0}))

@@ -189,15 +189,15 @@ def routed(how: str, rows: int) -> bool:
     return (how == "volta" and rows >= MMQ_MAX_BATCH) or (how == "cublas" and rows > MMVQ_MAX_BATCH)
 
 
-def spec_rows(parallel: int, draft_max: int) -> int:
+def spec_rows(parallel: int, draft_max: int, ubatch: int = N_UBATCH) -> int:
     """Logits rows of one ubatch while every slot verifies a draft (capped at the ubatch)."""
-    return min(N_UBATCH, parallel * (draft_max + 1)) if draft_max else 0
+    return min(ubatch, parallel * (draft_max + 1)) if draft_max else 0
 
 
-def pool_bytes(m: "ModelShape", how: str, parallel: int, verify_rows: int = 0) -> int:
+def pool_bytes(m: "ModelShape", how: str, parallel: int, verify_rows: int = 0, ubatch: int = N_UBATCH) -> int:
     """The CUDA pool's peak: the largest routed op (weights in F16, input rows in F16, an F16
     output unless Volta's F32 one) plus the measured scratch. Prompt ubatches are full (a
-    prompt of 512+ tokens), so the trunk's largest matrix is routed on volta and cublas; the
+    prompt of `ubatch`+ tokens), so the trunk's largest matrix is routed on volta and cublas; the
     output matrix when the logits rows of a ubatch (one a slot decoding, verify_rows while
     speculating) reach the route's threshold."""
     if how not in ROUTES:
@@ -209,7 +209,7 @@ def pool_bytes(m: "ModelShape", how: str, parallel: int, verify_rows: int = 0) -
 
     ops = [0]
     if how != "mmq":
-        ops.append(op(*m.trunk_mat, N_UBATCH))
+        ops.append(op(*m.trunk_mat, ubatch))
         out_rows = max(parallel, verify_rows)
         if routed(how, out_rows) and m.n_vocab:
             ops.append(op(m.n_embd, m.n_vocab, out_rows))
@@ -243,6 +243,7 @@ class Plan:
     spec: int = 0             # what MTP speculation adds (0: not served)
     pool: int = 0             # the CUDA pool's peak: the largest cuBLAS-routed op + scratch (pool_bytes)
     route: str = "mmq"        # which batches go through cuBLAS (route())
+    ubatch: int = N_UBATCH    # -ub: the tokens of one prompt step (compute buffer, cuBLAS op)
 
     @property
     def needed(self) -> int:
@@ -254,7 +255,8 @@ class Plan:
 
     def describe(self) -> str:
         m = lambda b: f"{b / MIB:,.0f}"  # noqa: E731
-        return (f"-c {self.ctx} -np {self.parallel} K {self.cache_k} V {self.cache_v}: weights {m(self.weights)} + "
+        return (f"-c {self.ctx} -np {self.parallel}" + (f" -ub {self.ubatch}" if self.ubatch != N_UBATCH else "")
+                + f" K {self.cache_k} V {self.cache_v}: weights {m(self.weights)} + "
                 f"KV {m(self.kv)} + recurrent {m(self.recurrent)} + compute {m(self.compute)} + "
                 + (f"MTP speculation {m(self.spec)} + " if self.spec else "")
                 + (f"CUDA pool ({self.route}) {m(self.pool)} + " if self.pool else "") + "CUDA "
@@ -263,14 +265,14 @@ class Plan:
                 + ("fits" if self.fits else f"short by {m(self.needed + self.headroom - self.gpu_mib * MIB)} MiB"))
 
 
-def kv_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str) -> int:
+def kv_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, ubatch: int = N_UBATCH) -> int:
     cells = -(-ctx // CTX_PAD) * CTX_PAD
     per_cell = m.n_head_kv * (m.head_k * type_bytes(cache_k) + m.head_v * type_bytes(cache_v))
     total = 0.0
     for layer in m.attn_layers:
         n = cells
         if layer in m.swa_layers:
-            n = min(cells, -(-(m.swa_window * parallel + N_UBATCH) // CTX_PAD) * CTX_PAD)
+            n = min(cells, -(-(m.swa_window * parallel + ubatch) // CTX_PAD) * CTX_PAD)
         total += n * per_cell
     return int(total)
 
@@ -279,24 +281,24 @@ def _quantized(cache_k: str, cache_v: str) -> bool:
     return cache_k not in ("f16", "f32", "bf16") or cache_v not in ("f16", "f32", "bf16")
 
 
-def compute_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str) -> int:
+def compute_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, ubatch: int = N_UBATCH) -> int:
     if m.hybrid:
         # Fitted on the Qwen3.6-27B shape over 15 H200 loads (bench/records/qwen35-h200-run1.json):
         # FFN activations of one ubatch, or, when K/V are quantized, the attention step with
         # every cell of the pool dequantized to f16 (4 KiB a cell: grows with -c, not -np);
         # plus the f16 KQ mask of one slot (n_ctx_seq x ubatch).
         cells = -(-ctx // CTX_PAD) * CTX_PAD
-        act = N_UBATCH * 4 * (3 * m.n_ff + 2 * m.n_embd)
-        attn = N_UBATCH * 4 * 8 * m.n_embd
+        act = ubatch * 4 * (3 * m.n_ff + 2 * m.n_embd)
+        attn = ubatch * 4 * 8 * m.n_embd
         if _quantized(cache_k, cache_v):
             attn += cells * m.n_head_kv * (m.head_k + m.head_v) * 2
-        return max(act, attn) + (cells // parallel) * N_UBATCH * 2
-    act = N_UBATCH * 4 * (3 * m.n_ff + 4 * m.n_embd)
+        return max(act, attn) + (cells // parallel) * ubatch * 2
+    act = ubatch * 4 * (3 * m.n_ff + 4 * m.n_embd)
     dequant = (ctx // parallel) * m.n_head_kv * (m.head_k + m.head_v) * 2 if _quantized(cache_k, cache_v) else 0
     return act + dequant
 
 
-def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int) -> int:
+def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int, ubatch: int = N_UBATCH) -> int:
     """What serving the model's own MTP head (--spec-type draft-mtp) adds, measured on an H200
     (bench/records/qwen35-h200-run1.json, mtp-*): the nextn block's weights, draft_max more recurrent
     copies a slot, the draft context's f16 KV cache and one compute buffer, and a main-context
@@ -307,32 +309,32 @@ def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int) -> int:
         raise ValueError("the model has no MTP (nextn) layers: nothing to draft with")
     cells = -(-ctx // CTX_PAD) * CTX_PAD
     kv = m.nextn_layers * cells * m.n_head_kv * (m.head_k + m.head_v) * 2
-    compute = N_UBATCH * 4 * (3 * m.n_ff + 2 * m.n_embd) + (cells // parallel) * N_UBATCH * 2
+    compute = ubatch * 4 * (3 * m.n_ff + 2 * m.n_embd) + (cells // parallel) * ubatch * 2
     verify = max(0, draft_max - 1) * parallel * 2483 * 1024  # 18.94 MiB / (2 x 4 slots)
     return m.mtp_bytes + m.recurrent_bytes_per_seq * parallel * draft_max + kv + compute + verify
 
 
 def plan(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, gpu_mib: int,
          headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, how: str = "mmq",
-         ngram: bool = False) -> Plan:
+         ngram: bool = False, ubatch: int = N_UBATCH) -> Plan:
     """The plan of one configuration; `how` the build's route(), `ngram` n-gram speculation
-    (drafts of up to NGRAM_DRAFT_MAX tokens a slot, verified in the main context)."""
-    rows = max(spec_rows(parallel, spec_draft_max), spec_rows(parallel, NGRAM_DRAFT_MAX if ngram else 0))
-    spec = spec_bytes(m, ctx, parallel, spec_draft_max) + (verify_bytes(m, rows) if ngram else 0)
+    (drafts of up to NGRAM_DRAFT_MAX tokens a slot, verified in the main context), `ubatch` -ub."""
+    rows = max(spec_rows(parallel, spec_draft_max, ubatch), spec_rows(parallel, NGRAM_DRAFT_MAX if ngram else 0, ubatch))
+    spec = spec_bytes(m, ctx, parallel, spec_draft_max, ubatch) + (verify_bytes(m, rows) if ngram else 0)
     return Plan(ctx, parallel, cache_k, cache_v, gpu_mib, m.weights_gpu,
-                kv_bytes(m, ctx, parallel, cache_k, cache_v), m.recurrent_bytes_per_seq * parallel,
-                compute_bytes(m, ctx, parallel, cache_k, cache_v), overhead_mib * MIB, headroom_mib * MIB,
-                spec, pool_bytes(m, how, parallel, rows), how)
+                kv_bytes(m, ctx, parallel, cache_k, cache_v, ubatch), m.recurrent_bytes_per_seq * parallel,
+                compute_bytes(m, ctx, parallel, cache_k, cache_v, ubatch), overhead_mib * MIB, headroom_mib * MIB,
+                spec, pool_bytes(m, how, parallel, rows, ubatch), how, ubatch)
 
 
 def choose(m: ModelShape, ctx: int | None, parallel: int | None, cache_k: str, cache_v: str, gpu_mib: int,
            headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, how: str = "mmq",
-           ngram: bool = False) -> Plan:
+           ngram: bool = False, ubatch: int = N_UBATCH) -> Plan:
     """The set values, or for unset ones the largest of the ladder (ctx first, then slots)
     that fits. The plan returned may not fit: the caller refuses it with its numbers."""
     ctxs = [ctx] if ctx else [c for c in CTX_LADDER if not m.n_ctx_train or c <= m.n_ctx_train] or [CTX_LADDER[-1]]
     slots = [parallel] if parallel else list(SLOT_LADDER)
-    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max, how, ngram)
+    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max, how, ngram, ubatch)
                   for c in ctxs for s in slots]
     return next((p for p in candidates if p.fits), candidates[-1])
 
@@ -380,7 +382,7 @@ def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group
         draft = int(cfg.get("server_spec_draft_max", 3))
     p = choose(m, ctx, np_, cfg["server_cache_type_k"], cfg["server_cache_type_v"], gpu_mib,
                cfg["vram_headroom_mib"], cfg["vram_cuda_overhead_mib"], draft, route(cfg, archs),
-               bool(cfg.get("server_spec_ngram")))
+               bool(cfg.get("server_spec_ngram")), cfg.get("server_ubatch") or N_UBATCH)
     if p.fits:
         return Decision(p.ctx, p.parallel, p.describe(), None, p)
     fix = "lower server_ctx or server_parallel, use q8_0 KV (server_cache_type_k/v), or a smaller quant"

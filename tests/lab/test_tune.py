@@ -76,7 +76,7 @@ def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(co
         assert run2.rc == 0 and report["ok"], run2
         flag = {"server_spec_ngram": "--spec-type", "server_parallel": "-np", "server_ctx": "-c",
                 "server_cache_ram": "--cache-ram", "server_backend_sampling": "--backend-sampling",
-                "server_ctx_checkpoints": "--ctx-checkpoints"}
+                "server_ctx_checkpoints": "--ctx-checkpoints", "server_ubatch": "-ub"}
         for h in lab()["hosts"]:
             args = env_file(h, 0).replace('"', " ").split()
             for key, value in doc["values"].items():

@@ -94,3 +94,10 @@ def test_an_unknown_ngram_type_is_refused_naming_the_choices():
     with pytest.raises(ConfigError) as e:
         check_value("server_spec_ngram", "ngram-fast", "group_vars/v100_32gb.yml")
     assert "server_spec_ngram" in str(e.value) and "ngram-mod" in str(e.value)
+
+
+def test_ubatch_is_rendered_only_when_set_and_passes_the_pinned_binary(cfg, help_text):
+    assert "-ub" not in server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)  # llama.cpp's 512
+    cfg["server_ubatch"] = 1024
+    args = server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)
+    assert args[args.index("-ub") + 1] == "1024" and check_against_help(args, help_text) == []

@@ -140,6 +140,7 @@ def test_prod_defaults_pass():
     ("-np 64", "-np", "server_parallel"), ("--cache-type-v f16", "--cache-type-v", "server_cache_type_v"),
     ("--flash-attn off", "--flash-attn", "server_flash_attn"), ("-hfr a/b", "-hfr", "model_url"),
     ("--model-draft /x.gguf", "--model-draft", "model_draft_url"),
+    ("-ub 1024", "-ub", "server_ubatch"), ("--ubatch-size 1024", "--ubatch-size", "server_ubatch"),
 ])
 def test_flags_voltafleet_sets_are_refused_naming_their_variable(extra, flag, var):
     msg = refused({**prod_host_vars(), "server_extra_flags": [extra]})
@@ -440,3 +441,8 @@ def test_an_empty_extra_flag_is_refused():
 def test_draft_count_belongs_to_its_key(cfg):
     msg = refused({**cfg, "server_extra_flags": ["--spec-draft-n-max 4"]})
     assert "server_spec_draft_max" in msg
+
+
+def test_a_ubatch_past_llama_cpp_s_batch_is_refused_with_its_range(cfg):
+    msg = refused({**cfg, "server_ubatch": 4096})
+    assert "group_vars/test.yml: server_ubatch: is 4096" in msg and "2048" in msg

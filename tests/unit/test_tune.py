@@ -25,7 +25,16 @@ def test_candidates_change_one_thing_at_a_time_and_keep_each_slot_s_context(cfg)
     assert got["slots 2"] == {"server_parallel": 2, "server_ctx": 2048}
     assert got["slots 8"] == {"server_parallel": 8, "server_ctx": 8192}  # 1,024 tokens a slot, as shipped
     assert got["n-gram drafts"] == {"server_spec_ngram": "ngram-mod"}
+    assert got["context 2048 a slot"] == {"server_ctx": 8192}  # the slots kept, each with twice the context
+    assert got["ubatch 256"] == {"server_ubatch": 256} and got["ubatch 1024"] == {"server_ubatch": 1024}
     assert all(len(v) <= 2 for v in got.values())
+    # the host-RAM cache: turned off when the group has it, tried at llama.cpp's size when it ships it off
+    assert got["no host-RAM cache"] == {"server_cache_ram": 0}
+    off = {s.name: s.values for s in tune.candidates(cfg_of(lab, server_cache_ram=0))}
+    assert off["host-RAM cache 8192 MiB"] == {"server_cache_ram": 8192} and "no host-RAM cache" not in off
+    # a ubatch outside server_ubatch's bounds is not tried
+    edge = [s.name for s in tune.candidates(cfg_of(lab, server_ubatch=2048))]
+    assert "ubatch 1024" in edge and "ubatch 4096" not in edge
     cuda = cfg_of(cfg, voltafleet_backend="cuda", llama_cpp_cmake_extra=[tune.FORCE_MMQ, "-DX=1"])
     builds = [s for s in tune.candidates(cuda) if "llama_cpp_cmake_extra" in s.values]
     assert [s.values["llama_cpp_cmake_extra"] for s in builds] == [["-DX=1"]]  # the Volta-rule release beside it

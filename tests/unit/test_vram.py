@@ -106,3 +106,16 @@ def test_weights_match_llama_cpp_model_buffer():
     """run 2 logged `CUDA0 model buffer size = 2065.13 MiB`; the header says the same."""
     shape = ModelShape.from_header(from_json(json.loads((FIXTURES / "qwen2-4b-q4ks.json").read_text())))
     assert round(shape.weights_gpu / MIB, 2) == 2065.13
+
+
+def test_the_ubatch_scales_the_compute_buffer_and_the_cublas_op():
+    """-ub: one prompt step's activations, its KQ mask and, on a cuBLAS route, its F16 input rows."""
+    from voltafleet.vram import pool_bytes
+    m = seed_27b(16.0)
+    m = ModelShape(**{**m.__dict__, "n_vocab": 152064, "trunk_mat": (21760, 5120)})
+    base = plan(m, 8192, 4, "q8_0", "q8_0", V100_16, how="volta")
+    big = plan(m, 8192, 4, "q8_0", "q8_0", V100_16, how="volta", ubatch=1024)
+    act = 512 * 4 * (3 * m.n_ff + 4 * m.n_embd)  # the dense shape's activations of 512 more tokens
+    assert big.compute - base.compute == act
+    assert big.pool - base.pool == pool_bytes(m, "volta", 4, ubatch=1024) - pool_bytes(m, "volta", 4) == 512 * 21760 * 2
+    assert big.kv == base.kv and big.ubatch == 1024 and " -ub 1024 " in big.describe() and "-ub" not in base.describe()
