@@ -111,9 +111,33 @@ def report(records: list[dict], cfg: dict) -> str:
     return tune.table(ts, cfg, V100_32GB_MIB, best)
 
 
-if __name__ == "__main__":  # python bench/tune29.py RESULTS.json: the table
+def machine(run: Path) -> dict:
+    """The record's GPU, driver and llama.cpp commit, from its facts.txt and build.txt."""
+    import re
+
+    name, driver, mib = re.search(r"^(NVIDIA [^,]+), ([\d.]+), (\d+) MiB$", (run / "facts.txt").read_text(), re.M).groups()
+    commit = re.search(r"commit ([0-9a-f]+)", (run / "build.txt").read_text()).group(1)
+    return {"host": "the GPU proof's H200 (bench/records/proof29)", "backend": "cuda",
+            "gpu": {"name": name, "driver": driver, "memory_mib": int(mib), "judged_as_mib": V100_32GB_MIB},
+            "llama_cpp": {"commit": commit, "builds": "mmq: Volta rule + FORCE_MMQ (shipped); volta: Volta rule"},
+            "model_sha256": None, "model": "the shape-exact Qwen3.6-27B Q4_K_S with zero weights (qwen35gen.py)",
+            "records": os.path.relpath(run.resolve(), Path(__file__).resolve().parents[1])}
+
+
+def document(records: list[dict], cfg: dict, meta: dict) -> str:
+    """The group_vars/v100_32gb.tuned.yml a canary would write from these trials."""
+    from voltafleet import tune
+
+    ts = trials(records)
+    return tune.document(GROUP, tune.winner(ts, cfg, V100_32GB_MIB), ts, cfg, meta, V100_32GB_MIB)
+
+
+if __name__ == "__main__":  # python bench/tune29.py RESULTS.json [--tuned]: the table, or the tuned file
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.gpu_proof import group_cfg
 
-    print(report(json.loads(Path(sys.argv[1]).read_text())["tune29"], {**group_cfg(GROUP), "tune_repetitions": 3}))
+    path = Path(sys.argv[1])
+    cfg = {**group_cfg(GROUP), "voltafleet_backend": "cuda", **PROOF_WORKLOAD}
+    records = json.loads(path.read_text())["tune29"]
+    print(document(records, cfg, machine(path.parent)) if "--tuned" in sys.argv[2:] else report(records, cfg))
     os._exit(0)

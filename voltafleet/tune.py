@@ -17,6 +17,7 @@ free at peak.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -150,18 +151,24 @@ def winner(trials: list[Trial], cfg: dict, vram_mib: float | None = None) -> Tri
     return max(ok, key=lambda t: t.median("throughput_tps") or 0) if ok else None
 
 
-def calibration(trials: list[Trial]) -> dict:
-    """What the trials teach the planner (CUDA): the CUDA context's overhead (after-load minus
-    what the plan puts on the GPU before any request) and the plan's error at peak."""
+def calibration(trials: list[Trial], overhead_mib: float | None = None) -> dict:
+    """What the trials teach the planner (CUDA), for this GPU model: the CUDA context as measured
+    after load (after-load minus what the plan puts on the GPU before any request), the plan's
+    error at each peak, and the overhead to plan with (`cuda_overhead_mib`): the larger of the
+    measured context and `overhead_mib` (the one planned with) plus the most any plan fell
+    short of its peak, so that every measured peak is within the plan."""
     rows = [t for t in trials if t.status == "measured" and t.planned_mib and t.median("peak_mib")]
     if not rows:
         return {"measured": False, "why": "no GPU figures (the cpu backend, or no trial measured)"}
     err = [round(100 * (t.median("peak_mib") - t.planned_mib) / t.planned_mib, 2) for t in rows]
+    short = max(t.median("peak_mib") - t.planned_mib for t in rows)
     ctx = [t.after_load_mib - t.planned_static_mib for t in rows
            if t.after_load_mib is not None and t.planned_static_mib is not None]
+    need = [*ctx, *([overhead_mib + short] if overhead_mib is not None else [])]
     return {"measured": True, "planner_error_pct": {t.setting.name: e for t, e in zip(rows, err)},
-            "planner_error_pct_max": max(err),
-            "cuda_overhead_mib": int(round(max(ctx))) if ctx else None}
+            "planner_error_pct_max": max(err), "plan_short_at_peak_mib": round(short, 1),
+            "cuda_overhead_after_load_mib": round(max(ctx), 1) if ctx else None,
+            "cuda_overhead_mib": math.ceil(max(need)) if need else None}
 
 
 def table(trials: list[Trial], cfg: dict, vram_mib: float | None = None, best: Trial | None = None) -> str:
@@ -182,7 +189,7 @@ def document(group: str, best: Trial | None, trials: list[Trial], cfg: dict, met
     """group_vars/<group>.tuned.yml: `values` (applied after group_vars/<group>.yml) and what
     they were chosen on: every trial's medians, the machine, the commit, the model."""
     values = dict(best.setting.values) if best else {}
-    cal = calibration(trials)
+    cal = calibration(trials, cfg.get("vram_cuda_overhead_mib"))
     if cal.get("cuda_overhead_mib") is not None:  # the planner's CUDA context, as measured on this GPU model
         values["vram_cuda_overhead_mib"] = cal["cuda_overhead_mib"]
     doc = {

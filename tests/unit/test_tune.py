@@ -70,14 +70,20 @@ def test_the_tuned_file_holds_the_values_their_figures_and_calibrates_the_planne
     text = tune.document("v100_32gb", t, [trial("shipped", {}, [rep(100, 500, 14900)]), t], c,
                          {"host": "gpu-01", "gpu": {"name": "Tesla V100-SXM2-32GB"}, "model_sha256": "a" * 64})
     doc = yaml.safe_load(text)
-    assert doc["values"] == {"server_spec_ngram": "ngram-mod", "vram_cuda_overhead_mib": 400}  # 14,100 - 13,700
+    # the context measured after load is 400 MiB (14,100 - 13,700), but a plan fell 200 MiB short of its
+    # peak (15,000 vs 14,800): the planner's overhead becomes the one planned with plus that, 610 + 200
+    assert doc["values"] == {"server_spec_ngram": "ngram-mod", "vram_cuda_overhead_mib": 810}
+    assert doc["calibration"]["cuda_overhead_after_load_mib"] == 400 and doc["calibration"]["plan_short_at_peak_mib"] == 200
     assert doc["chosen"]["figures"]["throughput_tps"] == 150 and doc["tuned"]["gpu"]["name"].startswith("Tesla")
     assert doc["calibration"]["planner_error_pct"]["n-gram drafts"] == pytest.approx(1.35)  # 15,000 vs 14,800
     assert [x["setting"] for x in doc["trials"]] == ["shipped", "n-gram drafts"]
     assert tune.values_of(text, "f") == doc["values"]
     none = yaml.safe_load(tune.document("lab", None, [t], c, {}))
     # no winner: the shipped values stay; the calibration holds whatever won
-    assert none["values"] == {"vram_cuda_overhead_mib": 400} and none["chosen"]["setting"] is None
+    assert none["values"] == {"vram_cuda_overhead_mib": 810} and none["chosen"]["setting"] is None
+    # a plan over every peak: the context measured after load decides
+    over = trial("shipped", {}, [rep(100, 500, 14000)], after_load_mib=14100, planned_mib=14800, planned_static_mib=13700)
+    assert tune.calibration([over], 610)["cuda_overhead_mib"] == 400
 
 
 def test_the_inventory_applies_a_tuned_file_after_its_group_file(tmp_path, cfg):

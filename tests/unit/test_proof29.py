@@ -1,0 +1,104 @@
+"""Issue 29's H200 record (bench/records/proof29/run1: the v100_32gb group's tune, raw): the table bench/RESULTS.md
+quotes, its winner, the calibration and the tuned file, recomputed from each setting's repetitions."""
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench import tune29
+from bench.gpu_proof import group_cfg
+from voltafleet import tune
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN1 = ROOT / "bench/records/proof29/run1"
+RECORDS = json.loads((RUN1 / "results.json").read_text())["tune29"]
+SECTION = (ROOT / "bench/RESULTS.md").read_text().split("## Issue 29: the tune of the v100_32gb group")[1].split("\n## ")[0]
+CFG = {**group_cfg(tune29.GROUP), "voltafleet_backend": "cuda", **tune29.PROOF_WORKLOAD}
+
+
+def med(r, key):
+    vals = [x[key] for x in r["reps"]]
+    assert len(vals) == 3  # three repetitions, one session
+    return statistics.median(vals)
+
+
+def rows():
+    """The section's table: setting -> its cells."""
+    out = {}
+    for line in SECTION.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 9 and cells[1] in ("mmq", "volta"):
+            name = re.sub(r"\*\*", "", cells[0]).replace(",", "")
+            out[name if name.startswith("Volta") else re.sub(r"\s*\(.*\)$", "", name)] = cells
+    return out
+
+
+def num(cell):
+    return float(cell.replace(",", ""))
+
+
+def test_every_setting_ran_three_times_in_one_session_on_the_release_it_names():
+    assert [r["name"] for r in RECORDS][0] == "shipped" and len(RECORDS) == 11
+    assert all(r["status"] == "measured" and r["healthy"] and r["fits"] for r in RECORDS)
+    assert {r["build"] for r in RECORDS} == {"mmq", "volta"}
+    assert [r["name"] for r in RECORDS if r["build"] == "volta"] == ["Volta rule build (no FORCE_MMQ)"]
+    for r in RECORDS:  # the argv each server got is the setting's: the shipped argv with its one change
+        args = r["args"]
+        assert args[args.index("-c") + 1] == str(r["values"].get("server_ctx", 131072))
+        assert args[args.index("-np") + 1] == str(r["values"].get("server_parallel", 16))
+        assert ("-ub" in args) == ("server_ubatch" in r["values"])
+        assert ("--ctx-checkpoints" in args and args[args.index("--ctx-checkpoints") + 1]) == \
+            str(r["values"].get("server_ctx_checkpoints", 32))
+        assert all(not x["errors"] and x["requests"] == 16 for x in r["reps"])
+
+
+def test_the_table_quotes_the_medians_of_the_repetitions():
+    table = rows()
+    assert len(table) == len(RECORDS)
+    for r in RECORDS:
+        cells = table[r["name"]]
+        assert cells[1] == r["build"]
+        assert num(cells[2]) == pytest.approx(med(r, "throughput_tps"), abs=0.051)
+        assert num(cells[3]) == pytest.approx(med(r, "ttft_p50_ms"), abs=0.51)
+        assert num(cells[4]) == pytest.approx(med(r, "ttft_p99_ms"), abs=0.51)
+        assert num(cells[5]) == pytest.approx(med(r, "decode_tps"), abs=0.051)
+        assert num(cells[6]) == pytest.approx(r["planned_mib"], abs=0.51)
+        assert num(cells[7]) == pytest.approx(med(r, "peak_mib"), abs=0.51)
+
+
+def test_the_winner_is_judged_from_the_records_alone():
+    ts = tune29.trials(RECORDS)
+    best = tune.winner(ts, CFG, tune29.V100_32GB_MIB)
+    assert best.setting.name == "no checkpoints" and best.setting.values == {"server_ctx_checkpoints": 0}
+    verdicts = {t.setting.name: tune.judge(t, CFG, tune29.V100_32GB_MIB) for t in ts}
+    assert {n for n, v in verdicts.items() if v} == {"slots 8", "host-RAM cache 8192 MiB"}  # TTFT p99 over 10 s
+    table = rows()
+    for name, why in verdicts.items():
+        assert ("over 10,000" in table[name][8]) == bool(why) and ("WINNER" in table[name][8]) == (name == best.setting.name)
+    shipped, won = ts[0], best
+    gain = won.median("throughput_tps") / shipped.median("throughput_tps") - 1
+    assert f"{won.median('throughput_tps'):.1f} tok/s against {shipped.median('throughput_tps'):.1f}\n(+{gain * 100:.0f} %)" in SECTION
+
+
+def test_the_calibration_covers_every_peak_and_the_tuned_file_is_the_drivers():
+    cal = tune.calibration(tune29.trials(RECORDS), CFG["vram_cuda_overhead_mib"])
+    after = {r["name"]: r["after_load_mib"] - r["planned_static_mib"] for r in RECORDS}
+    ngram = after.pop("n-gram drafts")  # its plan counts the verify logits, allocated at the first verify
+    assert after.pop("backend sampling off") == pytest.approx(603.2, abs=0.05)  # no GPU sampler
+    assert min(after.values()) == pytest.approx(615.2, abs=0.05) and max(after.values()) == pytest.approx(616.2, abs=0.05)
+    assert ngram == pytest.approx(130.2, abs=0.05) and cal["cuda_overhead_after_load_mib"] == pytest.approx(616.2)
+    short = max(med(r, "peak_mib") - r["planned_mib"] for r in RECORDS)
+    assert cal["plan_short_at_peak_mib"] == pytest.approx(short) == pytest.approx(17.2, abs=0.05)
+    assert cal["cuda_overhead_mib"] == 628 and "610 + 17.2, rounded up: 628 MiB" in SECTION
+    for r in RECORDS:  # with the calibrated overhead every plan is at or over its measured peak
+        assert r["planned_mib"] - CFG["vram_cuda_overhead_mib"] + cal["cuda_overhead_mib"] >= med(r, "peak_mib")
+    written = yaml.safe_load((RUN1 / "v100_32gb.tuned.yml").read_text())
+    again = yaml.safe_load(tune29.document(RECORDS, CFG, tune29.machine(RUN1)))
+    for doc in (written, again):
+        doc["tuned"].pop("date")
+    assert written == again
+    assert written["values"] == {"server_ctx_checkpoints": 0, "vram_cuda_overhead_mib": 628}
+    assert written["tuned"]["gpu"]["driver"] == "580.159.04" and written["tuned"]["gpu"]["judged_as_mib"] == 32768
