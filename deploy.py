@@ -10,7 +10,8 @@ any change), helper scripts, toolchain, llama.cpp release, model, servers, smoke
 hosts of the `mirror` group run nginx caching the model, which the server hosts then fetch through
 (one download per mirror). A host may be both; neither runs llama-server.
 The rolling driver runs this file per phase (VOLTAFLEET_PHASE: preflight, gateway, batch; plan:
-preflight and the plan role only, reading facts, changing nothing); gateways and mirrors are
+preflight and the plan role only, reading facts, changing nothing; tune: a trial on the canary;
+profile: the logs the tune's workload is recorded from, nothing else); gateways and mirrors are
 configured in the gateway phase, before the first batch (in a plain run, their operations come
 first: every host passes one operation of this file's after theirs, before any server host's).
 """
@@ -29,6 +30,7 @@ from roles.mirror import mirror
 from roles.model import model
 from roles.dryrun import dry_run
 from roles.preflight import preflight
+from roles.profile import recorded
 from roles.server import server
 from roles.smoke import smoke
 from roles.toolchain import toolchain
@@ -36,7 +38,9 @@ from roles.tune import held, tuned
 
 phase = run_context().phase
 
-if not is_server(host):
+if phase == "profile":  # python -m rollout --tune --profile-hours N: the logs the workload is read from; no change
+    recorded("server" if is_server(host) else "gateway")
+elif not is_server(host):
     if phase in ("all", "gateway"):
         if is_mirror(host):
             mirror()  # before any server host's model fetch
@@ -44,7 +48,7 @@ if not is_server(host):
             gateway()
 if phase == "all":
     mirrors_and_gateways_first(host.state)  # every host, this line: the server hosts' operations come after
-if is_server(host):
+if is_server(host) and phase != "profile":
     plan = preflight()
     if phase == "plan":
         dry_run(plan)  # read only: what a batch would change, or why preflight refuses (python -m rollout --plan)

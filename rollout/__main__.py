@@ -230,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                         "to group_vars/<group>.tuned.yml for the next rollout; the canary is restored at the end")
     p.add_argument("--budget", type=float, default=None,
                    help="with --tune: minutes the tune may take (default tune_budget_minutes)")
+    p.add_argument("--profile-hours", type=float, default=None,
+                   help="with --tune: read the workload (prompt and answer tokens, clients, follow-up share) from the "
+                        "last N hours of the gateway's and the canary's logs (default tune_profile_hours; 0: tune_*)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="stream pyinfra's whole output (it always goes to the run's logs in the report directory)")
     a = p.parse_args(argv)
@@ -443,6 +446,36 @@ def tuned_group(groups: list[str]) -> str | None:
     return found[-1] if found else None
 
 
+def profiled(a, host: str, gateways: list[str], base, run_dir: Path, hours: float) -> tuple[dict, str | None]:
+    """The tune's workload from the last `hours` of the gateway's log and the canary's servers'
+    journals (VOLTAFLEET_PHASE=profile reads them; voltafleet/profile.py makes them tune_*):
+    ({values, source}, None), or ({}, why not)."""
+    import yaml
+
+    from voltafleet import profile
+
+    if not gateways:
+        return {}, "--profile-hours reads the gateway's log: this inventory has no gateway (or use tune_* of group_vars)"
+    over = run_dir / "profile.yml"
+    over.write_text(yaml.safe_dump({"tune_profile_hours": hours}))
+    run_id = runctx.new_id()
+    rc, _ = pyinfra(a.inventory, [host] + gateways, replace(base, phase="profile", run=run_id, vars_file=str(over)),
+                    run_dir / "profile.log", label="profile")
+    records = runctx.RunDir(run_dir)
+    got = {h: records.read("profile", h, run=run_id) for h in [host] + gateways}
+    missing = [h for h, r in got.items() if r is None or not r["ok"]]
+    if missing:
+        return {}, (f"could not read the logs of {', '.join(missing)} (pyinfra exit {rc}; see {run_dir / 'profile.log'}): "
+                    "no profile, nothing changed")
+    try:
+        values, source = profile.workload(profile.requests(got[host]["lines"]),
+                                          profile.in_flight([ln for g in gateways for ln in got[g]["lines"]], host),
+                                          hours)
+    except profile.ProfileError as e:
+        return {}, f"{host}: {e}"
+    return {"values": values, "source": source}, None
+
+
 def tune(a, inventory, data, gateways, servers, canary) -> int:
     """--tune: each setting of voltafleet.tune.candidates rolled onto the drained canary and
     measured (VOLTAFLEET_PHASE=tune), within the budget; the winner written to
@@ -461,13 +494,22 @@ def tune(a, inventory, data, gateways, servers, canary) -> int:
     rollout_id = runctx.new_id()
     report_dir, run_dir = run_directory(a, rollout_id, "tune")
     settings = tunemod.candidates(cfg)
+    base = replace(runctx.RunContext.from_env(), rollout=rollout_id, report_dir=str(run_dir),
+                   lock_owner=os.getpid(), smoke_always=True)
+    records = runctx.RunDir(run_dir)
+    hours = cfg["tune_profile_hours"] if a.profile_hours is None else a.profile_hours
+    recorded: dict = {}
+    if hours:  # the workload from the fleet's own logs, before the canary is touched
+        recorded, why = profiled(a, host, gateways, base, run_dir, hours)
+        if why:
+            say(f"--tune: {why}")
+            return 2
+        say(f"workload recorded from the logs: {recorded['values']} ({recorded['source']})")
+        cfg = {**cfg, **recorded["values"]}
     say(f"tune of group {group} on {host} (drained for the tune), gateway: {', '.join(gateways) or 'none'}; "
         f"{len(settings)} settings x {cfg['tune_repetitions']} repetitions of the workload "
         f"({cfg['tune_clients']} clients, {cfg['tune_prompt_tokens']}+{cfg['tune_answer_tokens']} tokens), "
         f"budget {budget_s / 60:.0f} min; records in {run_dir}")
-    base = replace(runctx.RunContext.from_env(), rollout=rollout_id, report_dir=str(run_dir),
-                   lock_owner=os.getpid(), smoke_always=True)
-    records = runctx.RunDir(run_dir)
     trials, t0, status, gpu = [], time.time(), 0, None
     try:
         for n, setting in enumerate(settings):
@@ -483,7 +525,7 @@ def tune(a, inventory, data, gateways, servers, canary) -> int:
                 continue
             say(f"trial {n + 1}/{len(settings)}: {setting.name} {setting.values or '(the shipped values)'}")
             over = run_dir / f"trial-{n}.yml"
-            over.write_text(yaml.safe_dump(setting.values or {}))
+            over.write_text(yaml.safe_dump({**recorded.get("values", {}), **setting.values}))
             run_id = runctx.new_id()
             trial_ctx = replace(base, phase="tune", run=run_id, batch=f"trial-{n}", vars_file=str(over))
             t1 = time.time()
@@ -522,7 +564,8 @@ def tune(a, inventory, data, gateways, servers, canary) -> int:
     meta = {"host": host, "inventory": a.inventory, "backend": cfg["voltafleet_backend"],
             "llama_cpp": {"repo": cfg["llama_cpp_repo"], "ref": cfg["llama_cpp_ref"],
                           "commit": refs.resolve(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])},
-            "model_sha256": cfg["model_sha256"], "records": str(run_dir)}
+            "model_sha256": cfg["model_sha256"], "records": str(run_dir),
+            "workload_from": recorded.get("source") or "tune_* of group_vars"}
     meta["gpu"] = gpu or "none (the cpu backend)"
     target = REPO / "group_vars" / f"{group}{tunemod.SUFFIX}"
     target.write_text(tunemod.document(group, best, trials, cfg, meta, vram))

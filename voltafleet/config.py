@@ -188,6 +188,7 @@ SCHEMA: dict[str, Var] = {
     "tune_max_ttft_p99_ms": Var((int, float), min=1),
     "tune_headroom_mib": Var(int, min=0, max=65536),
     "tune_budget_minutes": Var((int, float), min=1, max=7 * 24 * 60),
+    "tune_profile_hours": Var((int, float), min=0, max=31 * 24),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-PHASES = ("all", "preflight", "gateway", "batch", "plan", "tune")
+PHASES = ("all", "preflight", "gateway", "batch", "plan", "tune", "profile")
 
 # RunContext's field -> the environment variable that carries it to deploy.py
 ENV = {"phase": "VOLTAFLEET_PHASE", "run": "VOLTAFLEET_RUN", "rollout": "VOLTAFLEET_ROLLOUT",
@@ -92,7 +92,7 @@ class RunDir:
     Each kind is `<kind>-<host>.json` (a "/" of a host name as "_"), written atomically with
     the run id inside; `read` returns None for a missing, unreadable or other run's record."""
 
-    KINDS = ("preflight", "outcome", "smoke", "plan", "tune")
+    KINDS = ("preflight", "outcome", "smoke", "plan", "tune", "profile")
     FLEET_PLAN = "fleet-plan.json"
     PLAN = "plan.json"
 

@@ -112,3 +112,30 @@ def test_an_interrupted_tune_leaves_the_canary_as_it_was_and_loses_no_request(co
     assert [env_file(canary, i) for i in (0, 1)] == before and in_rotation(canary["name"])
     assert served["requests"] > 0 and served["served"] == served["requests"], served
     assert os.environ.get("VOLTAFLEET_VARS") is None
+
+
+def test_the_workload_can_be_recorded_from_the_fleets_own_logs(converged, no_tuned_file, tmp_path):
+    """--profile-hours: the tune's prompt, answer, clients and follow-up share read from the gateway's log
+    and the canary's servers' journals of the window, before the canary is touched (the budget here lets
+    only the shipped setting run: the profile's part is what is checked)."""
+    canary = lab()["hosts"][0]
+    before = [env_file(canary, i) for i in (0, 1)]
+    load = Load(URL, clients=4, tokens=24, seconds=30, max_requests=100000).start()  # 24: no other lab client's length
+    time.sleep(30)
+    served = load.stop()
+    assert served["served"] == served["requests"] > 60, served
+    run, _ = rollout(["--tune", "--canary", canary["name"], "--profile-hours", "0.03", "--budget", "0.01"], tmp=tmp_path)
+    assert run.rc == 0, run
+    assert "workload recorded from the logs" in run.out, run.out[-3000:]
+    doc = yaml.safe_load(TUNED.read_text())
+    src, w = doc["tuned"]["workload_from"], doc["tuned"]["workload"]
+    assert src["requests"] >= 20 and src["gateway_lines"] >= 20 and "0.03 h" in src["source"]
+    assert w["answer_tokens"] == 24 and 1 <= w["clients"] <= 4 and w["prompt_tokens"] > 0  # the traffic's, not tune_*'s
+    # the load repeats one short prompt, which the hybrid model's slots did not reuse (its checkpoint is invalidated:
+    # `cached n_tokens = 0` in the journals), so its requests are not follow-ups
+    assert w["followup_share"] < 0.5
+    run_dir = Path(re.search(r"; records in (\S+)\s*$", run.out, re.M).group(1))
+    trial0 = yaml.safe_load((run_dir / "trial-0.yml").read_text())
+    assert trial0["tune_answer_tokens"] == 24 and trial0["tune_clients"] == w["clients"]  # the trial ran that workload
+    assert [t["status"] for t in doc["trials"]][0] == "measured" and doc["trials"][0]["reps"][0]["requests"] == 12
+    assert [env_file(canary, i) for i in (0, 1)] == before and in_rotation(canary["name"])

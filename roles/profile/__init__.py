@@ -1,0 +1,57 @@
+"""Profile: the log lines the tune's workload is recorded from (VOLTAFLEET_PHASE=profile; reads
+only). The gateway's HAProxy log (requests in flight on each instance) and the canary's
+llama-server journals (each request's prompt, cached prefix and answer) of the last
+`tune_profile_hours` go to profile-<host>.json in the run directory; voltafleet/profile.py makes
+them into the tune_* values (`python -m rollout INVENTORY --tune --profile-hours N`).
+"""
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, deploy, operation
+
+from roles.run import config, report_dir, run_context
+from roles.shell import q, sh
+from voltafleet.runctx import RunDir
+
+MAX_LINES = 200000  # the newest lines of the window, enough for a busy day of one host
+SOURCES = {  # what is read on each kind of host: journalctl's selection, the lines kept
+    "server": ("-u 'llama-server@*'", r"new prompt|cached n_tokens|[|] +eval time ="),
+    "gateway": ("-t haproxy", r" [0-9]+/[0-9]+/[0-9]+/[0-9]+/[0-9]+ "),
+}
+
+
+def command(kind: str, hours: float) -> str:
+    """The host's lines of the window, newest MAX_LINES (grep's no-match is not an error)."""
+    units, keep = SOURCES[kind]
+    return (f"journalctl {units} --since=-{int(hours * 60)}min -o short-unix --no-pager "
+            f"| grep -E {q(keep)} | tail -n {MAX_LINES}; exit 0")
+
+
+@operation()
+def lines(kind: str, hours: float):
+    """This host's log lines of the window to profile-<host>.json.
+
+    .. code:: python
+
+        profile.lines("server", 24)
+    """
+    def run(state, host):  # pyinfra passes state and host only to these two names
+        ok, out = sh(host, command(kind, hours))
+        got = out.stdout.splitlines() if ok else []
+        RunDir(report_dir(config())).write("profile", host.name, {
+            "host": host.name, "run": run_context().run, "kind": kind, "ok": ok, "lines": got,
+            "reason": "" if ok else ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]}, indent=None)
+        return True
+    yield FunctionCommand(run, (), {})
+
+
+@deploy("Profile")
+def recorded(kind: str) -> None:
+    """The tune's workload, recorded: this host's lines (kind: server or gateway).
+
+    .. code:: python
+
+        recorded("gateway")
+    """
+    lines(name=f"The last {config()['tune_profile_hours']:g} h of this {kind}'s log", kind=kind,
+          hours=config()["tune_profile_hours"])
