@@ -227,15 +227,23 @@ def plan27() -> dict:
                                                                  "-fa", "on", "--host", "127.0.0.1", "--port", str(PORT)]}}
 
 
-def plan_tune29() -> dict:
+def plan_tune29(**kw) -> dict:
     """Issue 29: the v100_32gb group's tune settings (bench/tune29.py), planned for a V100-32GB
-    from the 27B's header (tests/fixtures/gguf: the shape-exact file's)."""
+    from the 27B's header (tests/fixtures/gguf: the shape-exact file's); kw: plan29's workload, names."""
     from bench.tune29 import plan29
     from voltafleet.gguf_header import from_json
 
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
     return plan29(group_cfg, lambda c: server_args({**c, "server_host": "127.0.0.1"}, "MODEL", port=PORT,
-                                                   api_key_file=None), header)
+                                                   api_key_file=None), header, **kw)
+
+
+def plan_tune29b() -> dict:
+    """Issue 29, second run: the shipped setting against the first run's winner, with the
+    workload's follow-ups reaching the server (bench/tune29.py FOLLOWUP_WORKLOAD)."""
+    from bench.tune29 import FOLLOWUP_SETTINGS, FOLLOWUP_WORKLOAD
+
+    return plan_tune29(workload=FOLLOWUP_WORKLOAD, names=FOLLOWUP_SETTINGS)
 
 
 THINK_MODES = (("off", {"chat_template_kwargs": {"enable_thinking": False}}),
@@ -367,7 +375,8 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
     for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py",
               "bench/voltarule.py", "voltafleet/smoke_client.py", "voltafleet/workload.py", "bench/tune29.py"):
         shutil.copy(REPO / f, dest)
-    plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32()}
+    plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
+            "tune29b": plan_tune29b()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)

@@ -357,10 +357,10 @@ class Proof27(Proof):
 class Proof29(Proof27):
     """Issue 29: the v100_32gb group's tune settings, each with the group's workload (tune29.py)."""
 
-    def tune29(self):
+    def tune29(self, key: str = "tune29"):
         from tune29 import run29
 
-        run29(self, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py"))
+        run29(self, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py"), key)
 
 
 # ------------------------------------------------------------ issue 32: the thinking budget

@@ -27,15 +27,22 @@ GROUP = "v100_32gb"
 # the group's workload (tune_* of group_vars/all.yml) cut to fit the device's 30 minutes: each of
 # the 16 clients sends one 512-token prompt for 128 tokens a repetition (the issue-27 serve shape)
 PROOF_WORKLOAD = {"tune_requests": 16, "tune_prompt_tokens": 512, "tune_answer_tokens": 128}
+# run 2 (tune29b): two requests a client a repetition, conversations opened before the first and carried
+# over (workload.py since run 1, whose clients sent one request each and so never continued one), for the
+# shipped setting against run 1's winner, in one session
+FOLLOWUP_WORKLOAD = {**PROOF_WORKLOAD, "tune_requests": 32}
+FOLLOWUP_SETTINGS = ("shipped", "no checkpoints")
 
 
-def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD) -> dict:
-    """Every setting of the tune: name, values, argv (MODEL for the model), build, plan."""
+def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD, names=None) -> dict:
+    """Every setting of the tune (or those `names`): name, values, argv (MODEL for the model), build, plan."""
     from voltafleet import tune, vram
 
     cfg = {**group_cfg(GROUP), "voltafleet_backend": "cuda", **workload}
     out = []
     for s in tune.candidates(cfg):
+        if names is not None and s.name not in names:
+            continue
         c = {**cfg, **s.values}
         build = "mmq" if tune.FORCE_MMQ in (c.get("llama_cpp_cmake_extra") or []) else "volta"
         d = vram.decide(c, V100_32GB_MIB, header, archs=[70])
@@ -49,12 +56,13 @@ def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD
             "objective_ttft_p99_ms": cfg["tune_max_ttft_p99_ms"], "headroom_mib": cfg["tune_headroom_mib"]}
 
 
-def run29(proof, workload_py: str) -> None:
-    """On the GPU machine: each fitting setting's server and the workload; records appended."""
+def run29(proof, workload_py: str, key: str = "tune29") -> None:
+    """On the GPU machine: each fitting setting's server and the workload (plan[key]); records
+    appended to results[key]."""
     from qwen35_bench import say
 
-    plan = proof.plan["tune29"]
-    out = proof.results.setdefault("tune29", [])
+    plan = proof.plan[key]
+    out = proof.results.setdefault(key, [])
     for item in plan["settings"]:
         r = {k: item[k] for k in ("name", "values", "build", "fits", "refusal", "planned_mib", "planned_static_mib")}
         if not item["fits"]:
@@ -85,17 +93,21 @@ def run29(proof, workload_py: str) -> None:
         r["log"] = proof.loglines(s)
         out.append(r)
         proof.save()
-        say("tune29", item["name"], r["status"], [x.get("throughput_tps") for x in r.get("reps", [])])
+        say(key, item["name"], r["status"], [(x.get("throughput_tps"), x.get("followups")) for x in r.get("reps", [])])
 
 
-def trials(records: list[dict]):
+def trials(records: list[dict], followups_sent: bool = True):
     """voltafleet.tune.Trial of each record; its probe: its greedy tokens against the shipped
-    setting's (the first record), as the fleet compares every host with the golden probe."""
+    setting's (the first record), as the fleet compares every host with the golden probe.
+    followups_sent False (run 1): the records' `followups` are the workload's draws, none of which
+    could be sent (no client had a conversation yet): left out rather than quoted."""
     from voltafleet import tune
 
     out = []
     gold = records[0].get("probe_tokens") if records else None
     for r in records:
+        if not followups_sent:
+            r = {**r, "reps": [{**x, "followups": None} for x in r.get("reps", [])]}
         probe = None if r.get("probe_tokens") is None or gold is None else \
             "match" if r["probe_tokens"] == gold else "diverged from the shipped setting's tokens"
         out.append(tune.Trial.of(tune.Setting(r["name"], r["values"]), r, probe=probe,
@@ -106,7 +118,7 @@ def trials(records: list[dict]):
 def report(records: list[dict], cfg: dict) -> str:
     from voltafleet import tune
 
-    ts = trials(records)
+    ts = trials(records, False)
     best = tune.winner(ts, cfg, V100_32GB_MIB)
     return tune.table(ts, cfg, V100_32GB_MIB, best)
 
@@ -124,11 +136,11 @@ def machine(run: Path) -> dict:
             "records": os.path.relpath(run.resolve(), Path(__file__).resolve().parents[1])}
 
 
-def document(records: list[dict], cfg: dict, meta: dict) -> str:
+def document(records: list[dict], cfg: dict, meta: dict, followups_sent: bool = True) -> str:
     """The group_vars/v100_32gb.tuned.yml a canary would write from these trials."""
     from voltafleet import tune
 
-    ts = trials(records)
+    ts = trials(records, followups_sent)
     return tune.document(GROUP, tune.winner(ts, cfg, V100_32GB_MIB), ts, cfg, meta, V100_32GB_MIB)
 
 
@@ -137,7 +149,9 @@ if __name__ == "__main__":  # python bench/tune29.py RESULTS.json [--tuned]: the
     from bench.gpu_proof import group_cfg
 
     path = Path(sys.argv[1])
-    cfg = {**group_cfg(GROUP), "voltafleet_backend": "cuda", **PROOF_WORKLOAD}
-    records = json.loads(path.read_text())["tune29"]
-    print(document(records, cfg, machine(path.parent)) if "--tuned" in sys.argv[2:] else report(records, cfg))
+    results = json.loads(path.read_text())
+    run2 = "tune29b" in results  # run 2: the follow-up workload; run 1: every setting, no follow-up sent
+    cfg = {**group_cfg(GROUP), "voltafleet_backend": "cuda", **(FOLLOWUP_WORKLOAD if run2 else PROOF_WORKLOAD)}
+    records = results["tune29b" if run2 else "tune29"]
+    print(document(records, cfg, machine(path.parent), run2) if "--tuned" in sys.argv[2:] else report(records, cfg))
     os._exit(0)

@@ -28,7 +28,7 @@ _NEW = re.compile(r"\| task (\d+) \| new prompt,.*task\.n_tokens = (\d+)")
 _CACHED = re.compile(r"\| task (\d+) \| cached n_tokens = (\d+)")
 _EVAL = re.compile(r"\| task (\d+) \|\s+eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
 # the gateway's log-format (templates/haproxy.cfg.j2): ... %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc
-_HAPROXY = re.compile(r" \S+/(\S+) -?\d+/-?\d+/-?\d+/-?\d+/-?\d+ (\d{3}) \d+ \S+ \S+ \S{4} \d+/\d+/\d+/(\d+)/\d+ ")
+_HAPROXY = re.compile(r" \S+/(\S+) -?\d+/-?\d+/-?\d+/-?\d+/-?\d+ (\d{3}) \d+ \S+ \S+ \S{4} \d+/\d+/\d+/(\d+)/\+?\d+ ")  # %rc: +N after a redispatch
 
 
 class ProfileError(ValueError):
@@ -67,7 +67,8 @@ def requests(lines: list[str]) -> list[Request]:
 def in_flight(lines: list[str], host: str) -> list[int]:
     """The requests in flight on an instance of `host` (its HAProxy servers, gateway.backend_name)
     as each answered request of theirs ended: itself and the others the gateway's log counts (%sc
-    of the log-format, logged once the request has left the server)."""
+    of the log-format, logged once the request has left the server). Each gateway counts its own
+    requests: with one gateway active at a time (the others standby) that is the instance's."""
     mine = re.compile(re.escape(backend_name(host, 0)[:-1]) + r"\d+")
     out = []
     for line in lines:
@@ -89,9 +90,12 @@ def workload(reqs: list[Request], flight: list[int], hours: float) -> tuple[dict
         raise ProfileError(f"the canary's servers finished {len(reqs)} request(s) in the last {hours:g} h "
                            f"(fewer than {MIN_REQUESTS}): no profile. Fix: a longer window (--profile-hours), "
                            "a canary that served traffic, or tune_profile_hours: 0 for the tune_* of group_vars")
-    values = {"tune_prompt_tokens": max(1, round(statistics.median(r.prompt for r in reqs))),
+    follow = [r.cached >= FOLLOWUP_CACHED * r.prompt for r in reqs]
+    # a new conversation's prompt (a follow-up's carries its conversation: the workload adds that itself)
+    fresh = [r.prompt for r, f in zip(reqs, follow) if not f] or [r.prompt - r.cached for r in reqs]
+    values = {"tune_prompt_tokens": max(1, round(statistics.median(fresh))),
               "tune_answer_tokens": max(1, round(statistics.median(r.answer for r in reqs))),
-              "tune_followup_share": round(sum(r.cached >= FOLLOWUP_CACHED * r.prompt for r in reqs) / len(reqs), 2),
+              "tune_followup_share": round(sum(follow) / len(reqs), 2),
               "tune_clients": max(1, percentile(flight, CLIENTS_PERCENTILE)) if flight else None}
     if values["tune_clients"] is None:
         raise ProfileError(f"the gateway logged no answered request of the canary's instances in the last {hours:g} h: "

@@ -204,7 +204,7 @@ def document(group: str, best: Trial | None, trials: list[Trial], cfg: dict, met
         "calibration": cal,
         "trials": [{"setting": t.setting.name, "values": t.setting.values, "status": t.status,
                     "verdict": judge(t, cfg, vram_mib) or "eligible", "probe": t.probe, "seconds": t.seconds,
-                    "medians": t.figures(), "reps": [{k: r.get(k) for k in (*FIGURES, "requests", "errors")}
+                    "medians": t.figures(), "reps": [{k: r.get(k) for k in (*FIGURES, "requests", "followups", "errors")}
                                                      for r in t.reps]} for t in trials],
     }
     head = (f"# Written by `python -m rollout --tune` for the group {group}: review, then commit.\n"

@@ -209,7 +209,8 @@ def pool_bytes(m: "ModelShape", how: str, parallel: int, verify_rows: int = 0, u
 
     ops = [0]
     if how != "mmq":
-        ops.append(op(*m.trunk_mat, ubatch))
+        if routed(how, ubatch):  # a prompt step of `ubatch` rows (below the route's threshold: MMQ/MMVQ)
+            ops.append(op(*m.trunk_mat, ubatch))
         out_rows = max(parallel, verify_rows)
         if routed(how, out_rows) and m.n_vocab:
             ops.append(op(m.n_embd, m.n_vocab, out_rows))

@@ -2,8 +2,11 @@
 """The tune's workload client, shipped to hosts (stdlib only), run on a drained canary:
 `clients` keep-alive clients send `requests` streamed completions to one llama-server,
 each a prompt of about `prompt_tokens` tokens and an answer of `answer_tokens`; a share
-of them (`followup_share`) continue a conversation (the previous prompt and answer and a
-new question: the server's prompt cache serves its prefix). Repeated `reps` times; each
+of them (`followup_share`) continue the client's conversation (its turns so far and a new
+question: the server's prompt cache serves the prefix), the others start a new one. Every
+client opens a conversation before the first repetition (not measured), and conversations
+carry over from one repetition to the next, so follow-ups happen even when each client
+sends one request a repetition; a conversation ends after MAX_TURNS turns. Repeated `reps` times; each
 repetition's throughput, TTFT p50/p99, decode tok/s and memory peak (the GPU's, sampled
 with nvidia-smi, or on the CPU backend the server's peak RSS) go out as one JSON line.
 
@@ -22,6 +25,9 @@ import time
 
 WORDS = ("the fleet serves every team its answer while the canary measures what wins on its own "
          "hardware under the plan").split()
+
+
+MAX_TURNS = 4  # a conversation's turns before the client starts a new one (bounds the prompt)
 
 
 def prompt(n_tokens: int, rng: random.Random) -> str:
@@ -44,13 +50,14 @@ class Client:
     def __init__(self, port: int, key: str | None, rng: random.Random):
         self.port, self.key, self.rng = port, key, rng
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        self.history = ""
+        self.history, self.turns = "", 0
 
     def one(self, prompt_tokens: int, answer_tokens: int, followup: bool) -> dict:
-        if followup and self.history:
+        followup = followup and bool(self.history) and self.turns < MAX_TURNS  # what is sent, not what was drawn
+        if followup:
             text = self.history + "\nAnd then? " + prompt(max(8, prompt_tokens // 8), self.rng)
         else:
-            text = prompt(prompt_tokens, self.rng)
+            text, self.turns = prompt(prompt_tokens, self.rng), 0
         body = json.dumps({"prompt": text, "n_predict": answer_tokens, "stream": True, "ignore_eos": True,
                            "cache_prompt": True, "temperature": 0}).encode()
         headers = {"Content-Type": "application/json"}
@@ -86,7 +93,7 @@ class Client:
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         if first is None:
             raise RuntimeError("no token streamed")
-        self.history = text + "".join(answer)
+        self.history, self.turns = text + "".join(answer), self.turns + 1
         tokens = int(final.get("tokens_predicted") or n)
         return {"ttft_ms": (first - t0) * 1000, "tokens": tokens, "start": t0, "end": last,
                 "decode_tps": (n - 1) / (last - first) if last > first else None, "followup": followup}
@@ -124,9 +131,30 @@ class Peak:
             self.stop.wait(0.5)
 
 
-def repetition(a, key: str | None, seed: int) -> dict:
-    rng = random.Random(seed)
+def opened(a, key: str | None) -> list[Client]:
+    """The clients, each with a conversation opened (one turn each, at once, not measured)."""
+    rng = random.Random(1000)
     clients = [Client(a.port, key, random.Random(rng.random())) for _ in range(a.clients)]
+    errors: list[str] = []
+
+    def first(c: Client) -> None:
+        try:
+            c.one(a.prompt_tokens, a.answer_tokens, False)
+        except Exception as e:  # the repetitions count theirs; a client without a conversation opens one there
+            errors.append(f"{type(e).__name__}: {e}"[:200])
+            c.conn.close()
+            c.conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=600)
+
+    threads = [threading.Thread(target=first, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return clients
+
+
+def repetition(a, clients: list[Client], seed: int) -> dict:
+    rng = random.Random(seed)
     lock = threading.Lock()
     todo = list(range(a.requests))
     results, errors = [], []
@@ -186,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     key = open(a.api_key_file).read().strip() if a.api_key_file else None
     after_load = Peak(a.gpu, None).read() if a.gpu is not None else None
-    reps = [repetition(a, key, seed) for seed in range(a.reps)]
+    clients = opened(a, key)
+    reps = [repetition(a, clients, seed) for seed in range(a.reps)]
     print(json.dumps({"port": a.port, "after_load_mib": after_load, "reps": reps}))
     return 0
 

@@ -1,5 +1,5 @@
 """Profile: the log lines the tune's workload is recorded from (VOLTAFLEET_PHASE=profile; reads
-only). The gateway's HAProxy log (requests in flight on each instance) and the canary's
+only). The gateway's HAProxy log (requests in flight on the canary's instances) and the canary's
 llama-server journals (each request's prompt, cached prefix and answer) of the last
 `tune_profile_hours` go to profile-<host>.json in the run directory; voltafleet/profile.py makes
 them into the tune_* values (`python -m rollout INVENTORY --tune --profile-hours N`).
@@ -9,22 +9,27 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import FunctionCommand, deploy, operation
 
+from roles.gateway_api import is_server
 from roles.run import config, report_dir, run_context
 from roles.shell import q, sh
+from voltafleet.gateway import backend_name
 from voltafleet.runctx import RunDir
 
 MAX_LINES = 200000  # the newest lines of the window, enough for a busy day of one host
 SOURCES = {  # what is read on each kind of host: journalctl's selection, the lines kept
     "server": ("-u 'llama-server@*'", r"new prompt|cached n_tokens|[|] +eval time ="),
-    "gateway": ("-t haproxy", r" [0-9]+/[0-9]+/[0-9]+/[0-9]+/[0-9]+ "),
+    "gateway": ("-t haproxy", r" [^ /]+/(@SERVERS@)-[0-9]+ "),  # the lines of these hosts' instances
 }
 
 
-def command(kind: str, hours: float) -> str:
-    """The host's lines of the window, newest MAX_LINES (grep's no-match is not an error)."""
+def command(kind: str, hours: float, servers: list[str] = ()) -> str:
+    """The host's lines of the window, newest MAX_LINES, through bash with pipefail: a journal
+    that cannot be read fails the operation; no line matching is not an error (grep's 1)."""
     units, keep = SOURCES[kind]
-    return (f"journalctl {units} --since=-{int(hours * 60)}min -o short-unix --no-pager "
-            f"| grep -E {q(keep)} | tail -n {MAX_LINES}; exit 0")
+    keep = keep.replace("@SERVERS@", "|".join(backend_name(h, 0)[:-2].replace(".", "[.]") for h in servers))
+    script = (f"journalctl {units} --since=-{max(1, round(hours * 3600))}s -o short-unix --no-pager "
+              f"| {{ grep -E {q(keep)} || [ $? = 1 ]; }} | tail -n {MAX_LINES}")
+    return "bash -o pipefail -c " + q(script)
 
 
 @operation()
@@ -36,7 +41,9 @@ def lines(kind: str, hours: float):
         profile.lines("server", 24)
     """
     def run(state, host):  # pyinfra passes state and host only to these two names
-        ok, out = sh(host, command(kind, hours))
+        # a gateway keeps the lines of the run's server hosts (the canary's) only
+        servers = [h.name for h in state.inventory if is_server(h) and h in state.active_hosts]
+        ok, out = sh(host, command(kind, hours, servers))
         got = out.stdout.splitlines() if ok else []
         RunDir(report_dir(config())).write("profile", host.name, {
             "host": host.name, "run": run_context().run, "kind": kind, "ok": ok, "lines": got,

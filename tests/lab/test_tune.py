@@ -54,6 +54,7 @@ def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(co
     assert len(measured) >= 6, [(t["setting"], t["status"], t["verdict"]) for t in trials]
     for t in measured:  # three repetitions each, medians recomputed from the raw figures
         assert len(t["reps"]) == 3
+        assert all(r["followups"] > 0 for r in t["reps"])  # conversations continued in every repetition
         tps = sorted(r["throughput_tps"] for r in t["reps"])
         assert t["medians"]["throughput_tps"] == pytest.approx(tps[1])
         assert t["medians"]["peak_mib"] is not None and t["probe"] == "match"  # CPU: the server's peak RSS

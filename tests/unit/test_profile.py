@@ -1,6 +1,7 @@
 """The tune's workload recorded from the fleet's logs (issue 29): real journal lines of the lab's
 llama-server and HAProxy (tests/fixtures/profile, `journalctl -o short-unix` as roles/profile reads
 them), parsed into tune_* values."""
+import re
 from pathlib import Path
 
 import pytest
@@ -63,13 +64,30 @@ def test_too_little_traffic_or_no_gateway_lines_is_a_clear_refusal():
 
 
 def test_the_hosts_read_their_own_journal_for_the_window_and_keep_only_what_is_parsed():
-    cmd = command("server", 1.5)
-    assert "journalctl -u 'llama-server@*' --since=-90min -o short-unix" in cmd and cmd.endswith("exit 0")
-    assert "-t haproxy" in command("gateway", 24) and set(SOURCES) == {"server", "gateway"}
     import re
-    keep = re.compile(SOURCES["server"][1].replace("[|]", r"\|"))
+    import shlex
+
+    cmd = command("server", 1.5)
+    assert cmd.startswith("bash -o pipefail -c ")  # a journal that cannot be read fails, no match does not
+    script = shlex.split(cmd)[-1]
+    assert "journalctl -u 'llama-server@*' --since=-5400s -o short-unix" in script and "|| [ $? = 1 ]" in script
+    assert "--since=-72s" in command("gateway", 0.02, ["vf-lab-1"])  # seconds: a short window is not rounded to 0
+    keep = re.compile(shlex.split(shlex.split(command("server", 1))[-1].split("grep -E ")[1])[0])
     assert all(keep.search(ln) for ln in SERVER)
-    assert all(re.search(SOURCES["gateway"][1], ln) for ln in GATEWAY)
+    gw = shlex.split(shlex.split(command("gateway", 1, ["vf-lab-1", "vf-lab-3"]))[-1].split("grep -E ")[1])[0]
+    kept = [ln for ln in GATEWAY if re.search(gw, ln)]  # the gateway keeps the run's hosts' lines only
+    assert kept and all(" llama/vf-lab-1-" in ln or " llama/vf-lab-3-" in ln for ln in kept)
+    assert len(kept) == sum(" llama/vf-lab-1-" in ln or " llama/vf-lab-3-" in ln for ln in GATEWAY)
+
+
+def test_a_redispatched_request_is_counted_and_a_follow_up_s_history_is_not_a_prompt_length():
+    line = next(ln for ln in GATEWAY if " llama/vf-lab-1-" in ln)
+    redispatched = re.sub(r"(---- \d+/\d+/\d+/\d+/)(\d+) ", r"\1+1 ", line, count=1)
+    assert redispatched != line and profile.in_flight([redispatched], "vf-lab-1") == profile.in_flight([line], "vf-lab-1")
+    # new conversations of 100 tokens; follow-ups carrying 900 tokens of history: the fresh prompt is 100
+    reqs = [profile.Request(100, 0, 20)] * 15 + [profile.Request(1000, 900, 20)] * 25
+    values, _ = profile.workload(reqs, [2], 1)
+    assert values["tune_prompt_tokens"] == 100 and values["tune_followup_share"] == 0.62
 
 
 def test_follow_up_turns_of_the_lab_tune_s_workload_are_read_from_the_slot_cache_counts():

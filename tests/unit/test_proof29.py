@@ -14,9 +14,12 @@ from voltafleet import tune
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN1 = ROOT / "bench/records/proof29/run1"
+RUN2 = ROOT / "bench/records/proof29/run2"
 RECORDS = json.loads((RUN1 / "results.json").read_text())["tune29"]
+RECORDS2 = json.loads((RUN2 / "results.json").read_text())["tune29b"]
 SECTION = (ROOT / "bench/RESULTS.md").read_text().split("## Issue 29: the tune of the v100_32gb group")[1].split("\n## ")[0]
 CFG = {**group_cfg(tune29.GROUP), "voltafleet_backend": "cuda", **tune29.PROOF_WORKLOAD}
+CFG2 = {**CFG, **tune29.FOLLOWUP_WORKLOAD}
 
 
 def med(r, key):
@@ -25,10 +28,10 @@ def med(r, key):
     return statistics.median(vals)
 
 
-def rows():
-    """The section's table: setting -> its cells."""
+def rows(part: str = SECTION.split("**Run 2:")[0]):
+    """A table of the section (run 1's unless `part`): setting -> its cells."""
     out = {}
-    for line in SECTION.splitlines():
+    for line in part.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if line.startswith("| ") and len(cells) == 9 and cells[1] in ("mmq", "volta"):
             name = re.sub(r"\*\*", "", cells[0]).replace(",", "")
@@ -70,7 +73,7 @@ def test_the_table_quotes_the_medians_of_the_repetitions():
 
 
 def test_the_winner_is_judged_from_the_records_alone():
-    ts = tune29.trials(RECORDS)
+    ts = tune29.trials(RECORDS, False)
     best = tune.winner(ts, CFG, tune29.V100_32GB_MIB)
     assert best.setting.name == "no checkpoints" and best.setting.values == {"server_ctx_checkpoints": 0}
     verdicts = {t.setting.name: tune.judge(t, CFG, tune29.V100_32GB_MIB) for t in ts}
@@ -84,7 +87,7 @@ def test_the_winner_is_judged_from_the_records_alone():
 
 
 def test_the_calibration_covers_every_peak_and_the_tuned_file_is_the_drivers():
-    cal = tune.calibration(tune29.trials(RECORDS), CFG["vram_cuda_overhead_mib"])
+    cal = tune.calibration(tune29.trials(RECORDS, False), CFG["vram_cuda_overhead_mib"])
     after = {r["name"]: r["after_load_mib"] - r["planned_static_mib"] for r in RECORDS}
     ngram = after.pop("n-gram drafts")  # its plan counts the verify logits, allocated at the first verify
     assert after.pop("backend sampling off") == pytest.approx(603.2, abs=0.05)  # no GPU sampler
@@ -96,9 +99,48 @@ def test_the_calibration_covers_every_peak_and_the_tuned_file_is_the_drivers():
     for r in RECORDS:  # with the calibrated overhead every plan is at or over its measured peak
         assert r["planned_mib"] - CFG["vram_cuda_overhead_mib"] + cal["cuda_overhead_mib"] >= med(r, "peak_mib")
     written = yaml.safe_load((RUN1 / "v100_32gb.tuned.yml").read_text())
-    again = yaml.safe_load(tune29.document(RECORDS, CFG, tune29.machine(RUN1)))
+    again = yaml.safe_load(tune29.document(RECORDS, CFG, tune29.machine(RUN1), followups_sent=False))
     for doc in (written, again):
         doc["tuned"].pop("date")
     assert written == again
     assert written["values"] == {"server_ctx_checkpoints": 0, "vram_cuda_overhead_mib": 628}
     assert written["tuned"]["gpu"]["driver"] == "580.159.04" and written["tuned"]["gpu"]["judged_as_mib"] == 32768
+
+
+def test_run_1_sent_no_follow_up_so_its_drawn_counts_are_not_quoted():
+    """Run 1's clients sent one request a repetition and had no conversation to continue: its records'
+    `followups` are the workload's draws; the tuned file leaves them out."""
+    assert all(x["followups"] > 0 for r in RECORDS for x in r["reps"]) and all(x["requests"] == 16 for r in RECORDS
+                                                                                for x in r["reps"])
+    written = yaml.safe_load((RUN1 / "v100_32gb.tuned.yml").read_text())
+    assert all(rep["followups"] is None for t in written["trials"] for rep in t["reps"])
+
+
+def test_run_2_the_shipped_setting_against_the_winner_with_follow_ups_in_one_session():
+    assert [r["name"] for r in RECORDS2] == ["shipped", "no checkpoints"]
+    assert all(r["status"] == "measured" and r["build"] == "mmq" for r in RECORDS2)
+    for r in RECORDS2:  # 32 requests a repetition, about half of them follow-ups actually sent
+        assert [x["requests"] for x in r["reps"]] == [32, 32, 32] and not any(x["errors"] for x in r["reps"])
+        assert 0.3 < sum(x["followups"] for x in r["reps"]) / 96 < 0.7
+    part = SECTION.split("**Run 2:")[1].split("**The file")[0]
+    table = {}
+    for line in part.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| **"):
+            table[cells[0].strip("*")] = cells
+    for r in RECORDS2:
+        cells = table[r["name"]]
+        for i, key in ((1, "throughput_tps"), (2, "ttft_p50_ms"), (3, "ttft_p99_ms"), (4, "decode_tps"), (6, "peak_mib")):
+            assert num(cells[i]) == pytest.approx(med(r, key), abs=0.51 if key != "throughput_tps" else 0.051), (r["name"], key)
+    ts = tune29.trials(RECORDS2)
+    best = tune.winner(ts, CFG2, tune29.V100_32GB_MIB)
+    assert best.setting.name == "no checkpoints"
+    gain = best.median("throughput_tps") / ts[0].median("throughput_tps") - 1
+    assert f"226.2 tok/s against 167.9 (+{gain * 100:.0f} %)" in SECTION.replace("\n", " ")
+    cal = tune.calibration(ts, CFG2["vram_cuda_overhead_mib"])
+    assert cal["cuda_overhead_mib"] == 632 and "run 2 610 + 21.2 = 632" in SECTION.replace("\n", " ")
+    written = yaml.safe_load((RUN2 / "v100_32gb.tuned.yml").read_text())
+    again = yaml.safe_load(tune29.document(RECORDS2, CFG2, tune29.machine(RUN2)))
+    for doc in (written, again):
+        doc["tuned"].pop("date")
+    assert written == again and written["values"] == {"server_ctx_checkpoints": 0, "vram_cuda_overhead_mib": 632}

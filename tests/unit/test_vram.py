@@ -119,3 +119,10 @@ def test_the_ubatch_scales_the_compute_buffer_and_the_cublas_op():
     assert big.compute - base.compute == act
     assert big.pool - base.pool == pool_bytes(m, "volta", 4, ubatch=1024) - pool_bytes(m, "volta", 4) == 512 * 21760 * 2
     assert big.kv == base.kv and big.ubatch == 1024 and " -ub 1024 " in big.describe() and "-ub" not in base.describe()
+
+    # below Volta's 64 rows a prompt step goes through MMQ: no F16 copy of the trunk's matrix in the pool
+    assert pool_bytes(m, "volta", 4, ubatch=32) < pool_bytes(m, "volta", 4, ubatch=64) - 21760 * 5120 * 2
+    # a sliding-window layer keeps window x slots + one ubatch of cells
+    swa = ModelShape(**{**m.__dict__, "swa_layers": (0,), "swa_window": 1024})
+    assert plan(swa, 65536, 4, "f16", "f16", V100_16, ubatch=1024).kv - plan(swa, 65536, 4, "f16", "f16", V100_16).kv \
+        == 512 * m.n_head_kv * (m.head_k + m.head_v) * 2  # 512 more cells in layer 0
