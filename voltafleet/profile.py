@@ -78,6 +78,13 @@ def in_flight(lines: list[str], host: str) -> list[int]:
     return out
 
 
+def gateway_fields(line: str) -> str | None:
+    """The part of a gateway log line in_flight reads (server, timers, status, bytes, connection
+    counts), without the client's address, the request line or the team: what is kept on the controller."""
+    m = _HAPROXY.search(line)
+    return m.group(0) if m else None
+
+
 def percentile(values: list[int], pct: int) -> int:
     v = sorted(values)
     return v[min(len(v) - 1, max(0, math.ceil(pct / 100 * len(v)) - 1))]

@@ -12,6 +12,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from roles.gateway_api import is_server
 from roles.run import config, report_dir, run_context
 from roles.shell import q, sh
+from voltafleet import profile
 from voltafleet.gateway import backend_name
 from voltafleet.runctx import RunDir
 
@@ -45,6 +46,8 @@ def lines(kind: str, hours: float):
         servers = [h.name for h in state.inventory if is_server(h) and h in state.active_hosts]
         ok, out = sh(host, command(kind, hours, servers))
         got = out.stdout.splitlines() if ok else []
+        if kind == "gateway":  # no client address, request line or team on the controller
+            got = [f for f in map(profile.gateway_fields, got) if f]
         RunDir(report_dir(config())).write("profile", host.name, {
             "host": host.name, "run": run_context().run, "kind": kind, "ok": ok, "lines": got,
             "reason": "" if ok else ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]}, indent=None)

@@ -100,3 +100,10 @@ def test_follow_up_turns_of_the_lab_tune_s_workload_are_read_from_the_slot_cache
     follow = [r for r in reqs if r.cached >= r.prompt / 2]
     assert follow and all(r.cached > 200 for r in follow)  # a whole earlier turn reused
     assert 0 < values["tune_followup_share"] == round(len(follow) / len(reqs), 2) < 0.5  # the server reused fewer than asked
+
+
+def test_the_controller_keeps_only_the_fields_it_reads_of_a_gateway_line():
+    kept = [profile.gateway_fields(ln) for ln in GATEWAY]
+    assert all(k and "127.0.0.1" not in k and "POST" not in k and "team=" not in k for k in kept)
+    assert profile.in_flight(kept, "vf-lab-2") == profile.in_flight(GATEWAY, "vf-lab-2")
+    assert profile.gateway_fields("1.0 vf-lab-gw haproxy[5]: Server llama/vf-lab-2-1 is UP") is None
