@@ -91,7 +91,7 @@ def test_a_redispatched_request_is_counted_and_a_follow_up_s_history_is_not_a_pr
 
 
 def test_follow_up_turns_of_the_lab_tune_s_workload_are_read_from_the_slot_cache_counts():
-    """The lab tune's own workload (tune_prompt_tokens 200, tune_answer_tokens 32, half follow-ups):
+    """The lab tune's own workload as recorded (tune_prompt_tokens 200, tune_answer_tokens 32, half follow-ups):
     its follow-ups are the requests the server found mostly in a slot's cache."""
     lines = (FIXTURES / "llama-server-followups.journal").read_text().splitlines()
     reqs = profile.requests(lines)
