@@ -12,12 +12,12 @@ already in the slot's cache, and its answer). Pure: the lines come from roles/pr
 """
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from dataclasses import dataclass
 
 from voltafleet.gateway import backend_name
+from voltafleet.smoke_client import percentile  # nearest rank: a value that was measured
 
 MIN_REQUESTS = 20           # fewer finished requests in the window: no profile (the shipped tune_* stay)
 FOLLOWUP_CACHED = 0.5       # a request whose prompt was at least this share in its slot's cache continues a conversation
@@ -83,11 +83,6 @@ def gateway_fields(line: str) -> str | None:
     counts), without the client's address, the request line or the team: what is kept on the controller."""
     m = _HAPROXY.search(line)
     return m.group(0) if m else None
-
-
-def percentile(values: list[int], pct: int) -> int:
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, math.ceil(pct / 100 * len(v)) - 1))]
 
 
 def workload(reqs: list[Request], flight: list[int], hours: float) -> tuple[dict, dict]:

@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, field
 
 import yaml
 
+from voltafleet.config import SCHEMA
 from voltafleet.vram import N_UBATCH  # llama.cpp's -ub when server_ubatch is null
 
 SUFFIX = ".tuned.yml"  # group_vars/<group>.tuned.yml, read after group_vars/<group>.yml
 FORCE_MMQ = "-DGGML_CUDA_FORCE_MMQ=ON"
-UBATCH_RANGE = (32, 2048)   # server_ubatch's bounds (config.py): -b stays llama.cpp's 2048
+UBATCH_RANGE = (SCHEMA["server_ubatch"].min, SCHEMA["server_ubatch"].max)  # -b stays llama.cpp's 2048
 HOST_CACHE_MIB = 8192       # the host-RAM prompt cache tried when a group ships it off (llama.cpp's default)
 FIGURES = ("throughput_tps", "ttft_p50_ms", "ttft_p99_ms", "decode_tps", "peak_mib")
 
@@ -70,7 +71,7 @@ def candidates(cfg: dict) -> list[Setting]:
         per_slot = (ctx // par) if ctx else None
         for n in sorted({max(1, par // 2), par * 2} - {par}):
             out.append(Setting(f"slots {n}", {"server_parallel": n, **({"server_ctx": per_slot * n} if per_slot else {})}))
-        if ctx and ctx * 2 <= 1 << 20:
+        if ctx and ctx * 2 <= SCHEMA["server_ctx"].max:
             out.append(Setting(f"context {ctx * 2 // par} a slot", {"server_ctx": ctx * 2}))
     ub = cfg.get("server_ubatch") or N_UBATCH
     for n in (ub // 2, ub * 2):

@@ -52,6 +52,11 @@ class Client:
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         self.history, self.turns = "", 0
 
+    def reset(self) -> None:
+        """A new connection for the next request (after a stream, or one that failed)."""
+        self.conn.close()
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+
     def one(self, prompt_tokens: int, answer_tokens: int, followup: bool) -> dict:
         followup = followup and bool(self.history) and self.turns < MAX_TURNS  # what is sent, not what was drawn
         if followup:
@@ -89,8 +94,7 @@ class Client:
         r.read()
         # llama-server closes its side after a streamed answer without saying so: a new
         # connection for the next request rather than a request lost on a closed one
-        self.conn.close()
-        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        self.reset()
         if first is None:
             raise RuntimeError("no token streamed")
         self.history, self.turns = text + "".join(answer), self.turns + 1
@@ -135,15 +139,12 @@ def opened(a, key: str | None) -> list[Client]:
     """The clients, each with a conversation opened (one turn each, at once, not measured)."""
     rng = random.Random(1000)
     clients = [Client(a.port, key, random.Random(rng.random())) for _ in range(a.clients)]
-    errors: list[str] = []
 
     def first(c: Client) -> None:
         try:
             c.one(a.prompt_tokens, a.answer_tokens, False)
-        except Exception as e:  # the repetitions count theirs; a client without a conversation opens one there
-            errors.append(f"{type(e).__name__}: {e}"[:200])
-            c.conn.close()
-            c.conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=600)
+        except Exception:  # not measured: the repetitions count theirs; a client without a conversation opens one there
+            c.reset()
 
     threads = [threading.Thread(target=first, args=(c,)) for c in clients]
     for t in threads:
@@ -173,8 +174,7 @@ def repetition(a, clients: list[Client], seed: int) -> dict:
             except Exception as e:  # counted, the verdict fails on it
                 with lock:
                     errors.append(f"{type(e).__name__}: {e}"[:200])
-                c.conn.close()
-                c.conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=600)
+                c.reset()
 
     peak = Peak(a.gpu, a.unit)
     watcher = threading.Thread(target=peak.run, daemon=True)

@@ -6,7 +6,6 @@ them into the tune_* values (`python -m rollout INVENTORY --tune --profile-hours
 """
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import FunctionCommand, deploy, operation
 
 from roles.gateway_api import is_server
@@ -63,5 +62,5 @@ def recorded(kind: str) -> None:
 
         recorded("gateway")
     """
-    lines(name=f"The last {config()['tune_profile_hours']:g} h of this {kind}'s log", kind=kind,
-          hours=config()["tune_profile_hours"])
+    hours = config()["tune_profile_hours"]
+    lines(name=f"The last {hours:g} h of this {kind}'s log", kind=kind, hours=hours)
