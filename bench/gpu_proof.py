@@ -268,6 +268,29 @@ def plan32() -> dict:
                         "streams": [1, g["server_parallel"]], "max_tokens": THINK_MAX_TOKENS, "runs": 3}}
 
 
+# issue 38: a real chat (the chat template, thinking, the history sent back without it) and a fill
+# (short turns, so 16 turns of 2 checkpoints each fit a slot's 8K: every slot's 32 checkpoints held)
+CHAT38 = {"kind": "chat", "turns": 5, "prompt_tokens": 800, "answer_tokens": 96, "thinking_budget": 64}
+FILL38 = {"kind": "fill", "turns": 17, "prompt_tokens": 64, "answer_tokens": 8, "thinking_budget": 4}
+
+
+def plan38() -> dict:
+    """Issue 38 on the shipped build (FORCE_MMQ, as Volta takes it): llama-server's host memory and
+    what context checkpoints cost and save, on v100_32gb's argv at its slots and checkpoint counts.
+    The fill runs hold every slot's checkpoints (the worst case the host-memory plan must cover), at
+    16 and 4 slots; the chat runs are real follow-ups (the template drops the earlier thinking, so a
+    follow-up leaves the cached sequence where the last answer began) at 0, 4, 8 and 32 checkpoints
+    and at 4 with no minimum spacing (--checkpoint-min-step 0): follow-up TTFT, throughput, memory."""
+    def item(name, slots, ckpt, kind, cms=None):
+        extra = ["--checkpoint-min-step", str(cms)] if cms is not None else []
+        return {"name": name, "slots": slots, "ckpt": ckpt, "cms": cms, "group": "v100_32gb",
+                "args": v32_at(slots, server_ctx_checkpoints=ckpt, server_extra_flags=extra), **kind}
+    configs = [item("fill-np16-ck32", 16, 32, FILL38)]
+    configs += [item(f"chat-np16-ck{n}", 16, n, CHAT38) for n in (0, 4, 8, 32)]
+    configs += [item("fill-np4-ck32", 4, 32, FILL38), item("chat-np16-ck4-cms0", 16, 4, CHAT38, cms=0)]
+    return {"host38": {"build": "mmq", "runs": 3, "configs": configs}}
+
+
 THINK_FIGURES = ("ttfr_ms", "answer_ms", "n_reasoning", "n_content", "think_tps", "answer_tps", "decode_tps")
 
 
@@ -324,6 +347,49 @@ def think_report(results: dict) -> str:
 # ---------------------------------------------------------------- pack
 
 
+def host38_rep(rep: dict) -> dict:
+    """One repetition's figures: completion tokens over its wall time, TTFT p50 of the first turn and
+    of the follow-ups, the follow-ups' cached share (p50), the host-memory peak and the checkpoints held."""
+    recs = [q for t in rep["turns"] for q in t["recs"]]
+    good = [q for q in recs if "error" not in q]
+    follow = [q for q in good if q["followup"]]
+    first = [q for q in good if not q["followup"]]
+    return {"tps": round(sum(q["tokens"] for q in good) / rep["seconds"], 1),
+            "ttft_first_ms": _median([q["ttft_ms"] for q in first]),
+            "ttft_followup_ms": _median([q["ttft_ms"] for q in follow]),
+            "cached_share": _median([q["cached_share"] for q in follow if q.get("cached_share") is not None]),
+            "peak_rss_mib": rep["peak"].get("VmRSS"), "peak_anon_mib": rep["peak"].get("RssAnon"),
+            "held": rep["ckpt"]["held"], "errors": len(recs) - len(good)}
+
+
+def host38_table(results: dict) -> list[dict]:
+    """Every host38 config: the medians of its repetitions' figures (and the largest peak)."""
+    rows = []
+    for r in results.get("host38", []):
+        reps = [host38_rep(rep) for rep in r["reps"]]
+        row = {k: r[k] for k in ("name", "kind", "slots", "ckpt", "cms")}
+        row.update({k: _median([x[k] for x in reps]) for k in ("tps", "ttft_first_ms", "ttft_followup_ms",
+                                                               "cached_share", "peak_rss_mib", "held")})
+        row.update(reps=len(reps), errors=sum(x["errors"] for x in reps),
+                   peak_rss_max_mib=max((x["peak_rss_mib"] or 0) for x in reps) if reps else None,
+                   load_rss_mib=(r.get("mem_load") or {}).get("VmRSS"),
+                   ckpt_mib=sorted({m for rep in r["reps"] for m in rep["ckpt"]["size_mib"]}))
+        rows.append(row)
+    return rows
+
+
+def host38_report(results: dict) -> str:
+    def f(v, d=0):
+        return "-" if v is None else f"{v:,.{d}f}"
+    lines = ["| config | held checkpoints | after load MiB | peak RSS MiB (median / max) | follow-up TTFT p50 ms | "
+             "first-turn TTFT p50 ms | cached share | tok/s | errors |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in host38_table(results):
+        lines.append(f"| {r['name']} | {f(r['held'])} | {f(r['load_rss_mib'])} | {f(r['peak_rss_mib'])} / "
+                     f"{f(r['peak_rss_max_mib'])} | {f(r['ttft_followup_ms'])} | {f(r['ttft_first_ms'])} | "
+                     f"{f(r['cached_share'], 2)} | {f(r['tps'], 1)} | {r['errors']} |")
+    return "\n".join(lines)
+
+
 def sdist_checkout(cache: Path = SDIST_CACHE, sha256: str = SDIST_SHA256) -> Path:
     """vendor/llama.cpp of the pinned llama-cpp-python sdist (pip download, sha256 checked)."""
     tarball = cache / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
@@ -376,7 +442,7 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
               "bench/voltarule.py", "voltafleet/smoke_client.py", "voltafleet/workload.py", "bench/tune29.py"):
         shutil.copy(REPO / f, dest)
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
-            "tune29b": plan_tune29b()}
+            "tune29b": plan_tune29b(), **plan38()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)
@@ -395,6 +461,9 @@ def main(argv: list[str]) -> int:
     if cmd == "report":
         from bench import proof_report
         print(proof_report.report(json.loads(Path(argv[1]).read_text())))
+        return 0
+    if cmd == "report38":
+        print(host38_report(json.loads(Path(argv[1]).read_text())))
         return 0
     if cmd == "report32":
         print(think_report(json.loads(Path(argv[1]).read_text())))

@@ -20,6 +20,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import select
 import socket
 import subprocess
@@ -507,6 +508,135 @@ class Proof32(Proof29):
         say("think32", label, s.ok, r["log_counts"])
 
 
+# ------------------------------------------------------------ issue 38: host memory, checkpoints on real chats
+CKPT = re.compile(r"id\s+(\d+) \| task -?\d+ \| created context checkpoint (\d+) of (\d+) .*?size = ([\d.]+) MiB")
+STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM")
+
+
+def proc_mem(pid: int) -> dict:
+    """The process's resident memory now, MiB: VmRSS and its parts (anonymous, file pages, shared)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in STATUS_KEYS:
+                    out[k] = int(v.split()[0]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+class HostSampler:
+    """The process's host memory every 0.2 s while a workload runs: the peak of VmRSS, with its
+    parts at that moment."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self.samples, self.stop_ = pid, {}, 0, False
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop_:
+            m = proc_mem(self.pid)
+            if m.get("VmRSS", 0) > self.peak.get("VmRSS", -1):
+                self.peak = m
+            self.samples += 1
+            time.sleep(0.2)
+
+    def stop(self) -> dict:
+        self.stop_ = True
+        self.t.join()
+        return {**self.peak, "samples": self.samples}
+
+
+def ckpt_log(text: str) -> dict:
+    """What the server's log (at -lv 4) says of its context checkpoints: how many were created, each
+    one's size, every slot's count after its last creation (what it holds at the end), evictions,
+    restores and invalidations."""
+    last, sizes, created = {}, set(), 0
+    for m in CKPT.finditer(text):
+        last[int(m.group(1))] = int(m.group(2))
+        sizes.add(float(m.group(4)))
+        created += 1
+    return {"created": created, "size_mib": sorted(sizes), "held_by_slot": last, "held": sum(last.values()),
+            "evicted": text.count("erasing old context checkpoint"),
+            "restored": text.count("restored context checkpoint"),
+            "invalidated": text.count("erased invalidated context checkpoint")}
+
+
+def chat_turn(c, item: dict, followup: bool) -> dict:
+    """One client's turn of a real chat (workload.Client: the chat template, thinking, the history sent
+    back without it); an error is a record, not an exception."""
+    try:
+        rec = c.one(item["prompt_tokens"], item["answer_tokens"], followup)
+        return {k: rec[k] for k in ("ttft_ms", "tokens", "decode_tps", "followup", "cached_share")} | {
+            "t_start": rec["start"], "t_end": rec["end"]}
+    except Exception as e:  # noqa: BLE001
+        c.reset()
+        return {"error": repr(e)[:300]}
+
+
+class Proof38(Proof32):
+    """Issue 38: llama-server's host memory under real multi-turn chats, and what context checkpoints
+    cost and save, on the shipped build (FORCE_MMQ)."""
+
+    def host38(self, label: str):
+        """plan["host38"]: each config's server (the v100_32gb argv at its slots and checkpoints), its
+        host memory after load, a warm-up turn, then `runs` repetitions of `slots` concurrent chats of
+        `turns` turns each (fresh conversations a repetition, on the same server): every turn's
+        requests, the memory after it, the repetition's peak and the checkpoints the log shows."""
+        import random
+
+        import workload
+
+        out = self.results.setdefault("host38", [])
+        t = self.plan["host38"]
+        if t["build"] != label:
+            return
+        for item in t["configs"]:
+            s = self.server(label, item["name"], item["args"])
+            r = {k: item[k] for k in ("name", "kind", "slots", "ckpt", "cms", "turns", "prompt_tokens",
+                                      "answer_tokens", "thinking_budget")}
+            r.update(build=label, args=s.args, healthy=s.ok, load_s=s.load_s, reps=[])
+            try:
+                if s.ok:
+                    time.sleep(2)
+                    r["mem_load"], r["gpu_load_mib"] = proc_mem(s.p.pid), gpu_mem(s.p.pid).get("proc_mib")
+                    warm = workload.Client(self.port, None, random.Random(38), item["thinking_budget"])
+                    r["warmup"] = chat_turn(warm, {**item, "prompt_tokens": 16, "answer_tokens": 8}, False)
+                    r["mem_warm"] = proc_mem(s.p.pid)
+                    for rep in range(t["runs"]):
+                        r["reps"].append(self.chat_rep(s, item, rep, workload, random.Random(3800 + rep)))
+                        self.save()
+                    r["mem_after"] = proc_mem(s.p.pid)
+            finally:
+                self.close(s, r, out)
+            r["buffers"] = s.buffers()
+            self.save()
+
+    def chat_rep(self, s: Server, item: dict, rep: int, workload, rng) -> dict:
+        clients = [workload.Client(self.port, None, rng.__class__(rng.random()), item["thinking_budget"])
+                   for _ in range(item["slots"])]
+        for c in clients:
+            c.max_turns = item["turns"]
+        offset = len(s.log())
+        sampler = HostSampler(s.p.pid)
+        t0, turns = time.time(), []
+        for turn in range(item["turns"]):
+            t1 = time.time()
+            recs = concurrent(self.port, [(lambda c=c: chat_turn(c, item, turn > 0)) for c in clients])
+            turns.append({"turn": turn, "seconds": round(time.time() - t1, 2), "mem": proc_mem(s.p.pid),
+                          "recs": recs})
+            say("host38", item["name"], rep, turn, turns[-1]["seconds"], round(turns[-1]["mem"].get("VmRSS", 0)),
+                sum("error" in q for q in recs))
+        rec = {"rep": rep, "seconds": round(time.time() - t0, 2), "peak": sampler.stop(), "turns": turns,
+               "ckpt": ckpt_log(s.log()[offset:])}
+        say("host38", item["name"], rep, "peak", rec["peak"].get("VmRSS"), "held", rec["ckpt"]["held"],
+            rec["ckpt"]["size_mib"])
+        return rec
+
+
 def median(values: list):
     v = sorted(x for x in values if x is not None)
     if not v:
@@ -523,7 +653,7 @@ def main():
     ap.add_argument("--bins", help="label=BINDIR,... (issue 27: volta, mmq)")
     ap.add_argument("--phases", required=True)
     a = ap.parse_args()
-    run = Proof32(a)
+    run = Proof38(a)
     for ph in a.phases.split(","):
         name, _, arg = ph.partition(":")
         t = time.time()

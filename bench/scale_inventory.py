@@ -11,6 +11,7 @@ release fingerprint, another builder).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -85,7 +86,7 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     facts = HostFacts(os=OS, gpus=gpus, gpu_health=gpuhealth.parse_fact(health.splitlines()), nvcc=NVCC,
                       free_model=900 << 30, free_root=900 << 30, same_fs=True, model_present=True, model_bytes=None,
                       systemd=255)
-    plan = make_plan("bench", cfg, facts, header, cfg["llama_cpp_ref"])
+    plan = _PLANS[compiler] = make_plan("bench", cfg, facts, header, cfg["llama_cpp_ref"])
     if plan.refusals:
         raise SystemExit("bench: the simulated host is refused: " + "; ".join(plan.refusals))
     fp = plan.build.fingerprint(NVCC, CXX[compiler])
@@ -134,6 +135,7 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     from roles import helpers, server, smoke
 
     # the files of roles/filesync's operations, each operation's one fact: helpers, instance flags, unit, prompt
+    # (the memory textfile's, which name the host: _memory)
     from roles.facts import ServiceAccount
     from roles.filesync import Wanted
     from roles.toolchain import NOUVEAU_BLACKLIST
@@ -191,6 +193,17 @@ def gateway_responses(cfg: dict, servers: list[str], ports: list[int], slots: in
     return r
 
 
+_PLANS: dict = {}  # compiler -> the simulated host's plan (server_responses)
+
+
+def _memory(name: str, compiler: int) -> dict:
+    """roles/server's memory textfile files of host `name` in place (its plan file names the host)."""
+    from roles import server
+
+    pattern, answer = _synced(server.memory_files(dataclasses.replace(_PLANS[compiler], host=name)))
+    return {re.compile(pattern, re.M): answer}
+
+
 def _responses(pairs: list) -> dict:
     out: dict = {}
     for pattern, answer in pairs:
@@ -215,7 +228,8 @@ _cfg = {k: v for k, v in _loaded[GROUP][0][1].items() if not k.startswith(("fake
 _answers = {c: _responses(server_responses(_cfg, c, _header)) for c in range(1, _compilers + 1)}
 _gw_answers = _responses(gateway_responses(_loaded["gateway"][0][1], _names,
                                            [_cfg["server_port_base"] + i for i in range(8)], _cfg["server_parallel"]))
-v100_16gb = [(name, {**data, "fake_responses": _answers[1 if k < (_n + 1) // 2 or _compilers == 1 else 2]})
+_which = [1 if k < (_n + 1) // 2 or _compilers == 1 else 2 for k in range(_n)]
+v100_16gb = [(name, {**data, "fake_responses": {**_answers[_which[k]], **_memory(name, _which[k])}})
              for k, (name, data) in enumerate(_loaded[GROUP])]
 gateway = [(name, {**data, "fake_responses": _gw_answers}) for name, data in _loaded["gateway"]]
 del StringIO

@@ -6,10 +6,12 @@ gets it and its VRAM plan for a V100-32GB (32,768 MiB; a setting that does not f
 refused, never run), and the build it runs on: the shipped FORCE_MMQ release (`mmq`), or for the
 build-variant setting the Volta-rule release (`volta`).
 
-The GPU side (`run29`, phase tune29 of proof_bench.py): each setting's server, then the group's
-workload (voltafleet/workload.py, as shipped to hosts: tune_* of group_vars/all.yml) on it,
-tune_repetitions times; the records go to results.json["tune29"]. `report` judges them with
-voltafleet.tune (the winner against the shipped setting, one session) from the records alone.
+The GPU side (`run29`, phase tune29 of proof_bench.py): each setting's server, its GPU's memory
+once loaded (`loaded_mib`, since issue 38: runs 1 and 2 have only the workload's `after_load_mib`,
+read after the golden probe's request), then the group's workload (voltafleet/workload.py, as
+shipped to hosts: tune_* of group_vars/all.yml) on it, tune_repetitions times; the records go to
+results.json["tune29"]. `report` judges them with voltafleet.tune (the winner against the
+shipped setting, one session) from the records alone.
 """
 from __future__ import annotations
 
@@ -57,9 +59,10 @@ def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD
 
 
 def run29(proof, workload_py: str, key: str = "tune29") -> None:
-    """On the GPU machine: each fitting setting's server and the workload (plan[key]); records
-    appended to results[key]."""
-    from qwen35_bench import say
+    """On the GPU machine: each fitting setting's server, its GPU's memory once loaded (/health
+    answered, before any request: `loaded_mib`, the CUDA context the calibration reads), the
+    golden probe, then the workload (plan[key]); records appended to results[key]."""
+    from qwen35_bench import gpu_mem, say
 
     plan = proof.plan[key]
     out = proof.results.setdefault(key, [])
@@ -75,6 +78,8 @@ def run29(proof, workload_py: str, key: str = "tune29") -> None:
         r.update(args=s.args, healthy=s.ok, load_s=s.load_s)
         try:
             if s.ok:
+                time.sleep(1)  # as the VRAM proof reads after-load (proof_bench.peak_of); memory.used as the peaks
+                r["loaded_mib"] = gpu_mem().get("gpu_used_mib")
                 import smoke_client as smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
 
                 pr = proof.plan["probe"]

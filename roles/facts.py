@@ -102,42 +102,76 @@ def parse_nvcc(lines) -> str | None:
 
 
 class HostBasics(FactBase):
-    """OS id and version, CPU count, RAM and the C++ compiler of a host.
+    """OS id and version, CPU count, RAM and the C++ compiler of a host; for the host plan
+    (voltafleet.hostmem, voltafleet.hostcpu) also MemAvailable, the NUMA nodes' CPU lists and each
+    NVIDIA GPU's NUMA node (sysfs, by PCI address: read before any driver is installed).
 
     .. code:: python
 
-        host.get_fact(HostBasics)  # {"os": "debian-12", "cpus": 2, "mem_mib": 24000, "cxx": "12.2.0 x86_64-linux-gnu"}
+        host.get_fact(HostBasics)
+        # {"os": "debian-12", "cpus": 2, "mem_mib": 24000, "cxx": "12.2.0 x86_64-linux-gnu", "systemd": 252,
+        #  "mem_total_kib": 24683664, "mem_available_kib": 23626008, "nodes": {0: "0-1"},
+        #  "gpu_numa": {"0000:3b:00.0": 0}}
     """
 
     def command(self) -> str:
         return (". /etc/os-release; echo \"os=$ID-$VERSION_ID\"; echo \"cpus=$(nproc)\"; "
                 "echo \"mem_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)\"; "
+                "echo \"mem_available_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)\"; "
                 "echo \"systemd=$(systemctl --version 2>/dev/null | awk 'NR==1 {print $2}')\"; "
                 "if command -v c++ >/dev/null 2>&1; then "
-                "echo \"cxx=$(c++ -dumpfullversion) $(c++ -dumpmachine)\"; fi")
+                "echo \"cxx=$(c++ -dumpfullversion) $(c++ -dumpmachine)\"; fi; "
+                "for n in /sys/devices/system/node/node[0-9]*; do [ -r \"$n/cpulist\" ] && "
+                "echo \"node=${n##*node} $(cat \"$n/cpulist\")\"; done; "
+                "for v in $(grep -lx 0x10de /sys/bus/pci/devices/*/vendor 2>/dev/null); do d=${v%/vendor}; "
+                "case $(cat \"$d/class\") in 0x0300*|0x0302*) echo \"gpu_numa=${d##*/} $(cat \"$d/numa_node\")\";; esac; "
+                "done; true")
 
     def process(self, output):
-        kv = dict(line.split("=", 1) for line in output if "=" in line)
-        return {"os": kv.get("os"), "cpus": int(kv.get("cpus", 1)),
+        kv, nodes, gpu_numa = {}, {}, {}
+        for line in output:
+            key, sep, value = line.partition("=")
+            if not sep:
+                continue
+            parts = value.split()
+            if key == "node" and len(parts) == 2 and parts[0].isdigit():
+                nodes[int(parts[0])] = parts[1]
+            elif key == "gpu_numa" and len(parts) == 2:
+                gpu_numa[parts[0]] = int(parts[1]) if parts[1].lstrip("-").isdigit() else -1
+            else:
+                kv[key] = value
+        return {"os": kv.get("os"), "cpus": _int(kv.get("cpus")),
                 "mem_mib": int(kv.get("mem_kib", 0)) // 1024, "cxx": kv.get("cxx"),
-                "systemd": int(kv["systemd"]) if kv.get("systemd", "").isdigit() else 0}
+                "systemd": int(kv["systemd"]) if kv.get("systemd", "").isdigit() else 0,
+                "mem_total_kib": _int(kv.get("mem_kib")), "mem_available_kib": _int(kv.get("mem_available_kib")),
+                "nodes": nodes, "gpu_numa": gpu_numa}
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
 
 
 class FreeDisk(FactBase):
-    """Filesystem id and free bytes where `path` is (or its nearest existing parent).
+    """Filesystem id and free bytes where `path` is (or its nearest existing parent); with
+    `releases`, how many built releases (with BUILD_INFO.json) it holds too (the disk plan counts only those
+    still to come), None when the command did not say.
 
     .. code:: python
 
-        host.get_fact(FreeDisk, path="/var/lib/voltafleet/models")  # {"dev": "64768", "free": 85899345920}
+        host.get_fact(FreeDisk, path="/var/lib/voltafleet/models")  # {"dev": "64768", "free": 85899345920, "releases": None}
+        host.get_fact(FreeDisk, path="/opt/voltafleet", releases="/opt/voltafleet/releases")  # ..., "releases": 2
     """
 
-    def command(self, path: str) -> str:
+    def command(self, path: str, releases: str | None = None) -> str:
+        count = (f"; r={shlex.quote(releases)}; echo \"releases=$(ls \"$r\"/*/BUILD_INFO.json 2>/dev/null | wc -l)\""
+                 if releases else "")
         return (f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-                "echo \"$(stat -c %d \"$p\") $(df -PB1 \"$p\" | awk 'NR==2 {print $4}')\"")
+                "echo \"$(stat -c %d \"$p\") $(df -PB1 \"$p\" | awk 'NR==2 {print $4}')\"" + count)
 
     def process(self, output):
         dev, free = output[0].split()
-        return {"dev": dev, "free": int(free)}
+        count = next((line.split("=", 1)[1] for line in output[1:] if line.startswith("releases=")), "")
+        return {"dev": dev, "free": int(free), "releases": int(count) if count.isdigit() else None}
 
 
 class Releases(FactBase):

@@ -334,7 +334,8 @@ def dry_run(a, inventory, data, gateways, servers, canary, batches, mirrors=()) 
     cached = {c.fingerprint for c in planned if c.fingerprint and fleetplan.release_cached(cache, c.fingerprint)}
     report = dryrun.fleet_report(batches, changes, fleetplan.builders(planned), cached, gateway=bool(gateways))
     report = {"rollout": rollout_id, "inventory": a.inventory, "canary": canary, "commits": fleet.commits,
-              "log": str(log), **report, "records": {h: c.to_dict() for h, c in changes.items()}}
+              "log": str(log), **report, "records": {h: c.to_dict() for h, c in changes.items()},
+              "groups": {h: inventory.get(h, []) for h in servers}}  # the host resources' table, per group
     (run_dir / runctx.RunDir.PLAN).write_text(json.dumps(report, indent=2) + "\n")
     print("\n" + dryrun.table(report, canary) + "\n")
     say(f"plan {'OK' if report['ok'] else 'NOT OK'}: nothing was changed; {run_dir / runctx.RunDir.PLAN}")

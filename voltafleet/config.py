@@ -76,6 +76,7 @@ SCHEMA: dict[str, Var] = {
     "voltafleet_backend": Var(str, choices=("cuda", "cpu")),
     "voltafleet_root": Var(str, check=_safe_path_error, hint="an absolute path without spaces"),
     "preflight_build_disk_gb": Var((int, float), min=0),
+    "preflight_release_mib": Var(int, min=0, max=1 << 20),
     "preflight_supported_os": Var(list, item=str, pattern=re.compile(r"^[a-z0-9][a-z0-9._-]*$"),
                                   hint='an OS id-version like "debian-12"'),
     # toolchain
@@ -136,11 +137,20 @@ SCHEMA: dict[str, Var] = {
     "server_gpu_layers": Var((str, int), hint='"all" or a layer count'),
     "server_allow_partial_offload": Var(bool),
     "server_threads": Var(int, min=1, max=256),
+    "server_threads_batch": Var(int, nullable=True, min=1, max=256),
+    "server_mmap": Var(bool),
+    # host memory and CPU (voltafleet/hostmem.py, voltafleet/hostcpu.py)
+    "hostmem_process_mib": Var(int, min=0, max=1 << 20),
+    "hostmem_reserve_mib": Var(int, min=0, max=1 << 24),
+    "hostmem_ceiling_margin": Var((int, float), min=0, max=10),
+    "hostmem_plan_required": Var(bool),
+    "hostcpu_reserve": Var(int, min=0, max=4096),
     "server_api_key_file": Var(str, nullable=True, check=_safe_path_error,
                                hint="a path on the controller to a file holding the key"),
     "server_extra_flags": Var(list, item=str),
     "server_user": Var(str, pattern=re.compile(r"^[a-z_][a-z0-9_-]{0,31}$"),
                        hint="a user name like llama"),
+    "server_oom_score_adjust": Var(int, min=1, max=1000, hint="1-1000: the kernel's preference for a server"),
     "server_address": Var(str, nullable=True, check=urls.server_host_error,
                           hint="an IP address or a host name the gateway reaches this host at"),
     # gateway (HAProxy, hosts of the `gateway` group)

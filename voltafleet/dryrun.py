@@ -73,6 +73,7 @@ class HostChange:
     smoke: bool = True                 # smoke_enabled
     probe: bool = True                 # smoke_probe: a converged host is probed
     constants: dict = field(default_factory=dict)  # voltafleet.timeline.Constants of this host
+    resources: list = field(default_factory=list)  # HostPlan.resource_lines: host memory, per instance, CPU
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -87,8 +88,8 @@ class HostChange:
         return out
 
 
-def refused(host: str, reasons: list[str]) -> HostChange:
-    return HostChange(host=host, refusals=list(reasons))
+def refused(host: str, reasons: list[str], resources: list[str] = ()) -> HostChange:
+    return HostChange(host=host, refusals=list(reasons), resources=list(resources))
 
 
 def record_path(directory: Path, host: str) -> Path:
@@ -220,7 +221,7 @@ def host_change(plan: HostPlan, obs: Observed, unit_text: str) -> HostChange:
         unit=unit, downloads=downloads, driver=driver, driver_why=driver_why, driver_managed=obs.driver is not None,
         restart=restart,
         restart_why=why if restart else [], retire=retire, instances=len(want), smoke=cfg["smoke_enabled"],
-        probe=cfg["smoke_probe"], constants=asdict(timeline.Constants.from_cfg(cfg)))
+        probe=cfg["smoke_probe"], constants=asdict(timeline.Constants.from_cfg(cfg)), resources=plan.resource_lines())
 
 
 # ---------------------------------------------------------------- the fleet
@@ -288,6 +289,28 @@ def row(c: HostChange, batch: int, action: tuple | None, seconds: float | None) 
             "restart": restart, "seconds": seconds, "details": details}
 
 
+def resource_table(report: dict) -> list[str]:
+    """The host plans per group (hosts of the same groups and the same per-instance plan together):
+    the instance's memory once, then each host's memory against its MemTotal and its CPU plan; a host
+    refused for them says so in the table above and its notes."""
+    records, groups = report.get("records") or {}, report.get("groups") or {}
+    blocks: dict[tuple, list[str]] = {}
+    for r in report["hosts"]:
+        lines = (records.get(r["host"]) or {}).get("resources") or []
+        if lines:
+            per_instance = next((x for x in lines if x.startswith("per instance: ")), "")
+            blocks.setdefault((tuple(groups.get(r["host"], [])), per_instance), []).append(r["host"])
+    if not blocks:
+        return []
+    out = ["", "host resources (voltafleet/hostmem.py, voltafleet/hostcpu.py; docs/host.md):"]
+    for (names, per_instance), hosts in blocks.items():
+        out.append(f"  {'group ' + ', '.join(names) if names else 'hosts'} ({', '.join(hosts)}): {per_instance}".rstrip(": "))
+        for h in hosts:
+            rest = [x for x in records[h]["resources"] if not x.startswith("per instance: ")]
+            out.append(f"    {h}{' (REFUSED)' if h in report['refused'] else ''}: {'; '.join(rest)}")
+    return out
+
+
 def table(report: dict, canary: list[str] | None = None) -> str:
     """The plan as an operator reads it: one row per host, what explains it, every batch's
     estimate and the total."""
@@ -300,6 +323,7 @@ def table(report: dict, canary: list[str] | None = None) -> str:
     lines = [fmt.format(*r).rstrip() for r in [cols, *rows]]
     notes = [f"  {r['host']}: {d}" for r in report["hosts"] for d in r["details"]]
     lines += ([""] + notes) if notes else []
+    lines += resource_table(report)
     lines += ["", "estimate (timeline model, plan_* constants of group_vars):"]
     est = report["estimate"]
     lines.append(f"  preflight run: {dur(est['preflight_s'])}" + (f", gateway run: {dur(est['gateway_s'])}"

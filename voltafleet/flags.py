@@ -26,10 +26,11 @@ _DESC_COL = 40
 
 
 def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
-                draft_path: str | None = None) -> list[str]:
+                draft_path: str | None = None, placement: list[str] | None = None) -> list[str]:
     """argv for one llama-server instance. Options whose defaults llama.cpp now picks for
     you (-ngl auto, --fit on, -np auto, -fa auto) are always explicit, so behaviour does
-    not drift with the pinned version."""
+    not drift with the pinned version. `placement`: the instance's CPU affinity flags
+    (voltafleet.hostcpu.Plan.args: -C/-Cb of its GPU's NUMA node), none when not placed."""
     cuda = cfg["voltafleet_backend"] == "cuda"
     args = [
         "-m", model_path,
@@ -42,6 +43,10 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
         "-fa", cfg["server_flash_attn"],
         *(["-ub", str(cfg["server_ubatch"])] if cfg.get("server_ubatch") else []),  # prompt step: the VRAM plan counts it
         "-t", str(cfg["server_threads"]),
+        *(["-tb", str(cfg["server_threads_batch"])] if cfg.get("server_threads_batch") else []),
+        *(placement or []),
+        # llama.cpp's default maps the file (its pages reclaimable); "none" reads it into anonymous memory
+        *([] if cfg.get("server_mmap", True) else ["-lm", "none"]),
         "--host", cfg["server_host"],
         "--port", str(port),
         *(["--alias", cfg["server_model_alias"]] if cfg.get("server_model_alias") else []),  # /v1/models's id
@@ -163,6 +168,12 @@ MANAGED: dict[str, tuple[str | None, str]] = {
     "-ctv": ("server_cache_type_v", "the VRAM plan and the build use it"),
     "-fa": ("server_flash_attn", "a quantized V cache needs it"),
     "-t": ("server_threads", ""),
+    "-tb": ("server_threads_batch", "the CPU plan counts each instance's threads"),
+    "-C": (None, "each instance runs on its GPU's NUMA node (the CPU plan, voltafleet/hostcpu.py)"),
+    "-Cb": (None, "each instance runs on its GPU's NUMA node (the CPU plan, voltafleet/hostcpu.py)"),
+    "-Cr": (None, "the CPU plan sets each instance's CPUs with -C (voltafleet/hostcpu.py)"),
+    "-Crb": (None, "the CPU plan sets each instance's CPUs with -Cb (voltafleet/hostcpu.py)"),
+    "-lm": ("server_mmap", "the host memory plan counts the model's pages by it"),
     "--host": ("server_host", "the health check and the smoke test use it"),
     "--port": ("server_port_base", "each instance has its own port"),
     "--alias": ("server_model_alias", "every instance answers to the same model name"),

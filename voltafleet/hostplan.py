@@ -2,7 +2,8 @@
 
 Everything a role carries out is in the returned `HostPlan`: the instances and their
 ports, every llama-server argv, the model files, the CUDA archs and build flags, the
-VRAM plan and every reason to refuse the host. A reader asking "why is -c 8192 on host
+VRAM plan, the host's memory and CPU plans (voltafleet.hostmem, voltafleet.hostcpu) and every
+reason to refuse the host. A reader asking "why is -c 8192 on host
 X" follows this one function. No pyinfra import: every rule is unit-tested alone.
 
     >>> plan = make_plan("gpu-01", cfg, HostFacts(os="ubuntu-24.04", gpus=[...]), header, commit)
@@ -21,7 +22,7 @@ from urllib.parse import urlparse
 from voltafleet import checks
 from voltafleet import flags as flagmod
 from voltafleet import fingerprint as fpmod
-from voltafleet import gpuhealth, nvidia, vram
+from voltafleet import gpuhealth, hostcpu, hostmem, nvidia, vram
 from voltafleet.gguf_header import Header
 
 GIB = 1024 ** 3
@@ -62,6 +63,12 @@ class HostFacts:
     model_bytes: int | None = None     # Content-Length of model_url, when not present
     systemd: int = 0                   # systemd's version (RestartSteps needs >= 254)
     gpu_health: dict | None = None     # voltafleet.gpuhealth.parse_fact of the GpuHealth fact; None: not read
+    mem_total: int | None = None       # bytes of RAM (MemTotal); None: not read
+    mem_available: int | None = None   # bytes the kernel could give without swapping (MemAvailable)
+    cpus: int | None = None            # CPUs the host's processes may use (nproc)
+    numa_nodes: dict | None = None     # {NUMA node: its CPU list, "0-15,32-47"}; None: not read
+    gpu_numa: dict | None = None       # {GPU index: its NUMA node}; None: not known
+    releases: int | None = None        # llama.cpp releases on the host now (under voltafleet_root/releases)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,8 @@ class HostPlan:
     argv: dict = field(default_factory=dict)   # instance index -> llama-server argv
     refusals: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()     # worth an operator's look, not a reason to stop (GPU throttling, retired pages)
+    hostmem: hostmem.Plan | None = None  # host memory at the servers' worst (None: not planned)
+    hostcpu: hostcpu.Plan | None = None  # threads against CPUs, NUMA placement (None: not planned)
 
     @property
     def cuda(self) -> bool:
@@ -107,6 +116,17 @@ class HostPlan:
     def model_path(self) -> str:
         """llama-server's -m: the model, or the first part of a split GGUF."""
         return self.model_files[0].dest
+
+    def resource_lines(self) -> list[str]:
+        """The host memory and CPU plans in words (the preflight's log, --plan)."""
+        out = []
+        if self.hostmem is not None:
+            m = self.hostmem
+            out += [m.text(), f"per instance: {m.instance.describe()}; MemoryHigh {hostmem.size(m.memory_high)}, "
+                              f"MemoryMax {hostmem.size(m.memory_max)}"]
+        if self.hostcpu is not None:
+            out.append(self.hostcpu.text())
+        return out
 
     def env_file(self, index: int) -> str:
         inst = next(i for i in self.instances if i.index == index)
@@ -203,22 +223,38 @@ def build_argv(script: str, root: str, fp: str, build: BuildSpec, jobs, info: di
 # ---------------------------------------------------------------- refusals
 
 
+def releases_needed(cfg: dict, facts: HostFacts) -> int:
+    """Releases that may still land on the host: it holds at most the new one, the current, the
+    last good and llama_cpp_keep_releases (roles/server prunes the rest after the switch); those
+    already there take no more space. At least one: this rollout's may be new."""
+    return max(1, 3 + cfg["llama_cpp_keep_releases"] - (facts.releases or 0))
+
+
 def disk_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
+    """Free disk for the model (unless it is there, verified: never counted twice), a build and the
+    releases still to be kept (preflight_release_mib each), on one filesystem or on each."""
     need_model = 0 if facts.model_present else int((facts.model_bytes or 0) * 1.02)  # 2 % margin
-    need_build = int(cfg["preflight_build_disk_gb"] * GIB)
+    n = releases_needed(cfg, facts)
+    need_releases = n * cfg["preflight_release_mib"] * 1024 * 1024
+    need_build = int(cfg["preflight_build_disk_gb"] * GIB) + need_releases
+    build = (f"build ({float(cfg['preflight_build_disk_gb']):.1f} GiB, preflight_build_disk_gb) and {n} more "
+             f"release(s) kept ({need_releases / GIB:.1f} GiB: preflight_release_mib each; the host keeps the new one, "
+             f"the current, the last good and llama_cpp_keep_releases {cfg['llama_cpp_keep_releases']}, and has "
+             f"{facts.releases or 0})")
+    fix = ("Fix: free disk space" + (", or lower llama_cpp_keep_releases" if cfg["llama_cpp_keep_releases"] else ""))
     free_model, free_root = facts.free_model, facts.free_root
     errors = []
     if free_model is not None and free_root is not None and facts.same_fs:
         if free_model < need_model + need_build:
             errors.append(f"{host_name}: {free_model / GIB:.1f} GiB free for model ({need_model / GIB:.1f} GiB) "
-                          f"plus build ({need_build / GIB:.1f} GiB)")
+                          f"plus {build} = {(need_model + need_build) / GIB:.1f} GiB. {fix}")
         return errors
     if free_model is not None and free_model < need_model:
         errors.append(f"{host_name}: {free_model / GIB:.1f} GiB free in {cfg['model_dir']}, "
                       f"the model needs {need_model / GIB:.1f} GiB")
     if free_root is not None and free_root < need_build:
         errors.append(f"{host_name}: {free_root / GIB:.1f} GiB free in {cfg['voltafleet_root']}, "
-                      f"a build needs {need_build / GIB:.1f} GiB (preflight_build_disk_gb)")
+                      f"a {build} need {need_build / GIB:.1f} GiB. {fix}")
     return errors
 
 
@@ -267,6 +303,18 @@ def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None, sour
     return {**cfg, "server_ctx": d.ctx, "server_parallel": d.parallel}, d.plan, d.text, d.error
 
 
+def host_resources(cfg: dict, facts: HostFacts, header: Header | str | None,
+                   insts: list[Instance]) -> tuple[hostmem.Plan, hostcpu.Plan]:
+    """The host-memory plan (voltafleet.hostmem: every instance at its worst, against MemTotal) and
+    the CPU plan (voltafleet.hostcpu: threads against CPUs; on a CUDA host with several NUMA nodes,
+    each instance on its GPU's node). `cfg` has -c/-np resolved by the VRAM plan."""
+    shape = vram.shape_of(header) if isinstance(header, Header) else None
+    mem = hostmem.plan(cfg, shape, len(insts), facts.mem_total, facts.mem_available)
+    gpu_nodes = facts.gpu_numa if cfg["voltafleet_backend"] == "cuda" else None
+    cpu = hostcpu.plan(cfg, [i.index for i in insts], facts.cpus, facts.numa_nodes, gpu_nodes)
+    return mem, cpu
+
+
 # ---------------------------------------------------------------- the plan
 
 
@@ -293,9 +341,13 @@ def make_plan(host_name: str, cfg: dict, facts: HostFacts, header: Header | str 
     insts = instances(cfg, facts.gpus)
     for problem in checks.port_problems(cfg, len(insts), other_ports, sources) + checks.slot_ctx_problems(cfg, sources):
         refusals.append(f"{host_name}: {problem.line()} Fix: {problem.fix}")
+    warnings = list(gpu_health(host_name, cfg, facts)[1]) if cuda else []
+    mem, cpu = host_resources(cfg, facts, header, insts)
+    for why, required in ((mem.refusal(host_name), cfg["hostmem_plan_required"]), (cpu.refusal(host_name), True)):
+        if why:
+            (refusals if required else warnings).append(why)
     key = API_KEY_PATH if cfg["server_api_key_file"] else None
-    argv = {i.index: flagmod.server_args(cfg, files[0].dest, i.port, key, draft) for i in insts}
-    warnings = gpu_health(host_name, cfg, facts)[1] if cuda else []
+    argv = {i.index: flagmod.server_args(cfg, files[0].dest, i.port, key, draft, cpu.args(i.index)) for i in insts}
     return HostPlan(host=host_name, cfg=cfg, facts=facts, instances=tuple(insts), model_files=tuple(files),
                     draft_path=draft, cuda_archs=tuple(archs), build=build, vram=plan_vram, vram_note=note,
-                    argv=argv, refusals=tuple(refusals), warnings=tuple(warnings))
+                    argv=argv, refusals=tuple(refusals), warnings=tuple(warnings), hostmem=mem, hostcpu=cpu)

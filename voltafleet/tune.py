@@ -7,7 +7,7 @@ canary (the VRAM plan and preflight judge it there: a setting that does not fit 
 never measured), then the group's workload, `tune_repetitions` times. The winner is the
 highest median throughput among the trials that ran without an error, matched the golden
 probe, kept TTFT p99 within `tune_max_ttft_p99_ms` and left `tune_headroom_mib` of the GPU
-free at peak.
+free at every repetition's peak.
 
     >>> [s.name for s in candidates({"voltafleet_backend": "cpu", "server_parallel": 4, "server_ctx": 4096,
     ...                                "server_spec_ngram": None, "server_cache_ram": None,
@@ -60,6 +60,19 @@ class Workload:
                 "--followup-share", str(self.followup_share)]
 
 
+def gpu_used_command(index: int) -> str:
+    """The GPU's memory.used, as the workload reads its peaks (nvidia-smi, MiB)."""
+    return f"nvidia-smi -i {int(index)} --query-gpu=memory.used --format=csv,noheader,nounits"
+
+
+def gpu_used_mib(stdout: str) -> float | None:
+    """gpu_used_command's answer; None when it is not a number (no GPU, a driver error)."""
+    try:
+        return float(stdout.strip().splitlines()[0])
+    except (IndexError, ValueError):
+        return None
+
+
 def candidates(cfg: dict) -> list[Setting]:
     """The bounded set: the shipped setting, then one change at a time (slots at the same context
     a slot, twice the context a slot, the prompt step (ubatch) halved and doubled, n-gram
@@ -102,7 +115,8 @@ class Trial:
     reason: str = ""
     reps: list = field(default_factory=list)   # the workload's repetitions (workload.py)
     probe: str | None = None           # the golden probe's verdict in its smoke test
-    after_load_mib: float | None = None
+    loaded_mib: float | None = None    # the GPU's memory once loaded (/health answered), before any request
+    after_load_mib: float | None = None  # the workload's own reading; older records: after the smoke test's requests
     planned_mib: float | None = None   # the VRAM plan of the setting (CUDA), from its preflight
     planned_static_mib: float | None = None  # the plan without the CUDA context and the pool
     seconds: float | None = None
@@ -113,13 +127,18 @@ class Trial:
         proof's tune29 record); `over` replaces what the caller knows better."""
         fields = {"status": record.get("status", "failed"), "reason": record.get("reason") or "",
                   "reps": record.get("reps") or [], "probe": record.get("probe"),
-                  "after_load_mib": record.get("after_load_mib"), "planned_mib": record.get("planned_mib"),
+                  "loaded_mib": record.get("loaded_mib"), "after_load_mib": record.get("after_load_mib"),
+                  "planned_mib": record.get("planned_mib"),
                   "planned_static_mib": record.get("planned_static_mib"), "seconds": record.get("seconds")}
         return cls(setting, **{**fields, **over})
 
     def median(self, key: str) -> float | None:
         vals = [r[key] for r in self.reps if r.get(key) is not None]
         return round(statistics.median(vals), 2) if vals else None
+
+    def highest(self, key: str) -> float | None:
+        vals = [r[key] for r in self.reps if r.get(key) is not None]
+        return max(vals) if vals else None
 
     def figures(self) -> dict:
         return {k: self.median(k) for k in FIGURES}
@@ -141,7 +160,7 @@ def judge(t: Trial, cfg: dict, vram_mib: float | None) -> str | None:
     p99 = t.median("ttft_p99_ms")
     if p99 is None or p99 > cfg["tune_max_ttft_p99_ms"]:
         return f"TTFT p99 {p99} ms over the objective {cfg['tune_max_ttft_p99_ms']} ms"
-    peak = t.median("peak_mib")
+    peak = t.highest("peak_mib")  # every repetition's: one that filled the GPU is not outvoted
     if vram_mib is not None and (peak is None or peak > vram_mib - cfg["tune_headroom_mib"]):
         return f"VRAM peak {peak} MiB leaves less than {cfg['tune_headroom_mib']} MiB of {vram_mib:.0f}"
     return None
@@ -153,23 +172,32 @@ def winner(trials: list[Trial], cfg: dict, vram_mib: float | None = None) -> Tri
 
 
 def calibration(trials: list[Trial], overhead_mib: float | None = None) -> dict:
-    """What the trials teach the planner (CUDA), for this GPU model: the CUDA context as measured
-    after load (after-load minus what the plan puts on the GPU before any request), the plan's
-    error at each peak, and the overhead to plan with (`cuda_overhead_mib`): the larger of the
-    measured context and `overhead_mib` (the one planned with) plus the most any plan fell
-    short of its peak, so that every measured peak is within the plan."""
-    rows = [t for t in trials if t.status == "measured" and t.planned_mib and t.median("peak_mib")]
+    """What the trials teach the planner (CUDA), for this GPU model: the CUDA context (the GPU's
+    memory once loaded, before any request, minus what the plan puts on the GPU at load), the
+    plan's error at each trial's highest peak, and the overhead to plan with (`cuda_overhead_mib`):
+    the larger of the measured context and `overhead_mib` (the one planned with) plus the most
+    any repetition's peak exceeded its plan, so that every repetition's peak is within the plan.
+    The context is read before the first request because the plan counts the CUDA pool apart: a
+    reading after requests (older records: after the smoke test's) holds the pool's growth too,
+    so it is shown (`cuda_overhead_after_requests_mib`), never planned with."""
+    rows = [t for t in trials if t.status == "measured" and t.planned_mib and t.highest("peak_mib") is not None]
     if not rows:
         return {"measured": False, "why": "no GPU figures (the cpu backend, or no trial measured)"}
-    err = [round(100 * (t.median("peak_mib") - t.planned_mib) / t.planned_mib, 2) for t in rows]
-    short = max(t.median("peak_mib") - t.planned_mib for t in rows)
-    ctx = [t.after_load_mib - t.planned_static_mib for t in rows
-           if t.after_load_mib is not None and t.planned_static_mib is not None]
+    short = max(t.highest("peak_mib") - t.planned_mib for t in rows)
+    err = {t.setting.name: round(100 * (t.highest("peak_mib") - t.planned_mib) / t.planned_mib, 2) for t in rows}
+    static = [t for t in rows if t.planned_static_mib is not None]
+    ctx = [t.loaded_mib - t.planned_static_mib for t in static if t.loaded_mib is not None]
+    late = [t.after_load_mib - t.planned_static_mib for t in static
+            if t.loaded_mib is None and t.after_load_mib is not None]
     need = [*ctx, *([overhead_mib + short] if overhead_mib is not None else [])]
-    return {"measured": True, "planner_error_pct": {t.setting.name: e for t, e in zip(rows, err)},
-            "planner_error_pct_max": max(err), "plan_short_at_peak_mib": round(short, 1),
-            "cuda_overhead_after_load_mib": round(max(ctx), 1) if ctx else None,
-            "cuda_overhead_mib": math.ceil(max(need)) if need else None}
+    out = {"measured": True, "planner_error_pct": err, "planner_error_pct_max": max(err.values()),
+           "plan_short_at_peak_mib": round(short, 1),
+           "peaks_covered": sum(1 for t in rows for r in t.reps if r.get("peak_mib") is not None),
+           "cuda_overhead_after_load_mib": round(max(ctx), 1) if ctx else None}
+    if late:
+        out["cuda_overhead_after_requests_mib"] = round(max(late), 1)
+    out["cuda_overhead_mib"] = math.ceil(round(max(need), 1)) if need else None
+    return out
 
 
 def table(trials: list[Trial], cfg: dict, vram_mib: float | None = None, best: Trial | None = None) -> str:

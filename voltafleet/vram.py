@@ -75,6 +75,8 @@ class ModelShape:
     mtp_bytes: int = 0        # their weights: on the GPU only when MTP speculation is served
     n_vocab: int = 0          # rows of the output matrix
     trunk_mat: tuple = (0, 0)  # the largest trunk matrix (cols in, rows out): the cuBLAS path's largest op
+    tok_embd_bytes: int = 0   # token_embd: the input layer, always in host memory (voltafleet.hostmem)
+    file_weights: int = 0     # every tensor but an unserved MTP block: what the cpu backend holds
 
     @property
     def hybrid(self) -> bool:
@@ -120,7 +122,7 @@ class ModelShape:
             swa = attn
         return cls(h.arch, n_layer, n_embd, n_ff, n_head, n_head_kv, head_k, head_v,
                    int(h.get("context_length", 0)), weights, attn, swa, window, recurrent, nextn, mtp,
-                   _n_vocab(h), largest_trunk_matrix(h.tensors, trunk))
+                   _n_vocab(h), largest_trunk_matrix(h.tensors, trunk), tok, h.tensor_bytes() - mtp)
 
 
 _SHAPES: dict[int, tuple[Header, ModelShape]] = {}

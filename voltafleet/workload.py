@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
 """The tune's workload client, shipped to hosts (stdlib only), run on a drained canary:
-`clients` keep-alive clients send `requests` streamed completions to one llama-server,
-each a prompt of about `prompt_tokens` tokens and an answer of `answer_tokens`; a share
-of them (`followup_share`) continue the client's conversation (its turns so far and a new
-question: the server's prompt cache serves the prefix), the others start a new one. Every
-client opens a conversation before the first repetition (not measured), and conversations
-carry over from one repetition to the next, so follow-ups happen even when each client
-sends one request a repetition; a conversation ends after MAX_TURNS turns. Repeated `reps` times; each
-repetition's throughput, TTFT p50/p99, decode tok/s and memory peak (the GPU's, sampled
-with nvidia-smi, or on the CPU backend the server's peak RSS) go out as one JSON line.
+`clients` keep-alive clients send `requests` streamed chat completions (/v1/chat/completions:
+the server's own chat template, thinking on) to one llama-server, each a question of about
+`prompt_tokens` tokens and an answer of `answer_tokens` (thinking included); a share of them
+(`followup_share`) continue the client's conversation as a chat client does: the history is
+sent back re-rendered by the template, each earlier answer as its content only (a client
+never sends the thinking back, and the Qwen3.6 template drops it), so a follow-up leaves the
+server's cached sequence where the last answer began, as real follow-ups do; the others start a
+new one. Every client opens a conversation before the first repetition (not measured), and
+conversations carry over from one repetition to the next, so follow-ups happen even when each
+client sends one request a repetition; a conversation ends after MAX_TURNS turns. Repeated
+`reps` times; each repetition's throughput, TTFT p50/p99 (all requests and follow-ups alone),
+the share of follow-up prompts the server found cached, decode tok/s, the GPU's memory peak
+(nvidia-smi; on the CPU backend the server's peak RSS) and the server's host memory peak
+(sampled VmRSS) go out as one JSON line.
 
     python3 voltafleet-workload --port 8080 --clients 16 --requests 48 --reps 3 \\
         --prompt-tokens 1024 --answer-tokens 256 --followup-share 0.5 [--gpu 0] [--unit llama-server@0.service]
+        [--pid PID] [--thinking-budget N]
 """
 from __future__ import annotations
 
@@ -45,70 +51,109 @@ def percentile(values: list[float], p: float) -> float | None:
 
 class Client:
     """One client with its connection (renewed after each stream, as llama-server closes it);
-    a conversation it continues on follow-up turns."""
+    the conversation it continues on follow-up turns, as the messages it sends back."""
 
-    def __init__(self, port: int, key: str | None, rng: random.Random):
-        self.port, self.key, self.rng = port, key, rng
+    def __init__(self, port: int, key: str | None, rng: random.Random, thinking_budget: int | None = None):
+        self.port, self.key, self.rng, self.thinking_budget = port, key, rng, thinking_budget
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        self.history, self.turns = "", 0
+        self.messages: list[dict] = []
+        self.turns, self.max_turns = 0, MAX_TURNS
 
     def reset(self) -> None:
         """A new connection for the next request (after a stream, or one that failed)."""
         self.conn.close()
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
 
+    def body(self, messages: list[dict], answer_tokens: int) -> bytes:
+        body = {"messages": messages, "max_tokens": answer_tokens, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}, "cache_prompt": True, "temperature": 0}
+        if self.thinking_budget is not None:  # the thought ends after this many tokens, then the answer
+            body["thinking_budget_tokens"] = self.thinking_budget
+        return json.dumps(body).encode()
+
     def one(self, prompt_tokens: int, answer_tokens: int, followup: bool) -> dict:
-        followup = followup and bool(self.history) and self.turns < MAX_TURNS  # what is sent, not what was drawn
+        followup = followup and bool(self.messages) and self.turns < self.max_turns  # what is sent, not what was drawn
         if followup:
-            text = self.history + "\nAnd then? " + prompt(max(8, prompt_tokens // 8), self.rng)
+            messages = self.messages + [{"role": "user", "content": "And then? "
+                                         + prompt(max(8, prompt_tokens // 8), self.rng)}]
         else:
-            text, self.turns = prompt(prompt_tokens, self.rng), 0
-        body = json.dumps({"prompt": text, "n_predict": answer_tokens, "stream": True, "ignore_eos": True,
-                           "cache_prompt": True, "temperature": 0}).encode()
+            messages = [{"role": "user", "content": prompt(prompt_tokens, self.rng)}]
         headers = {"Content-Type": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
         t0 = time.monotonic()
-        self.conn.request("POST", "/completion", body, headers)
+        self.conn.request("POST", "/v1/chat/completions", self.body(messages, answer_tokens), headers)
         r = self.conn.getresponse()
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status} {r.read()[:200]!r}")
         first = last = None
-        n, answer, final = 0, [], {}
+        n, answer, usage, timings = 0, [], {}, {}
         while True:
             line = r.readline()
             if not line:
                 break
             line = line.strip()
-            if not line.startswith(b"data:"):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
                 continue
             chunk = json.loads(line[5:])
-            if chunk.get("content"):
-                now = time.monotonic()
-                first = first if first is not None else now
-                last, n = now, n + 1
-                answer.append(chunk["content"])
-            if chunk.get("stop"):
-                final = chunk
-                break
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                piece = delta.get("content")
+                if piece or delta.get("reasoning_content"):
+                    now = time.monotonic()
+                    first = first if first is not None else now
+                    last, n = now, n + 1
+                if piece:
+                    answer.append(piece)
+            usage, timings = chunk.get("usage") or usage, chunk.get("timings") or timings
         r.read()
         # llama-server closes its side after a streamed answer without saying so: a new
         # connection for the next request rather than a request lost on a closed one
         self.reset()
         if first is None:
             raise RuntimeError("no token streamed")
-        self.history, self.turns = text + "".join(answer), self.turns + 1
-        tokens = int(final.get("tokens_predicted") or n)
+        # the answer goes back as its content alone: a chat client never sends the thinking back
+        self.messages = messages + [{"role": "assistant", "content": "".join(answer)}]
+        self.turns = self.turns + 1 if followup else 1
+        tokens = int(usage.get("completion_tokens") or n)
+        cached, fresh = timings.get("cache_n"), timings.get("prompt_n")
         return {"ttft_ms": (first - t0) * 1000, "tokens": tokens, "start": t0, "end": last,
-                "decode_tps": (n - 1) / (last - first) if last > first else None, "followup": followup}
+                "decode_tps": (n - 1) / (last - first) if last > first else None, "followup": followup,
+                "cached_share": cached / (cached + fresh) if cached is not None and fresh else None}
+
+
+def rss_mib(pid: str | int) -> float | None:
+    """The process's resident set now (VmRSS, MiB); None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class Peak:
-    """The memory peak while a repetition runs: the GPU's memory.used (MiB) or, on the CPU
-    backend, the server process's peak resident set (VmHWM, MiB)."""
+    """The memory peaks while a repetition runs: the GPU's memory.used (MiB) or, on the CPU
+    backend, the server process's peak resident set (VmHWM, MiB); and the server's host memory
+    (its VmRSS sampled every 0.5 s, MiB) where its process is known (`pid`, or the unit's)."""
 
-    def __init__(self, gpu: int | None, unit: str | None):
-        self.gpu, self.unit, self.peak, self.stop = gpu, unit, None, threading.Event()
+    def __init__(self, gpu: int | None, unit: str | None, pid: int | None = None):
+        self.gpu, self.unit, self.pid = gpu, unit, pid
+        self.peak = self.host_peak = None
+        self.stop = threading.Event()
+
+    def main_pid(self) -> str | None:
+        if self.pid:
+            return str(self.pid)
+        if not self.unit:
+            return None
+        try:
+            return subprocess.run(["systemctl", "show", "-P", "MainPID", self.unit], capture_output=True,
+                                  text=True, timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
 
     def read(self) -> float | None:
         try:
@@ -116,9 +161,8 @@ class Peak:
                 out = subprocess.run(["nvidia-smi", "-i", str(self.gpu), "--query-gpu=memory.used",
                                       "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
                 return float(out.stdout.strip().splitlines()[0])
-            if self.unit:
-                pid = subprocess.run(["systemctl", "show", "-P", "MainPID", self.unit], capture_output=True,
-                                     text=True, timeout=10).stdout.strip()
+            pid = self.main_pid()
+            if pid:
                 with open(f"/proc/{pid}/status") as f:
                     for line in f:
                         if line.startswith("VmHWM:"):
@@ -127,18 +171,23 @@ class Peak:
             return None
         return None
 
+    def read_host(self) -> float | None:
+        pid = self.main_pid()
+        return rss_mib(pid) if pid else None
+
     def run(self) -> None:
         while not self.stop.is_set():
-            v = self.read()
-            if v is not None:
-                self.peak = v if self.peak is None else max(self.peak, v)
+            for name, v in (("peak", self.read()), ("host_peak", self.read_host())):
+                if v is not None:
+                    old = getattr(self, name)
+                    setattr(self, name, v if old is None else max(old, v))
             self.stop.wait(0.5)
 
 
 def opened(a, key: str | None) -> list[Client]:
     """The clients, each with a conversation opened (one turn each, at once, not measured)."""
     rng = random.Random(1000)
-    clients = [Client(a.port, key, random.Random(rng.random())) for _ in range(a.clients)]
+    clients = [Client(a.port, key, random.Random(rng.random()), a.thinking_budget) for _ in range(a.clients)]
 
     def first(c: Client) -> None:
         try:
@@ -176,7 +225,7 @@ def repetition(a, clients: list[Client], seed: int) -> dict:
                     errors.append(f"{type(e).__name__}: {e}"[:200])
                 c.reset()
 
-    peak = Peak(a.gpu, a.unit)
+    peak = Peak(a.gpu, a.unit, a.pid)
     watcher = threading.Thread(target=peak.run, daemon=True)
     watcher.start()
     threads = [threading.Thread(target=work, args=(c,)) for c in clients]
@@ -188,15 +237,22 @@ def repetition(a, clients: list[Client], seed: int) -> dict:
     wall = time.monotonic() - t0
     peak.stop.set()
     watcher.join()
-    last = peak.read()
-    mem = max(v for v in (peak.peak, last) if v is not None) if (peak.peak, last) != (None, None) else None
+    mem, host = (highest(old, now) for old, now in ((peak.peak, peak.read()), (peak.host_peak, peak.read_host())))
     ttft = [r["ttft_ms"] for r in results]
+    follow = [r for r in results if r["followup"]]
     decode = [r["decode_tps"] for r in results if r["decode_tps"]]
     return {"requests": len(results), "errors": errors, "seconds": round(wall, 3),
             "throughput_tps": round(sum(r["tokens"] for r in results) / wall, 2) if results else None,
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
-            "decode_tps": percentile(decode, 50), "peak_mib": mem,
-            "followups": sum(r["followup"] for r in results)}
+            "followup_ttft_p50_ms": percentile([r["ttft_ms"] for r in follow], 50),
+            "followup_cached_p50": percentile([r["cached_share"] for r in follow if r["cached_share"] is not None], 50),
+            "decode_tps": percentile(decode, 50), "peak_mib": mem, "host_peak_mib": host,
+            "followups": len(follow)}
+
+
+def highest(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,13 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--followup-share", type=float, default=0.5)
     p.add_argument("--api-key-file")
     p.add_argument("--gpu", type=int, help="the instance's GPU (nvidia-smi index) for the memory peak")
-    p.add_argument("--unit", help="the instance's systemd unit (CPU backend: its process's peak RSS)")
+    p.add_argument("--unit", help="the instance's systemd unit (its process: host memory; CPU backend: its peak RSS)")
+    p.add_argument("--pid", type=int, help="the server's process, where no unit names it (host memory)")
+    p.add_argument("--thinking-budget", type=int, help="thinking tokens before the answer (the server forces the "
+                   "end of the thought); none: the model ends it itself")
     a = p.parse_args(argv)
     key = open(a.api_key_file).read().strip() if a.api_key_file else None
-    after_load = Peak(a.gpu, None).read() if a.gpu is not None else None
+    probe = Peak(a.gpu, a.unit, a.pid)
+    after_load = probe.read() if a.gpu is not None else None
+    host_before = probe.read_host()
     clients = opened(a, key)
     reps = [repetition(a, clients, seed) for seed in range(a.reps)]
-    print(json.dumps({"port": a.port, "after_load_mib": after_load, "reps": reps}))
+    print(json.dumps({"port": a.port, "after_load_mib": after_load, "host_before_mib": host_before, "reps": reps}))
     return 0
 
 

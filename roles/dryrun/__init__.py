@@ -18,7 +18,7 @@ from roles.driver_facts import NvidiaPci, driver_plan
 from voltafleet import dryrun, nvidia
 from voltafleet.hostplan import ENV_DIR, UNIT_PATH, HostPlan
 from voltafleet.modelstate import is_verified
-from voltafleet.unitfile import render_unit
+from voltafleet.unitfile import plan_unit
 
 
 def _toolkit(plan: HostPlan) -> bool | None:
@@ -61,9 +61,9 @@ def dry_run(plan: HostPlan) -> dryrun.HostChange:
         dry_run(preflight())   # in deploy.py, when VOLTAFLEET_PHASE=plan
     """
     if plan.refusals:
-        change = dryrun.refused(host.name, list(plan.refusals))
+        change = dryrun.refused(host.name, list(plan.refusals), plan.resource_lines())
     else:
-        change = dryrun.host_change(plan, observed(plan), render_unit(plan.cfg, plan.facts.systemd))
+        change = dryrun.host_change(plan, observed(plan), plan_unit(plan))
     dryrun.write(report_dir(plan.cfg), change)
     return change
 

@@ -14,7 +14,7 @@ from roles.gateway_api import is_gateway, missing_gateways
 
 from roles.run import config, hold_fleet_lock, once_per_run, report_dir, run_context, sources
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
-from voltafleet import gguf_header
+from voltafleet import gguf_header, hostcpu
 from voltafleet import probe as probemod
 from voltafleet.fleetplan import ServerEntry
 from voltafleet.hostplan import HostFacts, HostPlan, make_plan, model_files
@@ -42,17 +42,28 @@ def host_facts(cfg: dict) -> HostFacts:
     model = model_files(cfg)[0].dest
     present = host.get_fact(FileState, path=model, sidecar=model + ".verified")
     free_model = host.get_fact(FreeDisk, path=cfg["model_dir"])
-    free_root = host.get_fact(FreeDisk, path=cfg["voltafleet_root"])
+    free_root = host.get_fact(FreeDisk, path=cfg["voltafleet_root"], releases=f"{cfg['voltafleet_root']}/releases")
     gpus = host_fact(host, Gpus) if cuda else []
     driver = bool(gpus) and not any(g.get("pci_only") for g in gpus)  # no driver yet: the smoke test judges the boards
+    health = host.get_fact(GpuHealth) if driver else None
     return HostFacts(
-        os=basics["os"], gpus=gpus, gpu_health=host.get_fact(GpuHealth) if driver else None,
+        os=basics["os"], gpus=gpus, gpu_health=health,
         nvcc=host_fact(host, NvccVersion) if cuda else None,
         free_model=free_model["free"], free_root=free_root["free"], same_fs=free_model["dev"] == free_root["dev"],
         model_present=bool(present and present.get("sidecar")),
         model_bytes=None if present else model_size(cfg["model_url"]),
-        systemd=basics["systemd"],
+        systemd=basics["systemd"], releases=free_root.get("releases"),
+        **resource_facts(basics, health),
     )
+
+
+def resource_facts(basics: dict, health: dict | None) -> dict:
+    """HostFacts' memory, CPU and NUMA fields from HostBasics (None where it did not say)."""
+    kib = lambda key: basics[key] * 1024 if basics.get(key) is not None else None  # noqa: E731
+    addresses = {g["index"]: g["pci"] for g in (health or {}).get("gpus", []) if g.get("pci")}
+    return dict(mem_total=kib("mem_total_kib"), mem_available=kib("mem_available_kib"), cpus=basics.get("cpus"),
+                numa_nodes=basics.get("nodes") or None,
+                gpu_numa=hostcpu.gpu_nodes(basics["gpu_numa"], addresses) if basics.get("gpu_numa") else None)
 
 
 def run_refusals(cfg: dict) -> list[str]:
@@ -99,7 +110,7 @@ def preflight() -> HostPlan:
     cfg = config()
     commit = resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])  # a bad ref stops everything here
     facts = host_facts(cfg)
-    header = model_header(cfg["model_url"]) if cfg["voltafleet_backend"] == "cuda" else None
+    header = model_header(cfg["model_url"])  # the VRAM plan (CUDA) and the host memory plan (both backends)
     plan = make_plan(host.name, cfg, facts, header, commit, sources())
     refusals = list(plan.refusals) + run_refusals(plan.cfg)
     if refusals and run_context().phase == "plan":
@@ -110,6 +121,8 @@ def preflight() -> HostPlan:
         logger.warning(f"warning: {line}")
     if plan.vram_note:
         logger.info(f"{host.name}: VRAM plan: {plan.vram_note}")
+    for line in plan.resource_lines():
+        logger.info(f"{host.name}: {line}")
     if run_context().phase == "preflight":
         preflight_record(plan)
     return plan

@@ -20,13 +20,14 @@ from roles.factcache import host_fact, host_fingerprint
 from roles.run import sources
 
 from roles.shell import bin_path
-from roles.filesync import ChangeLog, FileChange, Wanted, synced
+from roles.filesync import ChangeLog, FileChange, FilesState, Wanted, synced
 from roles.facts import HelpText, Releases, ServerInstances, ServiceAccount
 from voltafleet import flags as flagmod
 from voltafleet.errors import format_errors
 from voltafleet.fingerprint import releases_to_prune
 from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
-from voltafleet.unitfile import render_unit
+from voltafleet.unitfile import (MEMORY_PLAN_PATH, MEMORY_UNIT, MEMORY_UNIT_PATHS, memory_plan_file, memory_units,
+                                 plan_unit)
 
 
 def _release(plan: HostPlan) -> str | None:
@@ -158,6 +159,11 @@ def server(plan: HostPlan, model_ops=()):
     env_ops = {index: FileChange(env_op, log, f.dest) for index, f in envs.items()}
     unit = synced(name="llama-server@.service (systemd reloaded when it changed)", files=[unit_file(plan)],
                   then=["systemctl daemon-reload"])
+    if cfg["smoke_textfile_dir"]:  # not among the changes that restart: a new plan file restarts nothing
+        synced(name=f"{MEMORY_UNIT}.timer: each instance's memory beside its plan, for node_exporter",
+               files=memory_files(plan), then=memory_timer_started())
+    else:
+        memory_timer_removed(name=f"No {MEMORY_UNIT}.timer (smoke_textfile_dir is null)")
     switch = release_switched(name="Switch `current` to this release", plan=plan)
     retired(name="Retire instances the plan no longer has", plan=plan)
     return Changes(env_ops, (unit, switch, *(op for op in model_ops if op is not None)))
@@ -170,5 +176,36 @@ def env_files(plan: HostPlan) -> tuple[dict[int, Wanted], list[tuple[str, str]]]
 
 
 def unit_file(plan: HostPlan) -> Wanted:
-    """llama-server@.service as files.template rendered it (voltafleet.unitfile, once per distinct input)."""
-    return Wanted(UNIT_PATH, "644", text=render_unit(plan.cfg, plan.facts.systemd))
+    """llama-server@.service as files.template rendered it (voltafleet.unitfile, once per distinct
+    input), with the host-memory plan's MemoryHigh/MemoryMax and server_oom_score_adjust."""
+    return Wanted(UNIT_PATH, "644", text=plan_unit(plan))
+
+
+def memory_files(plan: HostPlan) -> list[Wanted]:
+    """The memory textfile's plan file (each instance's planned bytes), its service and timer;
+    the script itself is a helper (roles/server/files/vf-memory-textfile.sh, roles/helpers)."""
+    units = [Wanted(path, "644", text=text) for path, text in memory_units(plan.cfg).items()]
+    return [Wanted(MEMORY_PLAN_PATH, "644", text=memory_plan_file(plan)), *units]
+
+
+def memory_timer_started() -> list[str]:
+    """After any change: systemd reloaded, the timer enabled and (re)started with its new text."""
+    return ["systemctl daemon-reload", f"systemctl enable {MEMORY_UNIT}.timer",
+            f"systemctl restart {MEMORY_UNIT}.timer"]
+
+
+@operation()
+def memory_timer_removed():
+    """Without a textfile directory: the memory timer, its service and plan file gone, where a
+    run with one installed them (one fact read; nothing where they are absent).
+
+    .. code:: python
+
+        server.memory_timer_removed()
+    """
+    paths = [MEMORY_PLAN_PATH, *MEMORY_UNIT_PATHS.values()]
+    if all(s["type"] == "none" for s in host.get_fact(FilesState, paths=paths)):
+        host.noop(f"no {MEMORY_UNIT}.timer")
+        return
+    yield (f"systemctl disable --now {MEMORY_UNIT}.timer 2>/dev/null; rm -f {' '.join(map(shlex.quote, paths))} "
+           "&& systemctl daemon-reload")

@@ -5,6 +5,9 @@ does nothing in a tune trial), the trial's setting is rolled and smoke-tested as
 does (a setting the VRAM plan refuses never starts; one that fails its smoke test or the golden
 probe is rolled back), then the group's workload runs on instance 0 (voltafleet/workload.py,
 `tune_repetitions` times) and its figures go to tune-<host>.json beside the run's outcome record.
+On CUDA, instance 0 is restarted first and its GPU's memory read once /health answers: the CUDA
+context before any request, for the planner's calibration (the smoke test's requests, or the
+traffic a converged instance served, have grown the CUDA pool, which the plan counts apart).
 The driver restores the canary when the tune ends or is interrupted.
 """
 from __future__ import annotations
@@ -19,12 +22,12 @@ from roles.gateway_api import drain_host
 
 from roles.run import report_dir, run_context
 
-from roles.shell import bin_path, q, sh, WORKLOAD_CLIENT
+from roles.shell import bin_path, q, restart_command, sh, WORKLOAD_CLIENT
 from roles.facts import Gpus
 from voltafleet import outcome
 from voltafleet.hostplan import API_KEY_PATH, HostPlan
 from voltafleet.runctx import RunDir
-from voltafleet.tune import Workload
+from voltafleet.tune import Workload, gpu_used_command, gpu_used_mib
 
 @operation()
 def held(plan: HostPlan):
@@ -47,9 +50,22 @@ def workload_command(plan: HostPlan) -> str:
     return "python3 " + q(*args)
 
 
+def loaded(host, plan: HostPlan) -> tuple[bool, float | None, str]:
+    """Instance 0 restarted (drained since `held`; `active` once /health answers) and its GPU's
+    memory.used read before any request: (restarted, MiB or None, why not)."""
+    inst = plan.instances[0]
+    ok, out = sh(host, restart_command(inst.index))
+    if not ok:
+        return False, None, (f"llama-server@{inst.index} did not restart for the after-load reading: "
+                             + ((out.stderr.strip().splitlines() or ["systemctl restart failed"])[-1])[:300])
+    ok, out = sh(host, gpu_used_command(inst.index))
+    return True, gpu_used_mib(out.stdout) if ok else None, ""
+
+
 @operation()
 def measured(plan: HostPlan):
-    """When this run's smoke test passed, the workload on instance 0; tune-<host>.json either way.
+    """When this run's smoke test passed, the workload on instance 0 (on CUDA restarted first, its
+    memory once loaded read: `loaded`); tune-<host>.json either way.
 
     .. code:: python
 
@@ -59,7 +75,7 @@ def measured(plan: HostPlan):
         cfg, ctx = plan.cfg, run_context()
         rec = outcome.read(report_dir(cfg), host.name, ctx.run)
         doc = {"host": host.name, "run": ctx.run, "status": "failed", "reason": "no outcome record",
-               "probe": None, "reps": [], "after_load_mib": None,
+               "probe": None, "reps": [], "loaded_mib": None, "after_load_mib": None,
                "planned_mib": round(plan.vram.needed / 2**20, 1) if plan.vram is not None else None,
                # what the plan puts on the GPU at load, before the CUDA context and the pool's growth
                "planned_static_mib": round((plan.vram.needed - plan.vram.overhead - plan.vram.pool) / 2**20, 1)
@@ -69,7 +85,11 @@ def measured(plan: HostPlan):
             doc["gpu"] = {k: g.get(k) for k in ("name", "compute_cap", "memory_mib", "driver_version")}
         if rec is not None:
             doc.update(probe=rec.probe, reason=rec.reason)
-        if rec is not None and rec.status == "passed":
+        ready = rec is not None and rec.status == "passed"
+        if ready and plan.cuda:
+            ready, doc["loaded_mib"], why = loaded(host, plan)
+            doc["reason"] = why or doc["reason"]
+        if ready:
             ok, out = sh(host, workload_command(plan))
             if ok:
                 got = json.loads(out.stdout.strip().splitlines()[-1])

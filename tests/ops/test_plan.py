@@ -56,7 +56,7 @@ def converged(name: str, env_over: dict | None = None) -> dict:
     env = {i.index: plan.env_file(i.index) for i in plan.instances} | (env_over or {})
     env_out = "\n".join(f"@@voltafleet-env {i} {sha1(t)}\n{t.rstrip()}" for i, t in env.items())
     responses = [
-        [r"^\. /etc/os-release", f"os=debian-12\ncpus=2\nmem_kib=4000000\nsystemd=252\ncxx={CXX}"],
+        [r"^\. /etc/os-release", f"os=debian-12\ncpus=2\nmem_kib=24683664\nsystemd=252\ncxx={CXX}"],
         [r"df -PB1", "2049 900000000000"],
         [r"stat -c 'stat=%s %Y'", f"stat=5 9\nside={model.sha256} 5 9"],
         [r"releases/\*/", f"current={fp}\ngood={fp}\nrelease={fp} 1760000000 {{\"fingerprint\": \"{fp}\"}}"],
@@ -96,7 +96,7 @@ def fleet(tmp_path_factory):
     stale["responses"][2] = [r"stat -c 'stat=%s %Y'", ""]                      # no model file yet
     stale["responses"][3] = [r"releases/\*/", "current=old\ngood=old\n"]     # an older release
     old_os = converged("plan-old-os")
-    old_os["responses"][0] = [r"^\. /etc/os-release", f"os=debian-11\ncpus=2\nmem_kib=4000000\nsystemd=247\ncxx={CXX}"]
+    old_os["responses"][0] = [r"^\. /etc/os-release", f"os=debian-11\ncpus=2\nmem_kib=24683664\nsystemd=247\ncxx={CXX}"]
     hosts = [conv, flag, stale, old_os]
     return (*run_plan(hosts, tmp_path_factory.mktemp("plan")), conv["fp"])
 
@@ -186,7 +186,7 @@ def test_rollout_plan_prints_the_batches_changes_and_estimate(tmp_path):
 
 def test_rollout_plan_exits_2_naming_the_refused_host(tmp_path):
     old_os = converged("plan-old-os")
-    old_os["responses"][0] = [r"^\. /etc/os-release", f"os=debian-11\ncpus=2\nmem_kib=4000000\nsystemd=247\ncxx={CXX}"]
+    old_os["responses"][0] = [r"^\. /etc/os-release", f"os=debian-11\ncpus=2\nmem_kib=24683664\nsystemd=247\ncxx={CXX}"]
     rc, out, report = rollout_plan([converged("plan-conv"), old_os], tmp_path)
     assert rc == 2 and not report["ok"] and list(report["refused"]) == ["@fake/plan-old-os"]
     assert "@fake/plan-old-os: refused: OS debian-11" in out and "REFUSED: 1 host(s)" in out

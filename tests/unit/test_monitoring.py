@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import gpu_fixtures as G
+from tests.unit.test_memory_textfile import memory_textfile_text
 from tests.unit.test_smoke import inst
 from voltafleet import gpuhealth, metrics, smoke, smoke_client
 
@@ -40,7 +41,7 @@ def run(*args, stdin=None):
 def test_alert_rules_are_valid_and_their_unit_tests_pass():
     check = run("check", "rules", "alerts.yml")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 15 rules found" in check.stdout
+    assert "SUCCESS: 17 rules found" in check.stdout
     tests = run("test", "rules", "alerts.test.yml")
     assert tests.returncode == 0, tests.stdout + tests.stderr
 
@@ -48,7 +49,7 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass():
 def test_every_alert_has_a_unit_test():
     rules = set(re.findall(r"- alert: (\w+)", (MON / "alerts.yml").read_text()))
     tested = set(re.findall(r"alertname: (\w+)", (MON / "alerts.test.yml").read_text()))
-    assert len(rules) == 15 and rules == tested
+    assert len(rules) == 17 and rules == tested
 
 
 def cuda_report(cfg) -> dict:
@@ -68,13 +69,15 @@ ROLLOUT = {"rollout": "20260101-000000", "inventory": "inventory/prod.py", "seco
                                                       "not_run": 3}}
 
 
-def test_the_textfiles_are_valid_exposition(cfg):
+def test_the_textfiles_are_valid_exposition(cfg, tmp_path):
     running = metrics.running_textfile("20260101-000000", "inventory/prod.py", 2700, now=1767225600)
     lab = 'rollout="20260101-000000",inventory="inventory/prod.py"'
     assert f"voltafleet_rollout_running{{{lab}}} 1" in running and f"voltafleet_rollout_max_seconds{{{lab}}} 2700" in running
     assert f"voltafleet_rollout_running{{{lab}}} 0" in metrics.rollout_textfile(ROLLOUT, now=1767225600)
+    memory = memory_textfile_text(tmp_path)  # roles/server/files/vf-memory-textfile.sh on a fake /proc
+    assert "voltafleet_instance_memory_rss_bytes{" in memory
     for text in (smoke.textfile("gpu-01", cuda_report(cfg), "3f2a"), metrics.rollout_textfile(ROLLOUT, now=1767225600),
-                 running):
+                 running, memory):
         out = run("check", "metrics", stdin=text)
         problems = [line for line in (out.stdout + out.stderr).splitlines() if line.strip() and line != KNOWN_LINT]
         assert problems == []
@@ -127,14 +130,16 @@ def test_promql_metric_extraction():
     assert promql_metrics("a_total < on (host) group_left b{x=\"1\"}") == {"a_total", "b"}
 
 
-def test_dashboard_uses_only_metrics_that_exist(cfg):
+def test_dashboard_uses_only_metrics_that_exist(cfg, tmp_path):
     dash = json.loads((MON / "dashboard.json").read_text())
     used = {name for p in dash["panels"] for t in p["targets"] for name in promql_metrics(t["expr"])}
     exist = exposition_names(smoke.textfile("gpu-01", cuda_report(cfg), "3f2a"))
     exist |= exposition_names(metrics.rollout_textfile(ROLLOUT))
+    exist |= exposition_names(memory_textfile_text(tmp_path))
     for fixture in ("llama-server-metrics.txt", "haproxy-metrics.txt", "haproxy-teams-metrics.txt"):
         exist |= exposition_names((EXPORTERS / fixture).read_text())
     assert len(used) >= 30  # the extraction found the dashboard's metrics, not nothing
     assert used - exist == set()
     assert {n for n in used if n.startswith("llamacpp:")} and {n for n in used if n.startswith("haproxy_")}
     assert {"voltafleet_gpu_sm_clock_mhz", "voltafleet_gpu_throttle_reason", "voltafleet_gpu_healthy"} <= used
+    assert {"voltafleet_instance_memory_rss_bytes", "voltafleet_instance_memory_plan_bytes"} <= used

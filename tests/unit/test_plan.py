@@ -52,15 +52,36 @@ def test_preflight_refuses_unsupported_os(cfg):
 
 
 def test_preflight_refuses_too_little_disk_with_numbers(cfg):
+    cfg["preflight_release_mib"] = 512
     errs = plan.host_refusals("gpu-01", cfg, facts(free_model=10 * GIB, free_root=10 * GIB))
-    assert errs == ["gpu-01: 10.0 GiB free for model (15.3 GiB) plus build (6.0 GiB)"]  # 2 % margin
+    # 2 % margin on the model; new, current and last good releases (keep 0), none on the host yet
+    assert len(errs) == 1 and errs[0].startswith("gpu-01: 10.0 GiB free for model (15.3 GiB) plus build (6.0 GiB, "
+                                                 "preflight_build_disk_gb) and 3 more release(s) kept (1.5 GiB")
+    assert errs[0].endswith("= 22.8 GiB. Fix: free disk space")
     # separate filesystems are checked separately
     errs = plan.host_refusals("gpu-01", cfg, facts(same_fs=False, free_model=20 * GIB, free_root=1 * GIB))
-    assert len(errs) == 1 and "a build needs 6.0 GiB" in errs[0]
+    assert len(errs) == 1 and "free in /opt/voltafleet, a build (6.0 GiB" in errs[0] and "need 7.5 GiB" in errs[0]
 
 
 def test_preflight_counts_no_model_bytes_when_present(cfg):
-    assert plan.host_refusals("h", cfg, facts(free_model=7 * GIB, free_root=7 * GIB, model_present=True)) == []
+    cfg["preflight_release_mib"] = 512
+    # the model is there (not counted again); 2 releases on the host: one more (the new one) = 6.5 GiB
+    assert plan.host_refusals("h", cfg, facts(free_model=7 * GIB, free_root=7 * GIB, model_present=True,
+                                              releases=2)) == []
+    errs = plan.host_refusals("h", cfg, facts(free_model=6 * GIB, free_root=6 * GIB, model_present=True, releases=2))
+    assert errs and "free for model (0.0 GiB) plus build (6.0 GiB" in errs[0] and "1 more release(s)" in errs[0]
+
+
+def test_disk_counts_the_kept_releases_not_yet_on_the_host(cfg):
+    cfg.update(preflight_release_mib=1024, llama_cpp_keep_releases=2)
+    assert plan.releases_needed(cfg, facts(releases=None)) == 5      # new, current, last good and 2 kept
+    assert plan.releases_needed(cfg, facts(releases=3)) == 2
+    assert plan.releases_needed(cfg, facts(releases=9)) == 1         # the new one at least, before the prune
+    # 6 GiB build + 5 releases of 1 GiB beside a present model: 11 GiB needed
+    assert plan.host_refusals("h", cfg, facts(free_model=11 * GIB, free_root=11 * GIB, model_present=True)) == []
+    errs = plan.host_refusals("h", cfg, facts(free_model=10 * GIB, free_root=10 * GIB, model_present=True))
+    assert len(errs) == 1 and "5 more release(s) kept (5.0 GiB" in errs[0] and "llama_cpp_keep_releases 2" in errs[0]
+    assert errs[0].endswith("Fix: free disk space, or lower llama_cpp_keep_releases")
 
 
 def test_preflight_refuses_more_instances_than_gpus(cfg):

@@ -17,7 +17,8 @@ ATOMIC = REPO / "roles/helpers/files/vf-atomic.sh"
 
 def test_every_role_script_is_installed():
     names = set(scripts())
-    assert {"vf-atomic", "vf-build-release", "vf-release", "vf-fetch-model", "vf-good", "voltafleet-smoke"} <= names
+    assert {"vf-atomic", "vf-build-release", "vf-release", "vf-fetch-model", "vf-good", "voltafleet-smoke",
+            "vf-memory-textfile"} <= names
 
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)

@@ -66,7 +66,7 @@ def test_the_winner_is_the_fastest_setting_that_keeps_every_rule(cfg):
 def test_the_tuned_file_holds_the_values_their_figures_and_calibrates_the_planner(cfg):
     c = cfg_of(cfg, tune_repetitions=1)
     t = trial("n-gram drafts", {"server_spec_ngram": "ngram-mod"}, [rep(150, 600, 15000)],
-              after_load_mib=14100, planned_mib=14800, planned_static_mib=13700)
+              loaded_mib=14100, planned_mib=14800, planned_static_mib=13700)
     text = tune.document("v100_32gb", t, [trial("shipped", {}, [rep(100, 500, 14900)]), t], c,
                          {"host": "gpu-01", "gpu": {"name": "Tesla V100-SXM2-32GB"}, "model_sha256": "a" * 64})
     doc = yaml.safe_load(text)
@@ -82,8 +82,48 @@ def test_the_tuned_file_holds_the_values_their_figures_and_calibrates_the_planne
     # no winner: the shipped values stay; the calibration holds whatever won
     assert none["values"] == {"vram_cuda_overhead_mib": 810} and none["chosen"]["setting"] is None
     # a plan over every peak: the context measured after load decides
-    over = trial("shipped", {}, [rep(100, 500, 14000)], after_load_mib=14100, planned_mib=14800, planned_static_mib=13700)
+    over = trial("shipped", {}, [rep(100, 500, 14000)], loaded_mib=14100, planned_mib=14800, planned_static_mib=13700)
     assert tune.calibration([over], 610)["cuda_overhead_mib"] == 400
+
+
+def test_the_calibration_covers_every_repetition_s_peak_not_the_median():
+    """Issue 38: a repetition that peaks over the plan counts, however the others went."""
+    reps = [rep(100, 500, 14790), rep(100, 500, 14829.2), rep(100, 500, 14795)]  # median 14,795: under the plan
+    t = trial("shipped", {}, reps, loaded_mib=14100, planned_mib=14800, planned_static_mib=13700)
+    assert t.median("peak_mib") < t.planned_mib < t.highest("peak_mib")
+    cal = tune.calibration([t, trial("slots 8", {}, [rep(1, 1, 9000)] * 3, planned_mib=9100)], 610)
+    assert cal["plan_short_at_peak_mib"] == pytest.approx(29.2) and cal["cuda_overhead_mib"] == 640  # 610 + 29.2
+    assert cal["peaks_covered"] == 6 and cal["planner_error_pct"]["shipped"] == pytest.approx(0.2)
+    for r in reps:  # with the calibrated overhead every repetition's peak is within its plan
+        assert t.planned_mib - 610 + cal["cuda_overhead_mib"] >= r["peak_mib"]
+
+
+def test_a_reading_taken_after_requests_is_shown_not_planned_with():
+    """The plan counts the CUDA pool apart: memory read after the first requests (older records read it
+    after the smoke test) holds the pool's growth, and planning with it would count the pool twice."""
+    old = trial("shipped", {}, [rep(100, 500, 14700)] * 3, after_load_mib=14400, planned_mib=14800,
+                planned_static_mib=13700)  # 700 over the static part: context + first request + pool
+    cal = tune.calibration([old], 610)
+    assert cal["cuda_overhead_after_load_mib"] is None and cal["cuda_overhead_after_requests_mib"] == 700
+    assert cal["cuda_overhead_mib"] == 510  # 610 - 100: every peak sat 100 MiB under its plan
+    new = trial("shipped", {}, [rep(100, 500, 14700)] * 3, loaded_mib=14250, after_load_mib=14400,
+                planned_mib=14800, planned_static_mib=13700)
+    cal = tune.calibration([new], 610)
+    assert cal["cuda_overhead_after_load_mib"] == 550 and "cuda_overhead_after_requests_mib" not in cal
+    assert cal["cuda_overhead_mib"] == 550  # the context read before any request is the floor
+    assert tune.Trial.of(tune.Setting("s", {}), {"status": "measured", "loaded_mib": 14250}).loaded_mib == 14250
+
+
+def test_the_headroom_is_judged_at_every_repetition_s_peak(cfg):
+    c = cfg_of(cfg, tune_repetitions=3, tune_max_ttft_p99_ms=1000, tune_headroom_mib=500)
+    t = trial("one full rep", {}, [rep(100, 500, 9000), rep(100, 500, 15700), rep(100, 500, 9000)])
+    assert t.median("peak_mib") == 9000 and "VRAM peak 15700" in tune.judge(t, c, 16000)
+
+
+def test_the_gpu_s_memory_is_read_as_the_workload_reads_its_peaks():
+    assert tune.gpu_used_command(2) == "nvidia-smi -i 2 --query-gpu=memory.used --format=csv,noheader,nounits"
+    assert tune.gpu_used_mib("22133\n") == 22133 and tune.gpu_used_mib("") is None
+    assert tune.gpu_used_mib("No devices were found\n") is None
 
 
 def test_the_inventory_applies_a_tuned_file_after_its_group_file(tmp_path, cfg):
