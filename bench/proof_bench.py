@@ -599,6 +599,7 @@ class Proof38(Proof32):
             r = {k: item[k] for k in ("name", "kind", "slots", "ckpt", "cms", "turns", "prompt_tokens",
                                       "answer_tokens", "thinking_budget")}
             r.update(build=label, args=s.args, healthy=s.ok, load_s=s.load_s, reps=[])
+            out.append(r)  # in the results from the start: every repetition is saved as it ends
             try:
                 if s.ok:
                     time.sleep(2)
@@ -611,9 +612,9 @@ class Proof38(Proof32):
                         self.save()
                     r["mem_after"] = proc_mem(s.p.pid)
             finally:
-                self.close(s, r, out)
-            r["buffers"] = s.buffers()
-            self.save()
+                s.stop()
+                r["log"], r["buffers"] = self.loglines(s), s.buffers()
+                self.save()
 
     def chat_rep(self, s: Server, item: dict, rep: int, workload, rng) -> dict:
         clients = [workload.Client(self.port, None, rng.__class__(rng.random()), item["thinking_budget"])

@@ -108,7 +108,7 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
         (r"^nvidia-smi --query-gpu=index", smi),
         (r"nvcc --version", ""),  # replaced below by the answer of the nvcc loop
         (r"^for n in ", f"nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 12.8, V{NVCC}"),
-        (r"^\. /etc/os-release", f"os={OS}\ncpus=64\nmem_kib=527000000\nsystemd=255\ncxx={CXX[compiler]}"),
+        (r"^\. /etc/os-release", f"os={OS}\ncpus=80\nmem_kib=527000000\nsystemd=255\ncxx={CXX[compiler]}"),
         (r"df -PB1", "2049 966367641600"),
         (rf"stat -c 'stat=%s %Y' ", f"stat={MODEL_SIZE} {MODEL_MTIME}\nside={sha} {MODEL_SIZE} {MODEL_MTIME}"),
         (r"^cd .* releases/\*/", f"current={fp}\ngood={fp}\nrelease={fp} 1760000000 {info}"),

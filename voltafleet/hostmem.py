@@ -28,9 +28,9 @@ The host needs instances x the instance's total + hostmem_reserve_mib (the syste
 page cache), against MemTotal. Each instance's unit gets MemoryHigh = its total and MemoryMax =
 total x (1 + hostmem_ceiling_margin).
 
-    >>> p = plan(cfg, vram.shape_of(header), instances=4, mem_total=256 * GIB)  # v100_32gb, Qwen3.6-27B
+    >>> p = plan(cfg, vram.ModelShape.from_header(header), instances=4, mem_total=256 * GIB)  # v100_32gb at 32 checkpoints
     >>> p.text()
-    'host memory: 4 x 76.8 GiB + 8.0 GiB reserve = 315.4 GiB of 256.0 GiB (MemTotal): short by 59.4 GiB'
+    'host memory: 4 x 76.8 GiB + 8.0 GiB reserve = 315.2 GiB of 256.0 GiB (MemTotal): short by 59.2 GiB'
 """
 from __future__ import annotations
 

@@ -32,6 +32,9 @@ FORCE_MMQ = "-DGGML_CUDA_FORCE_MMQ=ON"
 UBATCH_RANGE = (SCHEMA["server_ubatch"].min, SCHEMA["server_ubatch"].max)  # -b stays llama.cpp's 2048
 HOST_CACHE_MIB = 8192       # the host-RAM prompt cache tried when a group ships it off (llama.cpp's default)
 FIGURES = ("throughput_tps", "ttft_p50_ms", "ttft_p99_ms", "decode_tps", "peak_mib")
+# kept per repetition in the tuned file beside FIGURES: the follow-ups' TTFT and the share of their prompt the
+# server found cached (real chats: resumed from a context checkpoint, or 0), the server's host-memory peak
+REP_EXTRA = ("followup_ttft_p50_ms", "followup_cached_p50", "host_peak_mib")
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,8 @@ def document(group: str, best: Trial | None, trials: list[Trial], cfg: dict, met
         "calibration": cal,
         "trials": [{"setting": t.setting.name, "values": t.setting.values, "status": t.status,
                     "verdict": judge(t, cfg, vram_mib) or "eligible", "probe": t.probe, "seconds": t.seconds,
-                    "medians": t.figures(), "reps": [{k: r.get(k) for k in (*FIGURES, "requests", "followups", "errors")}
+                    "medians": t.figures(), "reps": [{**{k: r.get(k) for k in (*FIGURES, "requests", "followups", "errors")},
+                                                      **{k: r[k] for k in REP_EXTRA if k in r}}
                                                      for r in t.reps]} for t in trials],
     }
     head = (f"# Written by `python -m rollout --tune` for the group {group}: review, then commit.\n"

@@ -96,8 +96,13 @@ def test_the_memory_textfile_holds_each_servers_rss_and_its_plan(hosts):
         assert ssh(h, "systemctl is-active voltafleet-memory.timer") == "active"
         prom = f"{cfg['smoke_textfile_dir']}/{MEMORY_TEXTFILE}"
         pids = {i: main_pid(h, i) for i in instances(cfg)}
-        # the oneshot runs to its end; then each server's VmRSS, read right after
-        out = ssh(h, f"systemctl start voltafleet-memory.service && stat -c %a {prom} && cat {prom} && echo @@ && "
+        # the timer's service has written the file since the rollout (it runs every 30 s)
+        assert ssh(h, f"test -s {prom} && echo ok") == "ok", h["name"]
+        # the service's own command once more (a `systemctl start` of a short-lived unit races the timer's run in
+        # the lab's containers, whose cgroups sometimes fail to clean up: 219/CGROUP), then each server's VmRSS
+        cmd = ssh(h, "systemctl show -P ExecStart voltafleet-memory.service")
+        script = re.search(r"argv\[\]=([^;]+);", cmd).group(1).strip()
+        out = ssh(h, f"{script} && stat -c %a {prom} && cat {prom} && echo @@ && "
                   + " && ".join(f"awk '/^VmRSS:/ {{print {i}, $2}}' /proc/{p}/status" for i, p in pids.items()))
         mode, _, rest = out.partition("\n")
         text, _, rss = rest.partition("@@\n")
@@ -107,5 +112,7 @@ def test_the_memory_textfile_holds_each_servers_rss_and_its_plan(hosts):
             i, kib = line.split()
             now, written = int(kib) * 1024, got[("voltafleet_instance_memory_rss_bytes", i)]
             assert abs(written - now) <= 0.1 * now, (h["name"], i, written, now)
+            # the plan's terms other than the prompt cache's limit hold the real server (the lab's states are tiny)
+            assert now <= mem.instance.total - mem.instance.cache_ram, (h["name"], i, now, mem.instance.describe())
             assert got[("voltafleet_instance_memory_plan_bytes", i)] == mem.instance.total, (h["name"], i)
         assert ssh(h, f"grep -c '^# TYPE voltafleet_instance_memory_rss_bytes gauge$' {prom}") == "1"

@@ -28,5 +28,5 @@ def test_a_host_whose_servers_outgrow_its_memory_is_refused_with_the_fix(converg
     name = lab()["hosts"][0]["name"]
     run, _ = rollout(["--plan"], host_vars={name: {"hostmem_reserve_mib": 1 << 22}}, tmp=tmp_path)  # a 4 TiB reserve
     assert run.rc == 2, run
-    assert f"{name}: the servers do not fit the host's memory at their worst" in run.out
+    assert f"{name}: refused: the servers do not fit the host's memory at their worst" in run.out
     assert "hostmem_reserve_mib" in run.out and f"{name} (REFUSED): host memory:" in run.out

@@ -55,6 +55,14 @@ def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(co
     for t in measured:  # three repetitions each, medians recomputed from the raw figures
         assert len(t["reps"]) == 3
         assert all(r["followups"] > 0 for r in t["reps"])  # conversations continued in every repetition
+        # real chats: the history goes back without the thinking, so a follow-up leaves the cached sequence where
+        # the last answer began; the hybrid model resumes it from a context checkpoint, or reprocesses it whole
+        resumed = [r["followup_cached_p50"] for r in t["reps"]]
+        if t["values"].get("server_ctx_checkpoints") == 0:
+            assert resumed == [0, 0, 0], (t["setting"], resumed)
+        else:
+            assert all(c and c > 0.5 for c in resumed), (t["setting"], resumed)
+        assert all(r["host_peak_mib"] for r in t["reps"])  # the server's host memory, sampled
         tps = sorted(r["throughput_tps"] for r in t["reps"])
         assert t["medians"]["throughput_tps"] == pytest.approx(tps[1])
         assert t["medians"]["peak_mib"] is not None and t["probe"] == "match"  # CPU: the server's peak RSS

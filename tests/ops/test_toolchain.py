@@ -55,7 +55,7 @@ def host(name, os_id="ubuntu-24.04", smi=V100_SMI, nvcc=None, vars=None, extra=(
     """One fake host: the scenario's own answers first (the first match wins), then defaults."""
     responses = [
         *extra,
-        ["/etc/os-release", f"os={os_id}\ncpus=64\nmem_kib=527000000\nsystemd=255\ncxx=13.2.0 x86_64-linux-gnu"],
+        ["/etc/os-release", f"os={os_id}\ncpus=80\nmem_kib=527000000\nsystemd=255\ncxx=13.2.0 x86_64-linux-gnu"],
         ["nvidia-smi --query-gpu", smi],
         ["nvidia-smi -q", GPU_HEALTH],
         ["df -PB1", "2049 900000000000"],

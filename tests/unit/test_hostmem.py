@@ -30,7 +30,8 @@ def group(cfg: dict, name: str) -> dict:
 
 
 def v100_32(cfg, **over):
-    return {**group(cfg, "v100_32gb"), "model_sha256": "a" * 64, **over}
+    """v100_32gb at llama.cpp's 32 checkpoints a slot (the worst case the issue measured); the group ships 8."""
+    return {**group(cfg, "v100_32gb"), "model_sha256": "a" * 64, "server_ctx_checkpoints": 32, **over}
 
 
 # ---------------------------------------------------------------- the terms
@@ -283,7 +284,8 @@ def test_plan_table_shows_host_resources_per_group(cfg):
     report = dryrun.fleet_report([["h1", "h2"]], changes)
     report.update(records={h: ch.to_dict() for h, ch in changes.items()}, groups={"h1": ["lab"], "h2": ["lab"]})
     text = dryrun.table(report)
-    assert "host resources" in text and "group lab (h1, h2): per instance: process 1.3 GiB" in text
+    process = hostmem.size(c["hostmem_process_mib"] * MIB)
+    assert "host resources" in text and f"group lab (h1, h2): per instance: process {process}" in text
     assert "h1: host memory: 2 x" in text and "of 64.0 GiB (MemTotal): fits; not planned" in text
     assert "(no GGUF header); CPU: 2 x 1 threads + 0 reserved = 2 of 2 CPUs: fits" in text
     assert "h2 (REFUSED): host memory:" in text and "short by" in text
@@ -297,3 +299,11 @@ def test_new_counts_refuse_a_negative_value(cfg, key):
 
     with pytest.raises(ConfigError, match=key):
         validate_values("h", {**cfg, "model_sha256": "a" * 64, key: -1})
+
+
+def test_the_shipped_v100_32gb_fits_eight_gpus_in_256_gib_and_llama_cpps_default_would_not(cfg):
+    shipped = {**group(cfg, "v100_32gb"), "model_sha256": "a" * 64}
+    assert shipped["server_ctx_checkpoints"] == 8
+    p = hostmem.plan(shipped, QWEN, 8, mem_total=256 * GIB)
+    assert p.fits and 170 < p.need / GIB < 180, p.text()
+    assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 32}, QWEN, 8, mem_total=256 * GIB).fits

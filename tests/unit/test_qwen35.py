@@ -198,7 +198,7 @@ def test_new_flags_render_and_are_known_to_the_pinned_server():
     cfg = {**group("v100_32gb"), "server_spec_mtp": True}
     args = server_args(cfg, "/m.gguf", port=8080, api_key_file=None)
     joined = " ".join(args)
-    assert "--ctx-checkpoints 32" in joined and "--backend-sampling" in args
+    assert f"--ctx-checkpoints {cfg['server_ctx_checkpoints']}" in joined and "--backend-sampling" in args
     assert "--spec-type draft-mtp --spec-draft-n-max 3" in joined
     help_text = (ROOT / "voltafleet/data/llama-server-help-0c1e57098bba.txt").read_text()
     assert check_against_help(args, help_text) == []

@@ -1,0 +1,117 @@
+"""Issue 38 on the H200 (bench/records/proof38/run1): llama-server's host memory while 16 chats fill
+their slots' context checkpoints, v100_32gb's argv on the shipped build (FORCE_MMQ), recomputed from
+the raw progress log the run printed (every turn's VmRSS, each repetition's peak and the checkpoints
+its log shows) against voltafleet.hostmem's plan for the same argv."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_proof import FILL38, group_cfg, plan38
+from voltafleet import hostmem, vram
+from voltafleet.gguf_header import from_json
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "bench/records/proof38/run1"
+TURN = re.compile(r"host38 (\S+) (\d+) (\d+) ([\d.]+) (\d+) (\d+)$")
+PEAK = re.compile(r"host38 (\S+) (\d+) peak ([\d.]+) held (\d+) \[([\d.]+)\]$")
+SLOTS, N = 16, 32
+
+
+def progress() -> tuple[dict, dict]:
+    """{(config, rep): [RSS MiB after each turn]}, {(config, rep): (peak MiB, checkpoints held, MiB each)}."""
+    turns, peaks = {}, {}
+    for line in (RUN / "progress.txt").read_text().splitlines():
+        if m := TURN.search(line):
+            rss = turns.setdefault((m.group(1), int(m.group(2))), [])
+            assert int(m.group(3)) == len(rss) and m.group(6) == "0"  # turns in order, no request failed
+            rss.append(int(m.group(5)))
+        elif m := PEAK.search(line):
+            peaks[(m.group(1), int(m.group(2)))] = (float(m.group(3)), int(m.group(4)), float(m.group(5)))
+    return turns, peaks
+
+
+def planned(**over) -> hostmem.Instance:
+    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
+    cfg = {**group_cfg("v100_32gb"), "voltafleet_backend": "cuda", "server_ctx": 8192 * SLOTS,
+           "server_parallel": SLOTS, "server_ctx_checkpoints": N, **over}
+    return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1).instance
+
+
+def held(turn: int) -> int:
+    """Checkpoints the 16 slots hold after `turn` (from 0): the first turn's prompt makes one a slot (at
+    its end), each follow-up two (its user message's start, its end); at N a slot llama.cpp evicts
+    before it adds (with the default --checkpoint-min-step, down to N - 2), so a full slot holds N - 1."""
+    return SLOTS * min(1 + 2 * turn, N - 1)
+
+
+def test_the_run_is_the_fill_config_of_plan38_on_v100_32gb_argv():
+    item = next(c for c in plan38()["host38"]["configs"] if c["name"] == "fill-np16-ck32")
+    assert item["slots"] == SLOTS and item["ckpt"] == N and item["turns"] == FILL38["turns"] == 17
+    argv = (RUN / "argv.txt").read_text()
+    assert " ".join(item["args"]) in argv  # the argv the run served, as plan38 renders it today
+
+
+def test_every_turn_adds_two_checkpoints_a_slot_of_the_logged_size_until_the_slots_are_full():
+    turns, peaks = progress()
+    rss = turns[("fill-np16-ck32", 0)]
+    peak, n, size = peaks[("fill-np16-ck32", 0)]
+    assert len(rss) == 17 and n == held(16) == SLOTS * (N - 1) and peak == pytest.approx(max(rss), abs=1)
+    assert size == pytest.approx(planned().checkpoint_bytes / 2**20, abs=0.001)  # 149.626 logged, 149.627 planned
+    for t in range(1, 16):  # 32 new checkpoints a turn, each one of the logged size
+        assert rss[t] - rss[t - 1] == pytest.approx((held(t) - held(t - 1)) * size, abs=2), t
+    assert rss[16] - rss[15] == pytest.approx(0, abs=2)  # full: one evicted for each created
+
+
+def test_the_plan_holds_every_measured_turn_and_is_within_5_percent_of_the_worst_case():
+    turns, peaks = progress()
+    inst = planned()
+    plan_mib = inst.total / 2**20
+    measured = [v for rss in turns.values() for v in rss] + [p for p, _, _ in peaks.values()]
+    assert len(turns) == 2 and len(measured) == 17 + 15 + 1  # repetition 1 was cut at turn 14 (the device time)
+    worst = max(measured)
+    assert worst <= plan_mib and (plan_mib - worst) / worst < 0.05, (plan_mib, worst)
+    # at every turn, the plan at the checkpoints then held covers the process (never under), within 60 MiB, less its
+    # model term: the 682 MiB token_embd whose pages real text maps row by row (these chats' few words map a few)
+    for (name, rep), rss in turns.items():
+        for t, v in enumerate(rss):
+            at = (inst.total - inst.model - (SLOTS * N - held(t)) * inst.checkpoint_bytes) / 2**20
+            assert 0 <= at - v < 60, (rep, t, at, v)
+
+
+def test_the_process_figure_of_group_vars_is_the_largest_base_measured():
+    """What is left of VmRSS once the checkpoints held are taken away is the process's base with its host
+    buffers (and the few token_embd pages the workload's words touched); hostmem_process_mib covers it."""
+    turns, _ = progress()
+    inst = planned()
+    size = inst.checkpoint_bytes / 2**20
+    base = [v - held(t) * size for rss in turns.values() for t, v in enumerate(rss)]
+    process = inst.process / 2**20
+    assert 1300 < max(base) < 1400 and max(base) - min(base) < 20  # flat over 31 turns: the checkpoints are the growth
+    assert 0 <= process + inst.host_buffers / 2**20 - max(base) < 10
+
+
+# ------------------------------------------------------------ real chats on the lab's CPU server
+LAB = REPO / "bench/records/proof38/lab-cpu"
+
+
+def test_real_chat_follow_ups_resume_from_a_checkpoint_at_any_count_and_from_none_without():
+    """The same host38 phase on the lab's llama-server (CPU, the tiny qwen35 with the pinned Qwen3.5/3.6
+    chat template, 4 slots, 6 turns of 400-word questions, 3 repetitions): the history goes back without
+    the thinking, so every follow-up leaves the cached sequence where the last answer began. With no
+    checkpoint the whole conversation is reprocessed; with 2 or more the server resumes from the one at
+    the end of the last prompt, and the share it finds cached is the same at 2, 4, 8 and 32 (and with no
+    minimum spacing): the count bounds the memory, not the reuse. Tokens are the model's vocabulary's, so
+    the shares hold for the 27B; its times do not (a CPU and a 12 MB model)."""
+    from bench.gpu_proof import host38_table
+
+    rows = {r["name"]: r for r in host38_table(json.loads((LAB / "results.json").read_text()))}
+    assert set(rows) == {"chat-np4-ck0", "chat-np4-ck2", "chat-np4-ck4", "chat-np4-ck8", "chat-np4-ck32",
+                         "chat-np4-ck4-cms0"}
+    assert all(r["reps"] == 3 and r["errors"] == 0 for r in rows.values())
+    assert rows["chat-np4-ck0"]["cached_share"] == 0 and rows["chat-np4-ck0"]["held"] == 0
+    shares = {n: r["cached_share"] for n, r in rows.items() if n != "chat-np4-ck0"}
+    assert min(shares.values()) > 0.8 and max(shares.values()) - min(shares.values()) < 0.01, shares
+    for r in rows.values():  # never more than the count a slot (a full slot holds N - 1 with the default spacing)
+        assert r["held"] <= r["slots"] * r["ckpt"], r
