@@ -121,8 +121,9 @@ def preflight() -> HostPlan:
         logger.warning(f"warning: {line}")
     if plan.vram_note:
         logger.info(f"{host.name}: VRAM plan: {plan.vram_note}")
-    for line in plan.resource_lines():
-        logger.info(f"{host.name}: {line}")
+    if run_context().phase in ("all", "preflight"):  # once a rollout: the later phases plan the same again
+        for line in plan.resource_lines():
+            logger.info(f"{host.name}: {line}")
     if run_context().phase == "preflight":
         preflight_record(plan)
     return plan
