@@ -136,3 +136,15 @@ def test_bad_usage(tmp_path):
 def memory_textfile_text(tmp_path: Path) -> str:
     """A representative voltafleet-memory.prom (tests/unit/test_monitoring.py checks it with promtool)."""
     return run(tmp_path)[1]
+
+
+def test_the_memory_plan_sits_beside_the_env_dir_where_the_good_snapshot_keeps_it():
+    """vf-good records and restores ENV_DIR/../memory-plan with the env files: a rollback leaves it as it was."""
+    import posixpath
+
+    from voltafleet.hostplan import ENV_DIR
+    from voltafleet.unitfile import MEMORY_PLAN_PATH
+
+    assert MEMORY_PLAN_PATH == posixpath.join(posixpath.dirname(ENV_DIR), "memory-plan")
+    script = (Path(__file__).resolve().parents[2] / "roles/activation/files/vf-good.sh").read_text()
+    assert script.count('dirname -- "$env_dir")/memory-plan') == 2
