@@ -2,9 +2,10 @@
 
 group_vars hold each team's name and the sha256 of its key(s), never a key. The gateway
 role renders two HAProxy maps from them, which HAProxy reads at start and which a run
-replaces atomically in the running process through the runtime API (prepare/add/commit
-map), so an added, rotated or revoked key takes effect on the next request, without a
-reload and without touching a server:
+brings the running process to through the runtime API (add, set, del map; values with
+spaces escaped, read back and compared with the file), so an added, rotated or revoked key
+and a changed limit take effect on the next request, without a reload and without touching
+a server:
 
 - KEYS_MAP: sha256 of a key (hex) -> team name; the gateway hashes the request's Bearer
   token (sha2(256)) and looks it up; no team: 401 at the gateway.
@@ -150,18 +151,130 @@ def runtime_replace(path: str, socket: str | None = None) -> str:
     entries go through stdin, never argv (the upstream map holds a key). Nothing happens when
     the running process does not use that map (a reload loads it). HAProxy 2.6's versioned
     swap (prepare/commit map) left a committed key unfound for a while under load in the lab
-    (about 1 run in 3), so it is not used."""
+    (about 1 run in 3), so it is not used.
+
+    The CLI splits a command into words and `set map`/`add map` keep only the word after the
+    key, so each space, tab, `;` and backslash of a key or value is escaped with a backslash
+    (HAProxy's CLI unescapes it): "64 3" and "Bearer KEY" arrive whole. check_running reads
+    the result back."""
     from voltafleet.gateway import ADMIN_SOCKET, admin
 
-    if not re.fullmatch(r"/[A-Za-z0-9._/-]+", path):
-        raise ValueError(f"unexpected characters in map path {path!r}")
+    _check_path(path)
     sock = admin(socket or ADMIN_SOCKET)
-    diff = ("awk -v m=" + path + " '$1 == \"L\" { k = $2; $1 = \"\"; $2 = \"\"; sub(/^ +/, \"\"); live[k] = $0; next }"
-            " $1 == \"F\" && NF >= 3 { k = $2; $1 = \"\"; $2 = \"\"; sub(/^ +/, \"\"); want[k] = $0 }"
-            " END { for (k in want) if (!(k in live)) print \"add map \" m \" \" k \" \" want[k];"
-            " else if (live[k] != want[k]) print \"set map \" m \" \" k \" \" want[k];"
-            " for (k in live) if (!(k in want)) print \"del map \" m \" \" k }'")
+    diff = ("awk -v m=" + path + " 'function esc(s,  o, i, c) { o = \"\"; for (i = 1; i <= length(s); i++)"
+            " { c = substr(s, i, 1); if (c == \" \" || c == \"\\t\" || c == \";\" || c == \"\\\\\") o = o \"\\\\\";"
+            " o = o c } return o }"
+            " { k = $2; v = $0; sub(/^[LF][ \\t]+[^ \\t]+[ \\t]*/, \"\", v); sub(/[ \\t]+$/, \"\", v) }"
+            " $1 == \"L\" { live[k] = v; next }"
+            " $1 == \"F\" && NF >= 3 && substr(k, 1, 1) != \"#\" { want[k] = v }"
+            " END { for (k in want) if (!(k in live)) print \"add map \" m \" \" esc(k) \" \" esc(want[k]);"
+            " else if (live[k] != want[k]) print \"set map \" m \" \" esc(k) \" \" esc(want[k]);"
+            " for (k in live) if (!(k in want)) print \"del map \" m \" \" esc(k) }'")
     return (f"if echo 'show map' | {sock} | grep -qF '({path})'; then "
             f"out=$({{ echo 'show map {path}' | {sock} | sed -n 's/^0x[0-9a-f]* /L /p'; sed 's/^/F /' {path}; }} "
             f"| {diff} | tr '\\n' ';' | {sock}); "
             f"if printf '%s' \"$out\" | grep -q '[A-Za-z]'; then echo \"voltafleet: HAProxy refused {path}: $out\" >&2; exit 1; fi; fi")
+
+
+def _check_path(path: str) -> None:
+    if not re.fullmatch(r"/[A-Za-z0-9._/-]+", path):
+        raise ValueError(f"unexpected characters in map path {path!r}")
+
+
+# check_running's output when the running HAProxy does not use the map (or does not run):
+# nothing to compare, it reads the file when it starts or reloads
+NOT_LOADED = "voltafleet: map not loaded"
+FILE_MARK = "voltafleet: the map file"
+
+
+def show_running(path: str, socket: str | None = None) -> str:
+    """A shell command that prints the running HAProxy's copy of the map at `path` (`show map`),
+    or NOT_LOADED when the running process does not use that map (or does not run)."""
+    from voltafleet.gateway import ADMIN_SOCKET, admin
+
+    _check_path(path)
+    sock = admin(socket or ADMIN_SOCKET)
+    return (f"if echo 'show map' | {sock} | grep -qF '({path})'; then echo 'show map {path}' | {sock}; "
+            f"else echo '{NOT_LOADED}'; fi")
+
+
+def readback(path: str, socket: str | None = None) -> str:
+    """show_running, then FILE_MARK and the file: what check_running compares."""
+    return f"{show_running(path, socket)}; echo '{FILE_MARK}'; cat {path}"
+
+
+def running_copy(show_running_output: str) -> str | None:
+    """show_running's output as `show map` text, None when the map is not loaded."""
+    return None if show_running_output.strip() == NOT_LOADED else show_running_output
+
+
+def file_entries(text: str) -> list[tuple[str, str]]:
+    """A map file's [(key, value)] as HAProxy reads it at start: the first word is the key, the
+    rest of the line its value (inner spaces kept, outer ones dropped); lines that begin with #
+    and blank lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, *value = re.split(r"[ \t]+", line.strip(" \t\r"), maxsplit=1)
+        out.append((key, value[0] if value else ""))
+    return out
+
+
+SHOW_MAP_LINE = re.compile(r"^0x[0-9a-f]+ (\S+) ?(.*)$")
+
+
+def running_entries(show_map: str) -> list[tuple[str, str]]:
+    """[(key, value)] from the runtime API's `show map <file>`: one `<entry id> <key> <value>`
+    line an entry (HAProxy 2.6: `0x55d1c0e0a1b0 slow 64 3`), then an empty line. Anything else
+    (an error such as "Unknown map identifier") is a ValueError: never read as an empty map."""
+    out = []
+    for line in show_map.splitlines():
+        if not line.strip():
+            continue
+        m = SHOW_MAP_LINE.match(line)
+        if not m:
+            raise ValueError(f"unexpected `show map` output: {line[:120]!r}")
+        out.append((m.group(1), m.group(2)))
+    return out
+
+
+def map_mismatch(path: str, file_text: str, show_map: str) -> str | None:
+    """What the running HAProxy's copy of the map at `path` (its `show map` output) lacks or
+    holds beyond the file (file_text), naming the map and each entry; None when they are equal.
+    The servers' key map never shows its values."""
+    secret = path == UPSTREAM_MAP
+    try:
+        running = running_entries(show_map)
+    except ValueError as e:
+        return f"the running HAProxy's map {path} could not be read: " + ("unexpected output" if secret else str(e))
+    want = dict(file_entries(file_text))
+    live: dict[str, list[str]] = {}
+    for k, v in running:
+        live.setdefault(k, []).append(v)
+    diffs = []
+    for k in sorted(set(want) | set(live)):
+        name = k if not secret or k == "upstream" else "an entry"  # a stray line of a key file is a key
+        if k not in live:
+            diffs.append(f"{name}: missing")
+        elif k not in want:
+            diffs.append(f"{name}: not in the file")
+        elif len(live[k]) > 1:
+            diffs.append(f"{name}: {len(live[k])} entries")
+        elif live[k][0] != want[k]:
+            diffs.append(f"{name}: the running value differs from the file's" if secret
+                         else f"{name}: running {live[k][0]!r}, file {want[k]!r}")
+    if not diffs:
+        return None
+    more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
+    return f"the running HAProxy's map {path} does not hold what the file holds: " + "; ".join(diffs[:5]) + more
+
+
+def check_running(path: str, output: str) -> str | None:
+    """map_mismatch from readback(path)'s output; None when the map matches or is not loaded."""
+    show, mark, file_text = output.partition(FILE_MARK + "\n")
+    if mark and running_copy(show) is None:
+        return None
+    if not mark:  # the runtime API did not answer (its output is not shown: it may hold the servers' key)
+        return f"the running HAProxy's map {path} could not be read back"
+    return map_mismatch(path, file_text, show)

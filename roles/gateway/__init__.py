@@ -10,8 +10,8 @@ leaves the running gateway untouched.
 With gateway_teams, the gateway checks a key per team (the sha256 of the Bearer token in a
 map), limits each team (requests in flight, per minute: 429 with Retry-After), counts its
 usage (/metrics/teams on the metrics bind), and sends the servers their own key instead
-(voltafleet/teams.py). A key change replaces the maps in the running process: no reload,
-no server touched.
+(voltafleet/teams.py). A key or limit change brings the maps of the running process to
+the files, then reads them back (a mismatch fails the run): no reload, no server touched.
 
 The rolling rollout drains instances through the runtime API (roles/gateway_api: drain, ready).
 """
@@ -21,8 +21,8 @@ import shlex
 from io import StringIO
 from pathlib import Path
 
-from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FunctionCommand, deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
@@ -31,6 +31,7 @@ from roles.factcache import host_fact
 from roles.gateway_api import is_server, server_address
 
 from roles.run import changes, config, fleet_plan, host_config
+from roles.shell import sh
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet import gateway as gw
 from voltafleet import hostplan, teams
@@ -85,18 +86,45 @@ def installed(staged: str, live: str, staged_op=None):
     yield "systemctl reload-or-restart haproxy"
 
 
+class RunningMap(FactBase):
+    """The running HAProxy's copy of the map at `path`: its `show map` output, or None when the
+    running process does not use that map (or does not run)."""
+
+    def command(self, path: str) -> str:
+        return teams.show_running(path)
+
+    def process(self, output):
+        return teams.running_copy("\n".join(output) + "\n")
+
+
+def matches_running(state, host, path: str) -> bool:
+    """Read the map at `path` back from the running HAProxy and compare it with the file: a
+    mismatch fails the host, naming the gateway and the map."""
+    ok, out = sh(host, teams.readback(path))
+    problem = teams.check_running(path, out.stdout + "\n") if ok else \
+        f"the running HAProxy's map {path} could not be read back ({out.stderr.strip()[:200] or 'no output'})"
+    if problem:
+        host.log_styled(f"gateway {host.name}: {problem}. Fix: run the gateway again; `systemctl reload haproxy` "
+                        "loads the files as they are", fg="red", log_func=logger.error)
+    return not problem
+
+
 @operation()
-def maps_live(paths: list[str], ops: list):
-    """Replace each changed map in the running HAProxy, atomically (the runtime API's prepare,
-    add and commit map), so a revoked key fails on its next request, without a reload.
+def maps_live(paths: list[str], texts: list[str]):
+    """Bring each map the running HAProxy holds to its file's new content through the runtime
+    API, without a reload, when its running copy differs (a changed file, or a copy an earlier
+    run left incomplete); then read it back and compare it with the file: a mismatch fails the
+    run. A map the running process does not use is left to the reload that loads it.
 
     .. code:: python
 
-        gateway.maps_live(paths=[teams.LIMITS_MAP, teams.KEYS_MAP], ops=[limits_op, keys_op])
+        gateway.maps_live(paths=[teams.LIMITS_MAP, teams.KEYS_MAP], texts=[limits_text, keys_text])
     """
-    for path, op in zip(paths, ops):
-        if changes(op):
+    for path, text in zip(paths, texts):
+        running = host.get_fact(RunningMap, path=path)
+        if running is not None and teams.map_mismatch(path, text, running):
             yield teams.runtime_replace(path)
+            yield FunctionCommand(matches_running, (path,), {})
 
 
 def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
@@ -114,10 +142,10 @@ def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
     texts = [teams.limits_map(lim), teams.keys_map(team_list), teams.upstream_map(key)]
     what = [f"Team limits ({len(lim)} teams)", f"Team keys ({sum(len(t.keys) for t in team_list)} sha256)",
             "The servers' key, for the gateway alone"]
-    ops = [files.put(name=w, src=StringIO(t), dest=path, mode="640", user="root", group="haproxy")
-           for w, t, path in zip(what, texts, paths)]
+    for w, t, path in zip(what, texts, paths):
+        files.put(name=w, src=StringIO(t), dest=path, mode="640", user="root", group="haproxy")
     files.put(name="Usage per team (Lua)", src=str(USAGE_LUA_SRC), dest=teams.USAGE_LUA, mode="644")
-    maps_live(name="Team maps replaced in the running gateway", paths=paths, ops=ops)
+    maps_live(name="Team maps brought to the running gateway, read back", paths=paths, texts=texts)
 
 
 @deploy("Gateway")

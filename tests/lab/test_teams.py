@@ -1,7 +1,8 @@
 """Many teams through one gateway (issue 30), on the lab fleet with pooled keep-alive clients:
 a key per team (sha256 in group_vars, a map on the gateway), limits per team (429 with
 Retry-After), usage per team (/metrics/teams), keys added, rotated and revoked by a
-gateway-only run that restarts no server and loses no request."""
+gateway-only run that restarts no server and loses no request; limits, teams and the servers'
+key changed in the running HAProxy whole, without a reload (issue 39)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 from tests.lab.helpers import REPO, deploy, lab, pids, ssh
-from voltafleet import teams
+from voltafleet import gateway, teams
 
 sys.path.insert(0, str(REPO / "bench"))
 from load import Load  # noqa: E402
@@ -42,6 +43,42 @@ def gateway_only(vars: dict, tmp) -> None:
     run = deploy(vars, tmp, limit=lab()["gateway"]["name"])
     assert run.rc == 0, run
     assert "vf-lab-1" not in run.out  # no server host in this run
+
+
+def haproxy_pid() -> int:
+    """The pid of the gateway's running HAProxy worker (`show info`): a reload or a restart
+    starts a new one."""
+    info = ssh(lab()["gateway"], gateway.runtime("show info"))
+    return int(re.search(r"^Pid: (\d+)$", info, re.M).group(1))
+
+
+def running_map(path: str) -> dict[str, str]:
+    """{key: value} of the map as the running HAProxy holds it (`show map`), whole values."""
+    return dict(teams.running_entries(ssh(lab()["gateway"], gateway.runtime(f"show map {path}"))))
+
+
+def with_team(name: str, key: str, **limits) -> dict:
+    """The module's teams and one more."""
+    v = team_vars()
+    v["gateway_teams"].append({"name": name, "key_sha256": sha(key), **limits})
+    return v
+
+
+def statuses(key: str, n: int) -> list[int]:
+    """The statuses of n requests in a row on one keep-alive connection with this key."""
+    with httpx.Client(base_url=URL, headers={"Authorization": f"Bearer {key}"}, timeout=60) as c:
+        return [c.post("/completion", json={"prompt": "hi", "n_predict": 2}).status_code for _ in range(n)]
+
+
+def under_load(change) -> dict:
+    """Run change() while a pooled keep-alive load of the web team goes on: its summary."""
+    load = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web"]).start()
+    try:
+        change()
+        time.sleep(1)
+    finally:
+        s = load.stop()
+    return s
 
 
 def usage() -> dict[tuple[str, str], float]:
@@ -195,3 +232,53 @@ def test_rotating_a_key_under_load_loses_no_request_and_a_revoked_key_fails_at_o
     assert pids(hosts) == before  # no server restarted
     old.close()
     gateway_only(team_vars(), tmp)  # back to the module's teams
+
+
+def test_a_lowered_requests_per_minute_holds_on_the_next_requests_without_a_reload(team_fleet):
+    tmp = team_fleet
+    name, key = "q" + secrets.token_hex(4), "vf-" + secrets.token_urlsafe(24)  # a team no request counted yet
+    gateway_only(with_team(name, key, requests_per_minute=1000), tmp)
+    pid = haproxy_pid()
+    s = under_load(lambda: gateway_only(with_team(name, key, requests_per_minute=3), tmp))
+    assert s["requests"] > 0 and s["served"] == s["requests"] and s["failed"] == s["cut"] == 0, s
+    assert haproxy_pid() == pid  # changed in the running process: no reload, no restart
+    assert running_map(teams.LIMITS_MAP)[name].split()[1:] == ["3"]  # "<concurrent> 3", whole
+    assert statuses(key, 5) == [200, 200, 200, 429, 429]  # 3 a minute, from the next request on
+    gateway_only(team_vars(), tmp)
+
+
+def test_a_team_added_without_a_reload_is_served_and_limited(team_fleet):
+    tmp = team_fleet
+    name, key = "n" + secrets.token_hex(4), "vf-" + secrets.token_urlsafe(24)
+    pid = haproxy_pid()
+    assert statuses(key, 1) == [401]  # not a team yet
+    s = under_load(lambda: gateway_only(with_team(name, key, requests_per_minute=2, max_concurrent=5), tmp))
+    assert s["requests"] > 0 and s["served"] == s["requests"] and s["failed"] == s["cut"] == 0, s
+    assert haproxy_pid() == pid
+    assert running_map(teams.LIMITS_MAP)[name] == "5 2"
+    assert statuses(key, 3) == [200, 200, 429]
+    gateway_only(team_vars(), tmp)
+
+
+def test_a_new_servers_key_reaches_the_running_gateway_whole_and_loses_no_request(team_fleet):
+    """The gateway sends the servers the key of server_api_key_file; a new key replaces the
+    running map's "Bearer <key>" whole (HAProxy 2.6's CLI kept "Bearer" alone before). The lab's
+    servers take no key, so every request after a cut value would still pass: the value the
+    running gateway sends is read back whole instead."""
+    tmp = team_fleet
+    keys = {}
+    for n in ("old", "new"):
+        keys[n] = "vf-srv-" + secrets.token_urlsafe(24)
+        (tmp / f"server-key-{n}").write_text(keys[n] + "\n")
+        (tmp / f"server-key-{n}").chmod(0o600)
+    try:
+        gateway_only({**team_vars(), "server_api_key_file": str(tmp / "server-key-old")}, tmp)  # a reload: set-header
+        assert running_map(teams.UPSTREAM_MAP) == {"upstream": f"Bearer {keys['old']}"}
+        pid = haproxy_pid()
+        s = under_load(lambda: gateway_only({**team_vars(), "server_api_key_file": str(tmp / "server-key-new")}, tmp))
+        assert s["requests"] > 0 and s["served"] == s["requests"] and s["failed"] == s["cut"] == 0, s
+        assert haproxy_pid() == pid
+        assert running_map(teams.UPSTREAM_MAP) == {"upstream": f"Bearer {keys['new']}"}
+        assert statuses(KEY["web"], 2) == [200, 200]
+    finally:
+        gateway_only(team_vars(), tmp)
