@@ -122,12 +122,13 @@ class Client:
                 "cached_share": cached / (cached + fresh) if cached is not None and fresh else None}
 
 
-def rss_mib(pid: str | int) -> float | None:
-    """The process's resident set now (VmRSS, MiB); None when it cannot be read."""
+def status_mib(pid: str | int, key: str = "VmRSS") -> float | None:
+    """One memory line of the process's /proc status, MiB (VmRSS: resident now, VmHWM: its peak);
+    None when it cannot be read."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
         return None
@@ -163,17 +164,14 @@ class Peak:
                 return float(out.stdout.strip().splitlines()[0])
             pid = self.main_pid()
             if pid:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            return int(line.split()[1]) / 1024
+                return status_mib(pid, "VmHWM")
         except (OSError, ValueError, IndexError, subprocess.SubprocessError):
             return None
         return None
 
     def read_host(self) -> float | None:
         pid = self.main_pid()
-        return rss_mib(pid) if pid else None
+        return status_mib(pid) if pid else None
 
     def run(self) -> None:
         while not self.stop.is_set():

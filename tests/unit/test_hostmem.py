@@ -301,9 +301,10 @@ def test_new_counts_refuse_a_negative_value(cfg, key):
         validate_values("h", {**cfg, "model_sha256": "a" * 64, key: -1})
 
 
-def test_the_shipped_v100_32gb_fits_eight_gpus_in_256_gib_and_llama_cpps_default_would_not(cfg):
+def test_the_shipped_v100_32gb_fits_eight_gpus_in_128_gib_and_llama_cpps_default_would_not(cfg):
     shipped = {**group(cfg, "v100_32gb"), "model_sha256": "a" * 64}
-    assert shipped["server_ctx_checkpoints"] == 8
-    p = hostmem.plan(shipped, QWEN, 8, mem_total=256 * GIB)
-    assert p.fits and 170 < p.need / GIB < 180, p.text()
+    assert shipped["server_ctx_checkpoints"] == 4
+    p = hostmem.plan(shipped, QWEN, 8, mem_total=128 * GIB)
+    assert p.fits and 95 < p.need / GIB < 100, p.text()
+    assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 8}, QWEN, 8, mem_total=128 * GIB).fits
     assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 32}, QWEN, 8, mem_total=256 * GIB).fits
