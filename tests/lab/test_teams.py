@@ -174,8 +174,10 @@ def test_a_flooding_team_gets_429s_while_the_other_keeps_its_ttft_and_usage_matc
 
 def test_the_sdk_reads_a_429_and_its_retry_after(team_fleet):
     share = int(BATCH_SHARE * 24)  # the team's limit: 6 of the lab's 24 slots
+    # n_probs makes each of the tiny model's tokens slower: six 800-token streams last 5-9 s, not 1-2, so
+    # they are all in flight together when the seventh is sent
     hold = Load(URL, clients=share, tokens=800, seconds=60, max_requests=share, key=KEY["batch"],
-                streams_only=True).start()
+                streams_only=True, body={"n_probs": 100}).start()
     try:
         deadline = time.monotonic() + 20
         while usage().get(("voltafleet_team_in_flight", 'team="batch"'), 0) < share:  # all six streams in flight
