@@ -199,6 +199,9 @@ SCHEMA: dict[str, Var] = {
     "tune_headroom_mib": Var(int, min=0, max=65536),
     "tune_budget_minutes": Var((int, float), min=1, max=7 * 24 * 60),
     "tune_profile_hours": Var((int, float), min=0, max=31 * 24),
+    "tune_try": Var(list, nullable=True, item=str,
+                    pattern=re.compile(r"^(slots|context|ubatch|ngram|backend_sampling|host_cache|checkpoints|build)$"),
+                    hint="one of slots, context, ubatch, ngram, backend_sampling, host_cache, checkpoints, build"),
     # smoke
     "smoke_enabled": Var(bool),
     "smoke_tokens": Var(int, min=8, max=4096),

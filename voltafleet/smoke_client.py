@@ -112,6 +112,19 @@ def wait_health(port: int, timeout: float) -> float:
         time.sleep(0.5)
 
 
+def client_rate(t0: float, first: float, last: float, chunks: int, predicted: int,
+                prompt_ms: float | None) -> float | None:
+    """The client's decode tok/s: the tokens over the time from the request to the last token, less
+    the server's own prompt time. Not (chunks - 1) / (last - first): a stream that reaches the client
+    in a burst (a busy host's client scheduled late, a buffering proxy) has its first and last token
+    a few microseconds apart, and that rate (100,000+ tok/s) is no decode rate at all. Without the
+    server's prompt time, the whole request's span (a lower bound on the rate)."""
+    span = (last - t0) - (prompt_ms or 0) / 1000
+    if chunks < 2 or span <= 0:
+        return None
+    return predicted / span
+
+
 def stream_once(port: int, tokens: int, key: str | None) -> dict:
     """One streamed completion: time to first token, decode rate, token count."""
     body = {"prompt": PROMPT, "n_predict": tokens, "stream": True, "ignore_eos": True,
@@ -139,13 +152,13 @@ def stream_once(port: int, tokens: int, key: str | None) -> dict:
     if first is None:
         raise RuntimeError(f"/completion on port {port} streamed no token")
     predicted = int(final.get("tokens_predicted") or final.get("timings", {}).get("predicted_n") or n)
-    decode_s = (last - first) if last > first else None
+    prompt_ms = final.get("timings", {}).get("prompt_ms")
     return {
         "ttft_ms": (first - t0) * 1000,
         "tokens": predicted,
         "chunks": n,
         "start": t0, "end": last,
-        "decode_tps": (n - 1) / decode_s if decode_s else None,
+        "decode_tps": client_rate(t0, first, last, n, predicted, prompt_ms),
         "server_tps": final.get("timings", {}).get("predicted_per_second"),
         "server_prompt_ms": final.get("timings", {}).get("prompt_ms"),
     }

@@ -108,7 +108,20 @@ def candidates(cfg: dict) -> list[Setting]:
     if cfg.get("voltafleet_backend") == "cuda" and FORCE_MMQ in extra:
         out.append(Setting("Volta rule build (no FORCE_MMQ)",
                            {"llama_cpp_cmake_extra": [f for f in extra if f != FORCE_MMQ]}))
-    return out
+    tried = cfg.get("tune_try")
+    return [s for s in out if not s.values or tried is None or kind(s) in tried]
+
+
+# what each kind of change (tune_try) sets; a setting's kind is that of its first value
+KINDS = {"server_parallel": "slots", "server_ctx": "context", "server_ubatch": "ubatch",
+         "server_spec_ngram": "ngram", "server_backend_sampling": "backend_sampling",
+         "server_cache_ram": "host_cache", "server_ctx_checkpoints": "checkpoints", "llama_cpp_cmake_extra": "build"}
+
+
+def kind(setting: Setting) -> str:
+    """The kind of change a setting makes (tune_try's words): "slots 8" sets server_parallel (and
+    the context that keeps a slot's), so it is "slots"."""
+    return KINDS[next(iter(setting.values))]
 
 
 @dataclass

@@ -50,6 +50,8 @@ def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(co
     doc = yaml.safe_load(TUNED.read_text())
     trials = doc["trials"]
     assert len(trials) >= 6 and trials[0]["setting"] == "shipped"
+    tried = yaml.safe_load((REPO / "group_vars/lab.yml").read_text())["tune_try"]  # the lab tries these kinds only
+    assert {tune.KINDS[next(iter(t["values"]))] for t in trials[1:]} == set(tried), [t["setting"] for t in trials]
     measured = [t for t in trials if t["status"] == "measured"]
     assert len(measured) >= 6, [(t["setting"], t["status"], t["verdict"]) for t in trials]
     for t in measured:  # three repetitions each, medians recomputed from the raw figures

@@ -167,7 +167,7 @@ def test_a_trailing_newline_is_refused(key):
         good = {"model_draft_url": "https://h.example/d.gguf", "model_draft_sha256": "b" * 64,
                 "server_api_key_file": "/etc/voltafleet/key", "model_sha256": "a" * 64,
                 "server_address": "gpu01.internal", "mirror_address": "mirror01.internal", "smoke_textfile_dir": "/var/lib/x",
-                "nvidia_driver_version": "580.95.05", "server_spec_ngram": "ngram-mod"}[key]
+                "nvidia_driver_version": "580.95.05", "server_spec_ngram": "ngram-mod", "tune_try": "slots"}[key]
     value = good + "\n"
     with pytest.raises(ConfigError) as e:
         validate_values("h1", {**base(), key: [value] if key in LIST_OF_STRING_KEYS else value}, SRC)

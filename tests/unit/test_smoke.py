@@ -1,3 +1,5 @@
+import pytest
+
 from voltafleet.smoke import table, verdict
 
 
@@ -114,3 +116,20 @@ def test_issue_9_loads_mtp_included_logged_two_splits():
     res = json.loads((PROOF.parents[1] / "qwen35-h200-run1.json").read_text())
     seen = [graph_splits("\n".join(r["log"])) for k in ("ladder", "mtp") for r in res[k]]
     assert all(seen) and {s for x in seen for s in x} == {2}
+
+
+def test_a_stream_that_arrives_in_a_burst_gets_a_decode_rate_a_person_can_believe():
+    """Issue 40: make demo showed "client 142494.0" tok/s when a busy host scheduled its client late
+    and all 128 tokens were read in one burst. The rate is over the request's span less the server's
+    prompt time, so a burst reads as the server's pace, and a smooth stream as before."""
+    from voltafleet.smoke_client import client_rate
+
+    # the server: 20 ms of prompt, then 128 tokens at 500 tok/s (256 ms); the client reads them all at the end
+    burst = client_rate(t0=0.0, first=0.27599, last=0.276, chunks=128, predicted=128, prompt_ms=20.0)
+    assert burst == pytest.approx(500, rel=0.01)
+    # a smooth stream: first token at 22 ms, the last 254 ms later
+    smooth = client_rate(t0=0.0, first=0.022, last=0.276, chunks=128, predicted=128, prompt_ms=20.0)
+    assert smooth == pytest.approx(500, rel=0.01)
+    # no server timings: the whole request's span, a lower bound
+    assert client_rate(0.0, 0.27599, 0.276, 128, 128, None) == pytest.approx(128 / 0.276)
+    assert client_rate(0.0, 0.1, 0.1, 1, 1, 20.0) is None

@@ -157,3 +157,25 @@ def test_the_gpu_proof_tunes_the_v100_32gb_group_as_its_hosts_get_it():
     assert all(s["planned_mib"] and s["planned_static_mib"] < s["planned_mib"] for s in p["settings"] if s["fits"])
     assert "-np" in by["slots 8"]["args"] and by["slots 8"]["args"][by["slots 8"]["args"].index("-np") + 1] == "8"
     assert p["gpu_mib"] == 32768 and p["workload"][p["workload"].index("--reps") + 1] == "3"
+
+
+def test_tune_try_keeps_the_shipped_setting_and_only_the_kinds_named():
+    from voltafleet.tune import candidates, kind
+
+    cfg = {"voltafleet_backend": "cuda", "server_parallel": 16, "server_ctx": 131072, "server_ctx_checkpoints": 4,
+           "server_cache_ram": 0, "llama_cpp_cmake_extra": ["-DGGML_CUDA_FORCE_MMQ=ON"]}
+    every = candidates(cfg)
+    assert {kind(s) for s in every[1:]} == {"slots", "context", "ubatch", "ngram", "backend_sampling",
+                                            "host_cache", "checkpoints", "build"}
+    assert candidates({**cfg, "tune_try": None}) == every
+    some = candidates({**cfg, "tune_try": ["slots", "checkpoints"]})
+    assert [s.name for s in some] == ["shipped", "slots 8", "slots 32", "32 checkpoints"]
+    assert candidates({**cfg, "tune_try": []}) == every[:1]
+
+
+def test_an_unknown_kind_in_tune_try_is_refused_naming_the_kinds(cfg):
+    from voltafleet.config import ConfigError, validate_values
+
+    with pytest.raises(ConfigError) as e:
+        validate_values("h", {**cfg, "model_sha256": "a" * 64, "tune_try": ["slots", "threads"]})
+    assert "tune_try" in str(e.value) and "'threads'" in str(e.value) and "backend_sampling" in str(e.value)
