@@ -35,6 +35,8 @@ from lab.fleet import SDIST_NAME, SDIST_SHA256, SDIST_VERSION  # noqa: E402
 from voltafleet import hostplan  # noqa: E402
 from voltafleet.flags import server_args  # noqa: E402
 
+from bench.groups import group_cfg  # noqa: E402,F401 (also imported from here by the tests)
+
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 TOOLKIT = "13.0"        # the H200 machine's nvcc; nvcc 13 cannot build sm_70 (the V100 groups use 12.x)
 ARCH = 90
@@ -43,14 +45,6 @@ PACK_TOKEN = "@PACK@"   # replaced on the GPU machine by the pack's own path
 TARGETS = ["llama-server", "llama-bench", "llama-batched-bench", "llama-quantize"]
 SDIST_CACHE = REPO / ".voltafleet" / "sdist"
 LIMIT = 64 << 20        # what one device call carries
-
-
-def group_cfg(group: str) -> dict:
-    """all.yml + the group's file, bound to 127.0.0.1 (what a host of the group gets)."""
-    cfg = yaml.safe_load((REPO / "group_vars/all.yml").read_text())
-    cfg.update(yaml.safe_load((REPO / f"group_vars/{group}.yml").read_text()) or {})
-    cfg.update(server_host="127.0.0.1")
-    return cfg
 
 
 def render(group: str, ctx=None, np_=None, kv=None, extra=()) -> list[str]:

@@ -151,7 +151,7 @@ def document(records: list[dict], cfg: dict, meta: dict, followups_sent: bool = 
 
 if __name__ == "__main__":  # python bench/tune29.py RESULTS.json [--tuned]: the table, or the tuned file
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.gpu_proof import group_cfg
+    from bench.groups import group_cfg
 
     path = Path(sys.argv[1])
     results = json.loads(path.read_text())

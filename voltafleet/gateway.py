@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 
 from voltafleet import teams
+from voltafleet.haproxy_cli import ADMIN_SOCKET, admin, runtime  # noqa: F401 (the gateway's API, used by the roles)
 
 BACKEND = "llama"
-ADMIN_SOCKET = "/run/haproxy/admin.sock"
 STATE_FILE = "/var/lib/haproxy/server-state"
 ERRORFILE = "/etc/haproxy/voltafleet-503.http"  # the busy answer (busy_page)
 
@@ -40,21 +40,6 @@ def backends(servers: list[tuple]) -> list[Backend]:
         for index, port in enumerate(ports):
             out.append(Backend(backend_name(name, index), address, port, int(slots[0] or 0) if slots else 0))
     return out
-
-
-def admin(socket: str = ADMIN_SOCKET) -> str:
-    """The shell command that talks to HAProxy's admin socket: runtime-API commands on its stdin.
-    `-t 30`: after its stdin ends, socat waits for HAProxy to answer and close (default 0.5 s);
-    a busy gateway could otherwise see the connection gone before its last command (a map's
-    `commit`) ran."""
-    return f"socat -t 30 stdio UNIX-CONNECT:{socket}"
-
-
-def runtime(command: str, socket: str = ADMIN_SOCKET) -> str:
-    """A shell command that sends one runtime-API command to HAProxy's admin socket."""
-    if not re.fullmatch(r"[A-Za-z0-9 ._/@:-]+", command):
-        raise ValueError(f"unexpected characters in HAProxy runtime command {command!r}")
-    return f"echo '{command}' | {admin(socket)}"
 
 
 def set_state(host: str, index: int, state: str) -> str:

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from voltafleet.errors import Problem
+from voltafleet.haproxy_cli import ADMIN_SOCKET, admin
 
 KEYS_MAP = "/etc/haproxy/voltafleet-team-keys.map"
 LIMITS_MAP = "/etc/haproxy/voltafleet-team-limits.map"
@@ -157,8 +158,6 @@ def runtime_replace(path: str, socket: str | None = None) -> str:
     key, so each space, tab, `;` and backslash of a key or value is escaped with a backslash
     (HAProxy's CLI unescapes it): "64 3" and "Bearer KEY" arrive whole. check_running reads
     the result back."""
-    from voltafleet.gateway import ADMIN_SOCKET, admin
-
     _check_path(path)
     sock = admin(socket or ADMIN_SOCKET)
     diff = ("awk -v m=" + path + " 'function esc(s,  o, i, c) { o = \"\"; for (i = 1; i <= length(s); i++)"
@@ -190,8 +189,6 @@ FILE_MARK = "voltafleet: the map file"
 def show_running(path: str, socket: str | None = None) -> str:
     """A shell command that prints the running HAProxy's copy of the map at `path` (`show map`),
     or NOT_LOADED when the running process does not use that map (or does not run)."""
-    from voltafleet.gateway import ADMIN_SOCKET, admin
-
     _check_path(path)
     sock = admin(socket or ADMIN_SOCKET)
     return (f"if echo 'show map' | {sock} | grep -qF '({path})'; then echo 'show map {path}' | {sock}; "
