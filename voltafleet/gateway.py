@@ -147,7 +147,7 @@ def teams_vars(cfg: dict, backends: list[Backend]) -> dict | None:
         return None
     retry = cfg["gateway_team_retry_after_s"]
     return {
-        "lua": teams.USAGE_LUA, "keys_map": teams.KEYS_MAP, "limits_map": teams.LIMITS_MAP,
+        "lua": teams.USAGE_LUA, "usage_filter": teams.USAGE_FILTER, "keys_map": teams.KEYS_MAP, "limits_map": teams.LIMITS_MAP,
         "upstream_map": teams.UPSTREAM_MAP, "upstream_key": bool(cfg["server_api_key_file"]),
         "table": teams.TABLE, "metrics_path": teams.METRICS_PATH, "retry_after_s": retry,
         "unauthorized": haproxy_string(openai_error(

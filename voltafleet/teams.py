@@ -31,6 +31,7 @@ KEYS_MAP = "/etc/haproxy/voltafleet-team-keys.map"
 LIMITS_MAP = "/etc/haproxy/voltafleet-team-limits.map"
 UPSTREAM_MAP = "/etc/haproxy/voltafleet-upstream.map"  # the servers' one key, for the gateway alone
 USAGE_LUA = "/etc/haproxy/voltafleet-teams.lua"
+USAGE_FILTER = "vf_usage"  # the Lua filter in USAGE_LUA that reads each answer's token figures
 TABLE = "vf_teams"  # the stick table's backend
 METRICS_PATH = "/metrics/teams"
 NO_TEAM = "-"  # usage of requests without a known key (answered 401 at the gateway)
