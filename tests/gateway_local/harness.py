@@ -65,15 +65,19 @@ def sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, metrics_port: int) -> str:
+def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, metrics_port: int,
+           budgets: dict[str, dict] | None = None) -> str:
     """haproxy.cfg for this machine: the project's template and variables, one llama-server
-    backend, the teams' keys {team: key}; every /etc/haproxy path moved under tmp."""
+    backend, the teams' keys {team: key} and budgets {team: {tokens_per_day: n, ...}}; every
+    /etc/haproxy path moved under tmp, the budgets' folder to tmp/budgets."""
     import jinja2
 
     from tests.fixture_vars import all_yml_vars
+    from voltafleet import budgets as budgets_mod
     from voltafleet import gateway, teams
 
-    cfg = {**all_yml_vars(), "gateway_teams": [{"name": t, "key_sha256": sha(k)} for t, k in keys.items()],
+    team_list = [{"name": t, "key_sha256": sha(k), **(budgets or {}).get(t, {})} for t, k in keys.items()]
+    cfg = {**all_yml_vars(), "gateway_teams": team_list,
            "gateway_bind": f"127.0.0.1:{bind_port}", "gateway_metrics_bind": f"127.0.0.1:{metrics_port}",
            "server_model_alias": ALIAS, "server_api_key_file": None}
     args = gateway.template_vars(cfg, gateway.backends([("local", "127.0.0.1", [upstream_port], 16)]))
@@ -86,6 +90,9 @@ def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, 
     (tmp / "503.http").write_text(gateway.busy_page(5))
     (tmp / Path(teams.LIMITS_MAP).name).write_text(teams.limits_map(lim))
     (tmp / Path(teams.KEYS_MAP).name).write_text(teams.keys_map(teams.parse(cfg["gateway_teams"])))
+    (tmp / Path(teams.BUDGETS_MAP).name).write_text(teams.budgets_map(teams.parse(cfg["gateway_teams"])))
+    (tmp / "budgets").mkdir(exist_ok=True)
+    text = text.replace(budgets_mod.DIR, str(tmp / "budgets"))
     shutil.copy(REPO / "roles/gateway/files/voltafleet-teams.lua", tmp / Path(teams.USAGE_LUA).name)
     # this machine: the log (which counts each request) on stdout, no haproxy user, in the foreground
     text = text.replace("/etc/haproxy/", f"{tmp}/").replace("log /dev/log local0", "log stdout format raw local0")
@@ -109,8 +116,9 @@ def wait_http(url: str, seconds: float = 60) -> None:
 class Local:
     """llama-server (16 slots, room for long answers) and the gateway in front of it."""
 
-    def __init__(self, tmp: Path, keys: dict[str, str], slots: int = 16, ctx_per_slot: int = 4096):
-        self.tmp, self.keys, self.slots, self.ctx = tmp, keys, slots, ctx_per_slot
+    def __init__(self, tmp: Path, keys: dict[str, str], slots: int = 16, ctx_per_slot: int = 4096,
+                 budgets: dict[str, dict] | None = None):
+        self.tmp, self.keys, self.slots, self.ctx, self.budgets = tmp, keys, slots, ctx_per_slot, budgets
         self.server_port, self.gw_port, self.metrics_port = BASE_PORT, BASE_PORT + 1, BASE_PORT + 2
         self.procs: list[subprocess.Popen] = []
 
@@ -138,13 +146,55 @@ class Local:
         wait_http(self.direct + "/health", 120)
         self.alive("llama-server")
         cfg = self.tmp / "haproxy.cfg"
-        cfg.write_text(config(self.tmp, self.keys, self.server_port, self.gw_port, self.metrics_port))
+        cfg.write_text(config(self.tmp, self.keys, self.server_port, self.gw_port, self.metrics_port, self.budgets))
         subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], check=True)
-        self.procs.append(subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=open(self.tmp / "haproxy.log", "wb"),
-                                           stderr=subprocess.STDOUT))
+        self.start_haproxy()
+        return self
+
+    def start_haproxy(self) -> None:
+        """HAProxy in master-worker mode (as systemd runs it), in the foreground."""
+        self.haproxy = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(self.tmp / "haproxy.cfg")],
+                                        stdout=open(self.tmp / "haproxy.log", "ab"), stderr=subprocess.STDOUT)
+        self.procs.append(self.haproxy)
         wait_http(self.metrics, 30)
         self.alive("haproxy")
-        return self
+
+    def worker_pid(self) -> int:
+        """The pid of HAProxy's current worker (`show info` on the admin socket)."""
+        import re
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(self.tmp / "admin.sock"))
+            s.sendall(b"show info\n")
+            data = b"".join(iter(lambda: s.recv(65536), b""))
+        return int(re.search(rb"^Pid: (\d+)$", data, re.M).group(1))
+
+    def reload(self) -> int:
+        """`systemctl reload haproxy`'s signal (SIGUSR2 to the master): a new worker with a fresh Lua
+        state, while the old one finishes its streams. Returns the new worker's pid."""
+        import signal
+
+        old = self.worker_pid()
+        self.haproxy.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                pid = self.worker_pid()
+            except (OSError, AttributeError):
+                continue
+            if pid != old:
+                wait_http(self.metrics, 30)
+                return pid
+        raise TimeoutError("no new HAProxy worker after SIGUSR2")
+
+    def restart(self) -> None:
+        """HAProxy stopped (its worker gone) and started again."""
+        self.haproxy.terminate()
+        self.haproxy.wait(30)
+        self.procs.remove(self.haproxy)
+        self.start_haproxy()
 
     def alive(self, what: str) -> None:
         """Each process started is still running: another one on its port answered otherwise."""

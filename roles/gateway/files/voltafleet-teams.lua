@@ -4,7 +4,8 @@
 -- (the frontend's log-format calls it), so a stream is counted with its whole duration and
 -- whatever it had sent when it ended; vf_team_metrics serves the counters and the stick
 -- table's live figures at /metrics/teams. One Lua state (lua-load): the counters are exact
--- across threads; a reload starts them at zero (a counter reset to Prometheus).
+-- across threads; a reload starts them at zero (a counter reset to Prometheus). The token
+-- budgets' counts (vf_budget) are kept in files instead: they survive a reload and a restart.
 local usage = {}
 local TABLE = "vf_teams"
 
@@ -103,6 +104,187 @@ end
 
 core.register_filter("vf_usage", Usage, function(u, args) return u end)
 
+-- Token budgets per team (issue 39 item 3; voltafleet/budgets.py is the specification). Every
+-- request's prompt + completion tokens are appended as one line `<team> <tokens>` to the UTC
+-- day's file in BUDGET_DIR (O_APPEND, one write: lines of an old and a new worker alive at once
+-- during a reload never mix); each worker reads that file as it grows, its own lines and any
+-- other worker's, so its figures are the file's. A starting worker (a reload, a restart) reads
+-- the month's days first. The files are touched only in the worker (user haproxy), never in the
+-- master, which runs this file's body at start as root.
+local BUDGET_DIR = os.getenv("VOLTAFLEET_BUDGET_DIR") or "/var/lib/haproxy/voltafleet-budgets"
+local BUDGETS_MAP = os.getenv("VOLTAFLEET_BUDGETS_MAP") or "/etc/haproxy/voltafleet-team-budgets.map"
+local book = nil  -- {day, month, base = {team: tokens of the month before today}, today = {team: tokens}, rd, partial}
+local appender = {day = nil, f = nil}  -- this worker's append handle on the day's file
+
+local function day_of(t) return os.date("!%Y-%m-%d", t) end
+local function month_of(t) return os.date("!%Y-%m", t) end
+
+-- The UTC epoch second a period holding t ends (the next day's or month's 00:00:00 UTC).
+local function reset_at(t, period)
+  if period == "day" then return t - t % 86400 + 86400 end
+  local d = os.date("!*t", t)
+  local y, m = d.year, d.month + 1
+  if m == 13 then y, m = y + 1, 1 end
+  -- days from 1970-01-01 to y-m-01 (Howard Hinnant's days_from_civil)
+  local yy = m <= 2 and y - 1 or y
+  local era = yy // 400
+  local yoe = yy - era * 400
+  local doy = (153 * (m + (m > 2 and -3 or 9)) + 2) // 5
+  local doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+  return (era * 146097 + doe - 719468) * 86400
+end
+
+local function add(into, text)
+  for team, n in text:gmatch("([^ \n]+) (%d+)\n") do into[team] = (into[team] or 0) + tonumber(n) end
+end
+
+local function slurp(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local text = f:read("a")
+  f:close()
+  return text
+end
+
+local function worker_id()
+  local f = io.open("/proc/self/stat", "r")
+  local pid = f and f:read("n")
+  if f then f:close() end
+  return tostring(pid or math.random(1, 1 << 30))
+end
+
+-- A day that ended over a day ago is never written again: its lines become one a team in
+-- <day>.sum (written aside, renamed), then its .log goes; readers take the .log while it exists.
+local function compact(base)
+  local text = slurp(base .. ".log")
+  if not text then return end
+  local s = {}
+  add(s, text)
+  local lines = {}
+  for team, n in pairs(s) do lines[#lines + 1] = string.format("%s %d\n", team, n) end
+  local tmp = base .. ".sum." .. worker_id()
+  local f = io.open(tmp, "w")
+  if not f then return end
+  f:write(table.concat(lines))
+  f:close()
+  if os.rename(tmp, base .. ".sum") then os.remove(base .. ".log") else os.remove(tmp) end
+end
+
+-- The month's days before today, each from its .log while it exists, else its .sum; days older
+-- than yesterday compacted first; the previous month's files removed.
+local function month_before_today(now)
+  local d = os.date("!*t", now)
+  local base = {}
+  for i = 1, d.day - 1 do
+    local name = string.format("%s/%04d-%02d-%02d", BUDGET_DIR, d.year, d.month, i)
+    if i < d.day - 1 then compact(name) end
+    add(base, slurp(name .. ".log") or slurp(name .. ".sum") or "")
+  end
+  local py, pm = d.year, d.month - 1
+  if pm == 0 then py, pm = py - 1, 12 end
+  for i = 1, 31 do
+    local name = string.format("%s/%04d-%02d-%02d", BUDGET_DIR, py, pm, i)
+    os.remove(name .. ".log")
+    os.remove(name .. ".sum")
+  end
+  return base
+end
+
+-- Read what the day's file gained since the last read (any worker's lines); a line seen half
+-- written waits for its end.
+local function drain(b)
+  if b.rd == nil then b.rd = io.open(BUDGET_DIR .. "/" .. b.day .. ".log", "r") end
+  if b.rd == nil then return end
+  local data = b.rd:read("a")
+  if data == nil or #data == 0 then return end
+  data = b.partial .. data
+  local cut = data:match(".*\n()")
+  if cut then
+    add(b.today, data:sub(1, cut - 1))
+    b.partial = data:sub(cut)
+  else
+    b.partial = data
+  end
+end
+
+-- This worker's figures brought to the files now: loaded at its first use, the day's new lines
+-- read, a new day (or month) begun when the UTC date changed.
+local function sync()
+  local now = os.time()
+  local day = day_of(now)
+  if book == nil then
+    book = {day = day, month = month_of(now), base = month_before_today(now), today = {}, partial = ""}
+  elseif book.day ~= day then
+    drain(book)
+    if book.rd then book.rd:close() end
+    if month_of(now) == book.month then
+      for t, n in pairs(book.today) do book.base[t] = (book.base[t] or 0) + n end
+    else
+      book.base = {}
+    end
+    book.day, book.month, book.today, book.partial, book.rd = day, month_of(now), {}, "", nil
+    month_before_today(now)  -- compaction and the old month's removal (its sums are already in base)
+  end
+  drain(book)
+  return book
+end
+
+-- Append a request's tokens to the day's file: one write of one line (O_APPEND). A file that
+-- cannot be opened is tried again on the next request, said once a day in HAProxy's log.
+local function record(team, tokens)
+  if tokens <= 0 or team == "-" then return end
+  local day = day_of(os.time())
+  if appender.day ~= day or appender.f == nil then
+    if appender.f then appender.f:close() end
+    local path = BUDGET_DIR .. "/" .. day .. ".log"
+    local f, err = io.open(path, "a")
+    if f then
+      f:setvbuf("full", 4096)
+    elseif appender.day ~= day then
+      core.Alert("voltafleet: token budgets not kept, cannot append to " .. path .. ": " .. tostring(err))
+    end
+    appender.day, appender.f = day, f
+  end
+  if appender.f then
+    appender.f:write(team, " ", string.format("%d", tokens), "\n")
+    appender.f:flush()
+  end
+end
+
+-- Before a request of a team with a budget (txn.budget_day, txn.budget_month: its map entry):
+-- when its use in the UTC day or month reached the budget, txn.vf_budget_body and
+-- txn.vf_budget_retry are set and the frontend answers 429 with them.
+core.register_action("vf_budget", {"http-req"}, function(txn)
+  local team = txn:get_var("txn.team")
+  local budget = {day = tonumber(txn:get_var("txn.budget_day")) or 0,
+                  month = tonumber(txn:get_var("txn.budget_month")) or 0}
+  if team == nil or (budget.day <= 0 and budget.month <= 0) then return end
+  local b = sync()
+  local used = {day = b.today[team] or 0}
+  used.month = (b.base[team] or 0) + used.day
+  local period = nil
+  for _, p in ipairs({"month", "day"}) do
+    if period == nil and budget[p] > 0 and used[p] >= budget[p] then period = p end
+  end
+  if period == nil then return end
+  local now = os.time()
+  local at = reset_at(now, period)
+  txn:set_var("txn.vf_budget_retry", math.max(1, at - now))
+  txn:set_var("txn.vf_budget_body", string.format(
+    '{"error":{"message":"Your team %s has used %d of its %s budget of %d tokens (prompt + completion, UTC %s): '
+    .. 'it resets at %s","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}',
+    team, used[period], period == "day" and "daily" or "monthly", budget[period], period, os.date("!%Y-%m-%dT%H:%M:%SZ", at)))
+end, 0)
+
+-- {team: {day = n, month = n}} from BUDGETS_MAP's file (the running map is brought to it by each run).
+local function budgets()
+  local t = {}
+  for team, d, m in (slurp(BUDGETS_MAP) or ""):gmatch("([^ \t\n#]+)[ \t]+(%d+)[ \t]+(%d+)") do
+    t[team] = {day = tonumber(d), month = tonumber(m)}
+  end
+  return t
+end
+
 core.register_fetches("vf_account", function(txn)
   local team = txn:get_var("txn.team") or "-"
   local u = usage[team]
@@ -119,6 +301,7 @@ core.register_fetches("vf_account", function(txn)
   u.completion = u.completion + (tonumber(txn:get_var("txn.vf_completion")) or 0)
   u.reasoning = u.reasoning + (tonumber(txn:get_var("txn.vf_reasoning")) or 0)
   if txn:get_var("txn.vf_stream") and not txn:get_var("txn.vf_end") then u.cut = u.cut + 1 end
+  record(team, (tonumber(txn:get_var("txn.vf_prompt")) or 0) + (tonumber(txn:get_var("txn.vf_completion")) or 0))
   return team
 end)
 
@@ -134,6 +317,40 @@ local function counter(out, teams, name, field, help)
     local v = usage[t][field]
     local text = field == "ms" and string.format("%.3f", v / 1000) or string.format("%d", v)
     out[#out + 1] = string.format('%s{team="%s"} %s', name, t, text)
+  end
+end
+
+-- Each team's budgets (BUDGETS_MAP) and its use in the current UTC day and month (the files' figures).
+local function budget_metrics(out)
+  local b, limits = sync(), budgets()
+  local names, seen = {}, {}
+  for _, src in ipairs({limits, b.today, b.base}) do
+    for t in pairs(src) do
+      if not seen[t] then seen[t] = true; names[#names + 1] = t end
+    end
+  end
+  table.sort(names)
+  metric(out, "voltafleet_team_budget_tokens", "A team's token budget (gateway_teams tokens_per_day, tokens_per_month): "
+         .. "prompt + completion tokens a UTC day or calendar month; over it, 429 insufficient_quota until the reset", "gauge")
+  for _, t in ipairs(names) do
+    for _, p in ipairs({"day", "month"}) do
+      local v = limits[t] and limits[t][p] or 0
+      if v > 0 then out[#out + 1] = string.format('voltafleet_team_budget_tokens{team="%s",period="%s"} %d', t, p, v) end
+    end
+  end
+  metric(out, "voltafleet_team_budget_used_tokens", "A team's prompt + completion tokens (reasoning inside completion) in "
+         .. "the current UTC day or calendar month, as its budget counts them: every answer's figures (see "
+         .. "voltafleet_team_prompt_tokens_total), each request at the moment it was logged; kept in files across "
+         .. "reloads and restarts; resets at 00:00 UTC (day) and on the 1st 00:00 UTC (month)", "gauge")
+  for _, t in ipairs(names) do
+    local day = b.today[t] or 0
+    out[#out + 1] = string.format('voltafleet_team_budget_used_tokens{team="%s",period="day"} %d', t, day)
+    out[#out + 1] = string.format('voltafleet_team_budget_used_tokens{team="%s",period="month"} %d', t, (b.base[t] or 0) + day)
+  end
+  metric(out, "voltafleet_team_budget_reset_timestamp_seconds", "When the current UTC day or month ends (its budgets reset), Unix time", "gauge")
+  local now = os.time()
+  for _, p in ipairs({"day", "month"}) do
+    out[#out + 1] = string.format('voltafleet_team_budget_reset_timestamp_seconds{period="%s"} %d', p, reset_at(now, p))
   end
 end
 
@@ -187,6 +404,7 @@ core.register_service("vf_team_metrics", "http", function(applet)
   for _, t in ipairs(names) do
     out[#out + 1] = string.format('voltafleet_team_bytes_out_total{team="%s"} %d', t, live[t].bytes_out_cnt or 0)
   end
+  budget_metrics(out)
   local body = table.concat(out, "\n") .. "\n"
   applet:set_status(200)
   applet:add_header("content-type", "text/plain; version=0.0.4")
