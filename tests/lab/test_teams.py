@@ -391,3 +391,74 @@ def test_a_stream_its_client_cuts_counts_what_the_gateway_sent(team_fleet):
     assert d["cut_streams_total"] == 1 and d["requests_total"] == 1, d
     # what the gateway forwarded: at least what the client read, at most what the servers generated (under 900)
     assert 40 <= d["completion_tokens_total"] <= generated < 900, (d, generated)
+
+
+# ------------------------------------------------------------------ token budgets per team (issue 39 item 3)
+
+def budget_used(team: str, period: str = "day") -> float:
+    return usage().get(("voltafleet_team_budget_used_tokens", f'team="{team}",period="{period}"'), -1)
+
+
+def native_status(key: str, n: int = 40) -> httpx.Response:
+    return httpx.post(URL + "/completion", headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                      json={"prompt": "Once upon a time", "n_predict": n, "ignore_eos": True})
+
+
+def wait_new_worker(old: int) -> int:
+    """The gateway's new worker pid once it answers (after `systemctl reload` or `restart`)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            pid = haproxy_pid()
+            if pid != old and httpx.get(METRICS, timeout=5).status_code == 200:
+                return pid
+        except (AssertionError, AttributeError, httpx.HTTPError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError("no new HAProxy worker")
+
+
+def spent_budget_team(tmp) -> tuple[str, str, float]:
+    """A new team with a daily budget of 60 tokens, spent by 40-token requests: (name, key, its use)."""
+    from voltafleet import budgets
+
+    name, key = "b" + secrets.token_hex(4), "vf-" + secrets.token_urlsafe(24)
+    v = team_vars()
+    v["gateway_teams"].append({"name": name, "key_sha256": sha(key), "tokens_per_day": 60})
+    gateway_only(v, tmp)
+    assert ssh(lab()["gateway"], f"stat -c '%a %U %G' {budgets.DIR}") == "750 haproxy haproxy"
+    codes = [native_status(key).status_code for _ in range(3)]
+    assert codes == [200, 200, 429], codes  # 40 + the prompt's tokens a request: the third finds the budget spent
+    time.sleep(0.5)
+    return name, key, budget_used(name)
+
+
+def test_a_team_over_its_daily_budget_gets_the_429_naming_it(team_fleet):
+    from voltafleet import budgets
+
+    name, key, used = spent_budget_team(team_fleet)
+    assert 80 < used < 120 and usage()[("voltafleet_team_budget_tokens", f'team="{name}",period="day"')] == 60
+    r = native_status(key)
+    want, retry = budgets.over_budget(name, "day", 60, int(used), time.time())
+    assert r.status_code == 429 and r.json() == want, r.text
+    assert abs(int(r.headers["Retry-After"]) - retry) <= 5
+    assert statuses(KEY["web"], 1) == [200]  # the other teams are served
+    day = ssh(lab()["gateway"], f"stat -c '%U' {budgets.DIR}/{budgets.day_file(time.time())}")
+    assert day == "haproxy"  # written by HAProxy's worker
+    gateway_only(team_vars(), team_fleet)
+
+
+def test_the_budget_counts_survive_a_reload_and_a_restart_of_the_gateway(team_fleet):
+    name, key, used = spent_budget_team(team_fleet)
+    web = budget_used("web", "month")
+    pid = haproxy_pid()
+    ssh(lab()["gateway"], "systemctl reload haproxy")
+    pid = wait_new_worker(pid)
+    assert budget_used(name) == used and budget_used("web", "month") == web
+    r = native_status(key)
+    assert r.status_code == 429 and "daily budget of 60 tokens" in r.json()["error"]["message"]
+    ssh(lab()["gateway"], "systemctl restart haproxy")
+    wait_new_worker(pid)
+    assert budget_used(name) == used and budget_used("web", "month") == web
+    assert native_status(key).status_code == 429
+    gateway_only(team_vars(), team_fleet)
