@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 LAB_HOSTS ?= 3
-HOST_PACKAGES := debootstrap systemd-container nginx-light git ccache openssh-client curl python3-venv
+HOST_PACKAGES := debootstrap systemd-container nginx-light git ccache openssh-client curl python3-venv haproxy socat
 
 .PHONY: host-packages promtool setup lab-up lab-down demo test unit bench
 
@@ -47,11 +47,13 @@ unit: setup
 # Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU figures: bench/gpu_proof.py,
 # their raw records checked by tests/unit/test_proof*.py).
 # The fast tests first, each suite in its own process (the in-process pyinfra harness of
-# tests/ops keeps nothing from the lab tests' session), then the lab fleet from fresh hosts.
+# tests/ops keeps nothing from the lab tests' session), then the lab fleet from fresh hosts, then
+# usage per team through this machine's HAProxy in front of the llama-server the lab built (tests/gateway_local).
 test: setup
 	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops
 	$(PY) -m lab up --fresh --hosts 3 --gateway
 	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=50 tests/lab
+	$(PY) -m pytest -v -rs tests/gateway_local
 
 bench: lab-up
 	$(PY) bench/rollout.py

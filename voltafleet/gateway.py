@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from voltafleet import teams
+from voltafleet import budgets, teams
 from voltafleet.haproxy_cli import ADMIN_SOCKET, admin, runtime  # noqa: F401 (the gateway's API, used by the roles)
 
 BACKEND = "llama"
@@ -132,9 +132,10 @@ def teams_vars(cfg: dict, backends: list[Backend]) -> dict | None:
         return None
     retry = cfg["gateway_team_retry_after_s"]
     return {
-        "lua": teams.USAGE_LUA, "keys_map": teams.KEYS_MAP, "limits_map": teams.LIMITS_MAP,
+        "lua": teams.USAGE_LUA, "usage_filter": teams.USAGE_FILTER, "keys_map": teams.KEYS_MAP, "limits_map": teams.LIMITS_MAP,
         "upstream_map": teams.UPSTREAM_MAP, "upstream_key": bool(cfg["server_api_key_file"]),
         "table": teams.TABLE, "metrics_path": teams.METRICS_PATH, "retry_after_s": retry,
+        "budgets_map": teams.BUDGETS_MAP, "budget_dir": budgets.DIR,
         "unauthorized": haproxy_string(openai_error(
             "Incorrect API key provided: the gateway knows no team with this key", "invalid_request_error",
             "invalid_api_key")),

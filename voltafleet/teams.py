@@ -12,6 +12,8 @@ a server:
 - LIMITS_MAP: team -> "<concurrent> <per_minute>"; a stick table keyed by the team counts its
   requests in flight (conn_cur of the tracked request) and per minute (http_req_rate(60s));
   over either: 429 with Retry-After.
+- BUDGETS_MAP: team -> "<tokens per UTC day> <tokens per UTC month>" (0: none), only teams
+  with a budget; voltafleet/budgets.py says how they are counted, kept and enforced.
 
 A team's concurrent limit is the smallest of its max_concurrent (or the fleet default) and
 its slot_share of the fleet's slots, so a batch team given 0.5 never holds more than half.
@@ -30,15 +32,19 @@ from voltafleet.haproxy_cli import ADMIN_SOCKET, admin
 
 KEYS_MAP = "/etc/haproxy/voltafleet-team-keys.map"
 LIMITS_MAP = "/etc/haproxy/voltafleet-team-limits.map"
+BUDGETS_MAP = "/etc/haproxy/voltafleet-team-budgets.map"  # tokens per day and month (issue 39)
 UPSTREAM_MAP = "/etc/haproxy/voltafleet-upstream.map"  # the servers' one key, for the gateway alone
 USAGE_LUA = "/etc/haproxy/voltafleet-teams.lua"
+USAGE_FILTER = "vf_usage"  # the Lua filter in USAGE_LUA that reads each answer's token figures
 TABLE = "vf_teams"  # the stick table's backend
 METRICS_PATH = "/metrics/teams"
 NO_TEAM = "-"  # usage of requests without a known key (answered 401 at the gateway)
 
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-FIELDS = {"name", "key_sha256", "max_concurrent", "requests_per_minute", "slot_share"}
+FIELDS = {"name", "key_sha256", "max_concurrent", "requests_per_minute", "slot_share", "tokens_per_day",
+          "tokens_per_month"}
+MAX_BUDGET = 10 ** 12  # tokens: far above any fleet's month, far below a Lua integer's limit
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class Team:
     max_concurrent: int | None = None
     requests_per_minute: int | None = None
     slot_share: float | None = None
+    tokens_per_day: int | None = None  # prompt + completion tokens a UTC day (None: no budget)
+    tokens_per_month: int | None = None  # prompt + completion tokens a UTC calendar month
 
 
 def problems(teams, source: str | None, key: str = "gateway_teams") -> list[Problem]:
@@ -105,6 +113,11 @@ def problems(teams, source: str | None, key: str = "gateway_teams") -> list[Prob
                                   or not 0 < share <= 1):
             bad(f"{where} ({name}) has slot_share: {share!r}", "give a share of the fleet's slots above 0 and "
                 "at most 1 (0.5: half), or leave it out")
+        for f in ("tokens_per_day", "tokens_per_month"):
+            v = t.get(f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_BUDGET):
+                bad(f"{where} ({name}) has {f}: {v!r}", f"give a whole number of tokens (prompt + completion) from 1 "
+                    f"to {MAX_BUDGET}, or leave it out (null) for no budget")
     return out
 
 
@@ -113,7 +126,8 @@ def parse(teams, source: str | None = None, key: str = "gateway_teams") -> list[
     if found:
         raise ValueError("; ".join(p.what for p in found))
     return [Team(t["name"], tuple([t["key_sha256"]] if isinstance(t["key_sha256"], str) else t["key_sha256"]),
-                 t.get("max_concurrent"), t.get("requests_per_minute"), t.get("slot_share")) for t in teams]
+                 t.get("max_concurrent"), t.get("requests_per_minute"), t.get("slot_share"), t.get("tokens_per_day"),
+                 t.get("tokens_per_month")) for t in teams]
 
 
 def limits(teams: list[Team], default_concurrent: int, default_per_minute: int,
@@ -136,6 +150,13 @@ def keys_map(teams: list[Team]) -> str:
 
 def limits_map(lim: dict[str, tuple[int, int]]) -> str:
     return "".join(f"{name} {c} {r}\n" for name, (c, r) in sorted(lim.items()))
+
+
+def budgets_map(teams: list[Team]) -> str:
+    """BUDGETS_MAP's text: `<team> <tokens per day> <tokens per month>` (0: no budget for that
+    period) for each team with a budget, sorted; a team without one has no line (never refused)."""
+    return "".join(f"{t.name} {t.tokens_per_day or 0} {t.tokens_per_month or 0}\n"
+                   for t in sorted(teams, key=lambda t: t.name) if t.tokens_per_day or t.tokens_per_month)
 
 
 def upstream_map(key: str | None) -> str:

@@ -9,7 +9,9 @@ leaves the running gateway untouched.
 
 With gateway_teams, the gateway checks a key per team (the sha256 of the Bearer token in a
 map), limits each team (requests in flight, per minute: 429 with Retry-After), counts its
-usage (/metrics/teams on the metrics bind), and sends the servers their own key instead
+usage (/metrics/teams on the metrics bind), refuses a team over its token budget (per UTC
+day and month, counted in files that survive reloads: voltafleet/budgets.py), and sends the
+servers their own key instead
 (voltafleet/teams.py). A key or limit change brings the maps of the running process to
 the files, then reads them back (a mismatch fails the run): no reload, no server touched.
 
@@ -34,7 +36,7 @@ from roles.run import changes, config, fleet_plan, host_config
 from roles.shell import sh
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet import gateway as gw
-from voltafleet import hostplan, teams
+from voltafleet import budgets, hostplan, teams
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "haproxy.cfg.j2"
 LIVE = "/etc/haproxy/haproxy.cfg"
@@ -128,10 +130,12 @@ def maps_live(paths: list[str], texts: list[str]):
 
 
 def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
-    """The teams' maps (limits first: a new key's team always finds its limits) and the usage
-    script; each map 0640, HAProxy's group. Without teams, they are removed."""
+    """The teams' maps (limits and budgets first: a new key's team always finds them), the usage
+    script and the folder where HAProxy's worker keeps the budgets' counts (its own: user
+    haproxy, 0750; kept when teams go, so the month's counts return with them); each map 0640,
+    HAProxy's group. Without teams, the maps and the script are removed."""
     team_list = teams.parse(cfg["gateway_teams"])
-    paths = [teams.LIMITS_MAP, teams.KEYS_MAP, teams.UPSTREAM_MAP]
+    paths = [teams.LIMITS_MAP, teams.BUDGETS_MAP, teams.KEYS_MAP, teams.UPSTREAM_MAP]
     if not team_list:
         for path in paths + [teams.USAGE_LUA]:
             files.file(name=f"No team file {path}", path=path, present=False)
@@ -139,12 +143,15 @@ def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
     slots = sum(b.slots for b in backends) if backends and all(b.slots for b in backends) else None
     lim = teams.limits(team_list, cfg["gateway_team_max_concurrent"], cfg["gateway_team_requests_per_minute"], slots)
     key = Path(cfg["server_api_key_file"]).read_text().strip() if cfg["server_api_key_file"] else None
-    texts = [teams.limits_map(lim), teams.keys_map(team_list), teams.upstream_map(key)]
-    what = [f"Team limits ({len(lim)} teams)", f"Team keys ({sum(len(t.keys) for t in team_list)} sha256)",
-            "The servers' key, for the gateway alone"]
+    texts = [teams.limits_map(lim), teams.budgets_map(team_list), teams.keys_map(team_list), teams.upstream_map(key)]
+    budgeted = sum(1 for t in team_list if t.tokens_per_day or t.tokens_per_month)
+    what = [f"Team limits ({len(lim)} teams)", f"Team token budgets ({budgeted} teams)",
+            f"Team keys ({sum(len(t.keys) for t in team_list)} sha256)", "The servers' key, for the gateway alone"]
     for w, t, path in zip(what, texts, paths):
         files.put(name=w, src=StringIO(t), dest=path, mode="640", user="root", group="haproxy")
     files.put(name="Usage per team (Lua)", src=str(USAGE_LUA_SRC), dest=teams.USAGE_LUA, mode="644")
+    files.directory(name="Token budgets' counts (HAProxy's worker writes them)", path=budgets.DIR, user="haproxy",
+                    group="haproxy", mode="750")
     maps_live(name="Team maps brought to the running gateway, read back", paths=paths, texts=texts)
 
 

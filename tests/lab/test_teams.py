@@ -165,9 +165,11 @@ def test_a_flooding_team_gets_429s_while_the_other_keeps_its_ttft_and_usage_matc
     assert delta(after, before, "voltafleet_team_responses_total", 'team="batch",code="200"') == batch["served"]
     assert delta(after, before, "voltafleet_team_responses_total", 'team="batch",code="429"') == len(limited)
     assert delta(after, before, "voltafleet_team_requests_total", 'team="batch"') == batch["requests"]
-    # non-streamed answers' completion tokens (the flood alternates streamed and not)
-    plain = sum(r["tokens"] for r in flood.results if r["ok"] and not r["stream"])
-    assert delta(after, before, "voltafleet_team_completion_tokens_total", 'team="batch"') == plain > 0
+    # every answer's completion tokens, streamed or not (the flood alternates them): 48 each (ignore_eos)
+    plain = [r["tokens"] for r in flood.results if r["ok"] and not r["stream"]]
+    assert plain and set(plain) == {48}
+    assert delta(after, before, "voltafleet_team_completion_tokens_total", 'team="batch"') == 48 * batch["served"]
+    assert delta(after, before, "voltafleet_team_completion_tokens_total", 'team="web"') == 24 * 80  # its streams
     assert delta(after, before, "voltafleet_team_request_seconds_total", 'team="web"') > 0
     assert delta(after, before, "voltafleet_team_bytes_out_total", 'team="web"') > 0
 
@@ -284,3 +286,179 @@ def test_a_new_servers_key_reaches_the_running_gateway_whole_and_loses_no_reques
         assert statuses(KEY["web"], 2) == [200, 200]
     finally:
         gateway_only(team_vars(), tmp)
+
+
+# ------------------------------------------------------------------ every token counted (issue 39 item 2)
+
+CHAT = [{"role": "user", "content": "Count from one to twenty in words."}]
+
+
+def sdk(team: str = "web") -> openai.OpenAI:
+    return openai.OpenAI(base_url=URL + "/v1", api_key=KEY[team], max_retries=0, timeout=300)
+
+
+def counted(send, team: str = "web") -> tuple[dict[str, float], object]:
+    """send()'s result and the team's /metrics/teams deltas meanwhile, once its requests were logged."""
+    before = usage()
+    out = send()
+    time.sleep(0.5)  # a request is counted when HAProxy logs it, as its connection's request ends
+    after = usage()
+    return {m[len("voltafleet_team_"):]: delta(after, before, m, f'team="{team}"') for m, _ in after}, out
+
+
+def servers_predicted() -> float:
+    """Tokens every lab instance generated so far (llama-server's own --metrics counter)."""
+    total = 0.0
+    for h in lab()["hosts"]:
+        for i in (0, 1):
+            text = httpx.get(f"http://127.0.0.1:{h['server_port_base'] + i}/metrics", timeout=10).text
+            total += float(re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.M).group(1))
+    return total
+
+
+def test_every_token_of_a_teams_answers_is_counted_streamed_or_not_as_the_servers_report(team_fleet):
+    c = sdk()
+    d, r = counted(lambda: c.chat.completions.create(model="qwen3.6-27b", messages=CHAT, max_tokens=40))
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (r.usage.prompt_tokens, r.usage.completion_tokens)
+    assert d["cut_streams_total"] == 0 and d["reasoning_tokens_total"] == 0  # the pinned server reports none
+    prompt = r.usage.prompt_tokens
+
+    def stream(**extra):
+        last, use = None, None
+        for ch in c.chat.completions.create(model="qwen3.6-27b", messages=CHAT, max_tokens=50, stream=True,
+                                            extra_body={"ignore_eos": True}, **extra):
+            last, use = (ch.model_extra or {}).get("timings") or last, ch.usage or use
+        return last, use
+
+    d, (timings, use) = counted(stream)  # no usage chunk: the last chunk's timings are the server's figures
+    assert use is None and timings["predicted_n"] == 50 and timings["cache_n"] + timings["prompt_n"] == prompt
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (prompt, 50)
+    d, (timings, use) = counted(lambda: stream(stream_options={"include_usage": True}))
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (use.prompt_tokens, use.completion_tokens) == (prompt, 50)
+    d, r = counted(lambda: [x for x in c.completions.create(model="qwen3.6-27b", prompt="Once upon a time", max_tokens=30,
+                                                             stream=True, extra_body={"ignore_eos": True})][-1])
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (r.usage.prompt_tokens, 30)
+    with httpx.Client(base_url=URL, headers={"Authorization": f"Bearer {KEY['web']}"}, timeout=120) as h:
+        d, native = counted(lambda: h.post("/completion", json={"prompt": "Once upon a time", "n_predict": 35,
+                                                                "ignore_eos": True}).json())
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (native["tokens_evaluated"], 35)
+    assert d["requests_total"] == 1
+
+
+def test_an_answer_over_64_kib_is_counted_whole(team_fleet):
+    size = {}
+
+    def big():
+        raw = sdk().chat.completions.with_raw_response.create(model="qwen3.6-27b", messages=CHAT, max_tokens=300,
+                                                              logprobs=True, top_logprobs=20,
+                                                              extra_body={"ignore_eos": True})
+        size["bytes"] = len(raw.content)
+        return raw.parse()
+
+    d, r = counted(big)
+    assert size["bytes"] > 64 * 1024 and r.usage.completion_tokens == 300
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (r.usage.prompt_tokens, 300)
+
+    def long_stream():
+        n = 0
+        for ch in sdk().chat.completions.create(model="qwen3.6-27b", messages=CHAT, max_tokens=800, stream=True,
+                                                stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+            n += len(ch.model_dump_json())
+        return n, ch.usage
+
+    d, (n, use) = counted(long_stream)
+    assert n > 64 * 1024 and use.completion_tokens == 800
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (use.prompt_tokens, 800)
+
+
+def test_a_stream_its_client_cuts_counts_what_the_gateway_sent(team_fleet):
+    generated0 = servers_predicted()
+    got = {"events": 0}
+
+    def cut():
+        s = sdk().chat.completions.create(model="qwen3.6-27b", messages=CHAT, max_tokens=900, stream=True,
+                                          extra_body={"ignore_eos": True})
+        for ch in s:
+            got["events"] += bool(ch.choices and (ch.choices[0].delta.content
+                                                 or ch.choices[0].delta.model_extra.get("reasoning_content")))
+            if got["events"] == 40:
+                s.close()  # the client goes away mid-stream
+                return
+
+    d, _ = counted(cut)
+    time.sleep(2)  # the server notices the closed connection and stops its slot
+    generated = servers_predicted() - generated0
+    assert d["cut_streams_total"] == 1 and d["requests_total"] == 1, d
+    # what the gateway forwarded: at least what the client read, at most what the servers generated (under 900)
+    assert 40 <= d["completion_tokens_total"] <= generated < 900, (d, generated)
+
+
+# ------------------------------------------------------------------ token budgets per team (issue 39 item 3)
+
+def budget_used(team: str, period: str = "day") -> float:
+    return usage().get(("voltafleet_team_budget_used_tokens", f'team="{team}",period="{period}"'), -1)
+
+
+def native_status(key: str, n: int = 40) -> httpx.Response:
+    return httpx.post(URL + "/completion", headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                      json={"prompt": "Once upon a time", "n_predict": n, "ignore_eos": True})
+
+
+def wait_new_worker(old: int) -> int:
+    """The gateway's new worker pid once it answers (after `systemctl reload` or `restart`)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            pid = haproxy_pid()
+            if pid != old and httpx.get(METRICS, timeout=5).status_code == 200:
+                return pid
+        except (AssertionError, AttributeError, httpx.HTTPError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError("no new HAProxy worker")
+
+
+def spent_budget_team(tmp) -> tuple[str, str, float]:
+    """A new team with a daily budget of 60 tokens, spent by 40-token requests: (name, key, its use)."""
+    from voltafleet import budgets
+
+    name, key = "b" + secrets.token_hex(4), "vf-" + secrets.token_urlsafe(24)
+    v = team_vars()
+    v["gateway_teams"].append({"name": name, "key_sha256": sha(key), "tokens_per_day": 60})
+    gateway_only(v, tmp)
+    assert ssh(lab()["gateway"], f"stat -c '%a %U %G' {budgets.DIR}") == "750 haproxy haproxy"
+    codes = [native_status(key).status_code for _ in range(3)]
+    assert codes == [200, 200, 429], codes  # 40 + the prompt's tokens a request: the third finds the budget spent
+    time.sleep(0.5)
+    return name, key, budget_used(name)
+
+
+def test_a_team_over_its_daily_budget_gets_the_429_naming_it(team_fleet):
+    from voltafleet import budgets
+
+    name, key, used = spent_budget_team(team_fleet)
+    assert 80 < used < 120 and usage()[("voltafleet_team_budget_tokens", f'team="{name}",period="day"')] == 60
+    r = native_status(key)
+    want, retry = budgets.over_budget(name, "day", 60, int(used), time.time())
+    assert r.status_code == 429 and r.json() == want, r.text
+    assert abs(int(r.headers["Retry-After"]) - retry) <= 5
+    assert statuses(KEY["web"], 1) == [200]  # the other teams are served
+    day = ssh(lab()["gateway"], f"stat -c '%U' {budgets.DIR}/{budgets.day_file(time.time())}")
+    assert day == "haproxy"  # written by HAProxy's worker
+    gateway_only(team_vars(), team_fleet)
+
+
+def test_the_budget_counts_survive_a_reload_and_a_restart_of_the_gateway(team_fleet):
+    name, key, used = spent_budget_team(team_fleet)
+    web = budget_used("web", "month")
+    pid = haproxy_pid()
+    ssh(lab()["gateway"], "systemctl reload haproxy")
+    pid = wait_new_worker(pid)
+    assert budget_used(name) == used and budget_used("web", "month") == web
+    r = native_status(key)
+    assert r.status_code == 429 and "daily budget of 60 tokens" in r.json()["error"]["message"]
+    ssh(lab()["gateway"], "systemctl restart haproxy")
+    wait_new_worker(pid)
+    assert budget_used(name) == used and budget_used("web", "month") == web
+    assert native_status(key).status_code == 429
+    gateway_only(team_vars(), team_fleet)

@@ -41,7 +41,7 @@ def run(*args, stdin=None):
 def test_alert_rules_are_valid_and_their_unit_tests_pass():
     check = run("check", "rules", "alerts.yml")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 17 rules found" in check.stdout
+    assert "SUCCESS: 18 rules found" in check.stdout
     tests = run("test", "rules", "alerts.test.yml")
     assert tests.returncode == 0, tests.stdout + tests.stderr
 
@@ -49,7 +49,7 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass():
 def test_every_alert_has_a_unit_test():
     rules = set(re.findall(r"- alert: (\w+)", (MON / "alerts.yml").read_text()))
     tested = set(re.findall(r"alertname: (\w+)", (MON / "alerts.test.yml").read_text()))
-    assert len(rules) == 17 and rules == tested
+    assert len(rules) == 18 and rules == tested
 
 
 def cuda_report(cfg) -> dict:
@@ -143,3 +143,4 @@ def test_dashboard_uses_only_metrics_that_exist(cfg, tmp_path):
     assert {n for n in used if n.startswith("llamacpp:")} and {n for n in used if n.startswith("haproxy_")}
     assert {"voltafleet_gpu_sm_clock_mhz", "voltafleet_gpu_throttle_reason", "voltafleet_gpu_healthy"} <= used
     assert {"voltafleet_instance_memory_rss_bytes", "voltafleet_instance_memory_plan_bytes"} <= used
+    assert {"voltafleet_team_budget_used_tokens", "voltafleet_team_budget_tokens"} <= used

@@ -74,6 +74,17 @@ def test_the_gateway_answers_401_and_429_itself_in_openais_shape(cfg):
     assert "lua.vf_account" in text and f"use-service lua.vf_team_metrics if {{ path {teams.METRICS_PATH} }}" in text
 
 
+def test_every_answer_passes_through_the_usage_filter_never_buffered_whole(cfg):
+    text = render_teams(cfg)
+    frontend = text[text.index("frontend llama"):text.index("backend llama")]
+    assert f"filter lua.{teams.USAGE_FILTER}" in frontend and f"lua-load {teams.USAGE_LUA}" in text
+    assert "wait-for-body" not in text and "res.body" not in text  # no answer is held back to be read
+    lua = (Path(__file__).resolve().parents[2] / "roles/gateway/files/voltafleet-teams.lua").read_text()
+    assert f'core.register_filter("{teams.USAGE_FILTER}"' in lua
+    for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cut_streams"):
+        assert f'"voltafleet_team_{name}_total"' in lua
+
+
 def test_without_teams_the_client_authorization_goes_through_unchanged():
     from tests.unit.test_gateway import render
 

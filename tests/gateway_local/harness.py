@@ -1,0 +1,214 @@
+"""A gateway on this machine, from the project's own template and Lua file, in front of a CPU
+llama-server of the pinned build: the proof that usage per team is exact without the lab.
+
+Everything runs as the current user on loopback ports (VOLTAFLEET_LOCAL_PORT, default 18961,
+and the next two); the configuration is templates/haproxy.cfg.j2 rendered by
+voltafleet.gateway.template_vars, with its /etc/haproxy paths moved into a temporary folder.
+A machine without haproxy, a lab-built llama-server of the pinned commit or the lab's tiny
+model skips the tests (missing() says which)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pinned_server() -> str:
+    """A llama-server binary of the pinned commit, as the lab built it on one of its hosts
+    (VOLTAFLEET_LOCAL_LLAMA_SERVER: another one); "" when there is none."""
+    import json
+
+    from lab.fleet import STATE
+    from tests.fixture_vars import PINNED_COMMIT
+
+    if os.environ.get("VOLTAFLEET_LOCAL_LLAMA_SERVER"):
+        return os.environ["VOLTAFLEET_LOCAL_LLAMA_SERVER"]
+    for info in sorted(STATE.glob("hosts/*/rootfs/opt/voltafleet/releases/*/BUILD_INFO.json")):
+        try:
+            if json.loads(info.read_text()).get("commit") == PINNED_COMMIT and (info.parent / "bin/llama-server").exists():
+                return str(info.parent / "bin/llama-server")
+        except (OSError, ValueError):
+            continue
+    return ""
+
+
+def model() -> str:
+    """The lab's tiny qwen35 model in its mirror (VOLTAFLEET_LOCAL_MODEL: another one)."""
+    from lab.fleet import CACHE, MODEL_NAME
+
+    return os.environ.get("VOLTAFLEET_LOCAL_MODEL", str(CACHE / "mirror/http/models" / MODEL_NAME))
+
+
+BASE_PORT = int(os.environ.get("VOLTAFLEET_LOCAL_PORT", "18961"))
+ALIAS = "qwen3.6-27b"
+
+
+def missing() -> str | None:
+    """Why the local gateway cannot run here (None: it can)."""
+    if not shutil.which("haproxy"):
+        return "haproxy is not installed"
+    if not pinned_server():
+        return "no llama-server of the pinned commit (the lab builds one)"
+    if not os.path.exists(model()):
+        return "no tiny model (the lab's mirror has one)"
+    return None
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, metrics_port: int,
+           budgets: dict[str, dict] | None = None) -> str:
+    """haproxy.cfg for this machine: the project's template and variables, one llama-server
+    backend, the teams' keys {team: key} and budgets {team: {tokens_per_day: n, ...}}; every
+    /etc/haproxy path moved under tmp, the budgets' folder to tmp/budgets."""
+    import jinja2
+
+    from tests.fixture_vars import all_yml_vars
+    from voltafleet import budgets as budgets_mod
+    from voltafleet import gateway, teams
+
+    team_list = [{"name": t, "key_sha256": sha(k), **(budgets or {}).get(t, {})} for t, k in keys.items()]
+    cfg = {**all_yml_vars(), "gateway_teams": team_list,
+           "gateway_bind": f"127.0.0.1:{bind_port}", "gateway_metrics_bind": f"127.0.0.1:{metrics_port}",
+           "server_model_alias": ALIAS, "server_api_key_file": None}
+    args = gateway.template_vars(cfg, gateway.backends([("local", "127.0.0.1", [upstream_port], 16)]))
+    args.update(admin_socket=str(tmp / "admin.sock"), state_file=str(tmp / "server-state"),
+                errorfile=str(tmp / "503.http"))
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), trim_blocks=True,
+                             lstrip_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    text = env.get_template("haproxy.cfg.j2").render(**args)
+    lim = teams.limits(teams.parse(cfg["gateway_teams"]), 64, 100000, None)
+    (tmp / "503.http").write_text(gateway.busy_page(5))
+    (tmp / Path(teams.LIMITS_MAP).name).write_text(teams.limits_map(lim))
+    (tmp / Path(teams.KEYS_MAP).name).write_text(teams.keys_map(teams.parse(cfg["gateway_teams"])))
+    (tmp / Path(teams.BUDGETS_MAP).name).write_text(teams.budgets_map(teams.parse(cfg["gateway_teams"])))
+    (tmp / "budgets").mkdir(exist_ok=True)
+    text = text.replace(budgets_mod.DIR, str(tmp / "budgets"))
+    shutil.copy(REPO / "roles/gateway/files/voltafleet-teams.lua", tmp / Path(teams.USAGE_LUA).name)
+    # this machine: the log (which counts each request) on stdout, no haproxy user, in the foreground
+    text = text.replace("/etc/haproxy/", f"{tmp}/").replace("log /dev/log local0", "log stdout format raw local0")
+    drop = ("    user haproxy", "    group haproxy", "    daemon", "    load-server-state-from-file")
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(drop))
+
+
+def wait_http(url: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(url)
+        time.sleep(0.2)
+
+
+class Local:
+    """llama-server (16 slots, room for long answers) and the gateway in front of it."""
+
+    def __init__(self, tmp: Path, keys: dict[str, str], slots: int = 16, ctx_per_slot: int = 4096,
+                 budgets: dict[str, dict] | None = None):
+        self.tmp, self.keys, self.slots, self.ctx, self.budgets = tmp, keys, slots, ctx_per_slot, budgets
+        self.server_port, self.gw_port, self.metrics_port = BASE_PORT, BASE_PORT + 1, BASE_PORT + 2
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def direct(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}"
+
+    @property
+    def gateway(self) -> str:
+        return f"http://127.0.0.1:{self.gw_port}"
+
+    @property
+    def metrics(self) -> str:
+        from voltafleet import teams
+        return f"http://127.0.0.1:{self.metrics_port}{teams.METRICS_PATH}"
+
+    def start(self) -> "Local":
+        binary = pinned_server()
+        lib = str(Path(binary).parents[1] / "lib")
+        env = {**os.environ, "LD_LIBRARY_PATH": lib + ":" + os.environ.get("LD_LIBRARY_PATH", "")}
+        self.procs.append(subprocess.Popen(
+            [binary, "-m", model(), "--host", "127.0.0.1", "--port", str(self.server_port), "--alias", ALIAS,
+             "-c", str(self.slots * self.ctx), "-np", str(self.slots), "--no-webui", "--metrics"],
+            stdout=open(self.tmp / "llama-server.log", "wb"), stderr=subprocess.STDOUT, env=env))
+        wait_http(self.direct + "/health", 120)
+        self.alive("llama-server")
+        cfg = self.tmp / "haproxy.cfg"
+        cfg.write_text(config(self.tmp, self.keys, self.server_port, self.gw_port, self.metrics_port, self.budgets))
+        subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], check=True)
+        self.start_haproxy()
+        return self
+
+    def start_haproxy(self) -> None:
+        """HAProxy in master-worker mode (as systemd runs it), in the foreground."""
+        self.haproxy = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(self.tmp / "haproxy.cfg")],
+                                        stdout=open(self.tmp / "haproxy.log", "ab"), stderr=subprocess.STDOUT)
+        self.procs.append(self.haproxy)
+        wait_http(self.metrics, 30)
+        self.alive("haproxy")
+
+    def worker_pid(self) -> int:
+        """The pid of HAProxy's current worker (`show info` on the admin socket)."""
+        import re
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(self.tmp / "admin.sock"))
+            s.sendall(b"show info\n")
+            data = b"".join(iter(lambda: s.recv(65536), b""))
+        return int(re.search(rb"^Pid: (\d+)$", data, re.M).group(1))
+
+    def reload(self) -> int:
+        """`systemctl reload haproxy`'s signal (SIGUSR2 to the master): a new worker with a fresh Lua
+        state, while the old one finishes its streams. Returns the new worker's pid."""
+        import signal
+
+        old = self.worker_pid()
+        self.haproxy.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                pid = self.worker_pid()
+            except (OSError, AttributeError):
+                continue
+            if pid != old:
+                wait_http(self.metrics, 30)
+                return pid
+        raise TimeoutError("no new HAProxy worker after SIGUSR2")
+
+    def restart(self) -> None:
+        """HAProxy stopped (its worker gone) and started again."""
+        self.haproxy.terminate()
+        self.haproxy.wait(30)
+        self.procs.remove(self.haproxy)
+        self.start_haproxy()
+
+    def alive(self, what: str) -> None:
+        """Each process started is still running: another one on its port answered otherwise."""
+        time.sleep(0.5)
+        if any(p.poll() is not None for p in self.procs):
+            self.stop()
+            raise RuntimeError(f"{what} exited (a port of {BASE_PORT}-{BASE_PORT + 2} in use?): see {self.tmp}")
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []

@@ -1,0 +1,166 @@
+"""Usage per team is exact (issue 39 item 2): each answer's tokens, as /metrics/teams counts them
+through the project's own gateway (template and Lua filter, HAProxy of this machine), equal
+the figures llama-server reports for the same requests: streamed and not, chat, completions
+and the native /completion, answers over 64 KiB; a stream its client cuts counts what the
+gateway forwarded. Skipped where haproxy or the pinned llama-server is not on this machine."""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway_local.harness import ALIAS
+
+CHAT = [{"role": "user", "content": "Count from one to twenty in words."}]
+
+
+def counters(g, team: str) -> dict[str, float]:
+    text = httpx.get(g.metrics, timeout=10).text
+    return {m: float(v) for m, v in re.findall(r'^voltafleet_team_(\w+)\{team="%s"\} (\S+)$' % team, text, re.M)}
+
+
+def server(g) -> dict[str, float]:
+    """llama-server's own Prometheus counters (--metrics)."""
+    text = httpx.get(g.direct + "/metrics", timeout=10).text
+    return {m: float(v) for m, v in re.findall(r"^llamacpp:(\w+) (\S+)$", text, re.M)}
+
+
+def counted(g, send, team: str = "web") -> tuple[dict[str, float], object]:
+    """send()'s result and what the gateway counted for the team meanwhile (counter deltas),
+    once the request was logged."""
+    before = counters(g, team)
+    out = send()
+    time.sleep(0.3)  # the log line (which counts) is written as the connection's request ends
+    after = counters(g, team)
+    return {k: after[k] - before.get(k, 0) for k in after}, out
+
+
+def sdk(g, key="key-web") -> openai.OpenAI:
+    return openai.OpenAI(base_url=g.gateway + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def test_non_streamed_chat_and_completions_count_the_usage_block(local_gateway):
+    g = local_gateway
+    d, r = counted(g, lambda: sdk(g).chat.completions.create(model=ALIAS, messages=CHAT, max_tokens=40))
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (r.usage.prompt_tokens, r.usage.completion_tokens)
+    assert r.usage.completion_tokens == 40 and d["requests_total"] == 1 and d["cut_streams_total"] == 0
+    assert d["reasoning_tokens_total"] == 0  # this llama-server pin reports no reasoning_tokens (its thought is in the 40)
+    assert r.choices[0].message.model_extra.get("reasoning_content")
+    d, r = counted(g, lambda: sdk(g).completions.create(model=ALIAS, prompt="Once upon a time", max_tokens=25))
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (r.usage.prompt_tokens, 25)
+
+
+def stream_chat(g, **extra):
+    """A streamed chat answer through the SDK: (its chunks' text events, the last chunk's timings,
+    the usage chunk or None)."""
+    events, timings, usage = 0, None, None
+    for c in sdk(g).chat.completions.create(model=ALIAS, messages=CHAT, max_tokens=60, stream=True,
+                                            extra_body={"ignore_eos": True}, **extra):
+        events += bool(c.choices and (c.choices[0].delta.content or c.choices[0].delta.model_extra.get("reasoning_content")))
+        timings = (c.model_extra or {}).get("timings") or timings
+        usage = c.usage or usage
+    return events, timings, usage
+
+
+def test_a_streamed_chat_counts_the_servers_own_figures_with_or_without_include_usage(local_gateway):
+    g = local_gateway
+    plain = sdk(g).chat.completions.create(model=ALIAS, messages=CHAT, max_tokens=1).usage.prompt_tokens
+    d, (events, timings, usage) = counted(g, lambda: stream_chat(g))
+    assert usage is None and timings["predicted_n"] == 60  # no usage chunk: the last chunk's timings
+    assert d["completion_tokens_total"] == 60 and d["prompt_tokens_total"] == timings["cache_n"] + timings["prompt_n"] == plain
+    d, (events, timings, usage) = counted(g, lambda: stream_chat(g, stream_options={"include_usage": True}))
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (usage.prompt_tokens, usage.completion_tokens) == (plain, 60)
+    assert d["cut_streams_total"] == 0
+
+
+def test_streamed_completions_and_the_native_completion_count_exactly(local_gateway):
+    g = local_gateway
+
+    def v1():
+        return [c for c in sdk(g).completions.create(model=ALIAS, prompt="Once upon a time", max_tokens=30, stream=True,
+                                                     extra_body={"ignore_eos": True})][-1].usage
+
+    d, usage = counted(g, v1)
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (usage.prompt_tokens, 30)
+
+    def native(stream: bool) -> dict:
+        body = {"prompt": "Once upon a time", "n_predict": 35, "ignore_eos": True, "stream": stream}
+        with httpx.Client(base_url=g.gateway, headers={"Authorization": "Bearer key-batch"}, timeout=120) as c:
+            if not stream:
+                return c.post("/completion", json=body).json()
+            with c.stream("POST", "/completion", json=body) as r:
+                return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")][-1]
+
+    for stream in (False, True):
+        d, last = counted(g, lambda: native(stream), team="batch")
+        assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (last["tokens_evaluated"], 35)
+    assert counters(g, "web").get("requests_total", 0) > 0  # the other team's usage is its own (counted above)
+
+
+def test_an_answer_over_64_kib_counts_whole_streamed_or_not(local_gateway):
+    g = local_gateway
+    raw_box = {}
+
+    def big():
+        raw = sdk(g).chat.completions.with_raw_response.create(model=ALIAS, messages=CHAT, max_tokens=300, logprobs=True,
+                                                                top_logprobs=20, extra_body={"ignore_eos": True})
+        raw_box["bytes"] = len(raw.content)
+        return raw.parse()
+
+    d, r = counted(g, big)
+    assert raw_box["bytes"] > 64 * 1024, raw_box
+    assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (r.usage.prompt_tokens, 300)
+
+    def long_stream():
+        n, size = 0, 0
+        with httpx.Client(base_url=g.gateway, headers={"Authorization": "Bearer key-web"}, timeout=300) as c:
+            with c.stream("POST", "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 1500, "stream": True,
+                                                                 "ignore_eos": True}) as resp:
+                for chunk in resp.iter_bytes():
+                    size += len(chunk)
+        return size
+
+    d, size = counted(g, long_stream)
+    assert size > 64 * 1024 and d["completion_tokens_total"] == 1500 and d["cut_streams_total"] == 0
+
+
+def idle(g) -> dict[str, float]:
+    """The server's counters once no request is in flight (a cut stream's slot has stopped)."""
+    for _ in range(100):
+        s = server(g)
+        if s.get("requests_processing", 0) == 0:
+            return s
+        time.sleep(0.1)
+    raise AssertionError("llama-server still busy")
+
+
+@pytest.mark.parametrize("path", ["/completion", "/v1/chat/completions"])
+def test_a_stream_its_client_cuts_counts_what_the_gateway_sent(local_gateway, path):
+    g = local_gateway
+    body = {"prompt": "Once upon a time", "n_predict": 3000} if path == "/completion" else \
+        {"messages": CHAT, "max_tokens": 3000}
+    s0 = idle(g)
+    seen = {"events": 0, "last": None}
+
+    def cut():
+        with httpx.Client(base_url=g.gateway, headers={"Authorization": "Bearer key-web"}, timeout=60) as c:
+            with c.stream("POST", path, json={**body, "stream": True, "ignore_eos": True}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        seen["events"] += 1
+                        seen["last"] = line
+                        if seen["events"] == 40:
+                            return  # the client goes away mid-stream
+
+    d, _ = counted(g, cut)
+    s1 = idle(g)
+    generated = s1["tokens_predicted_total"] - s0["tokens_predicted_total"]
+    assert d["cut_streams_total"] == 1 and d["requests_total"] == 1, d
+    # what the gateway forwarded: at least what the client read, at most what the server generated (fewer than asked)
+    assert 40 <= d["completion_tokens_total"] <= generated < 3000, (d, generated)
+    if path == "/completion":  # each native event carries the prompt's tokens
+        assert d["prompt_tokens_total"] == json.loads(seen["last"][6:])["tokens_evaluated"]
