@@ -10,7 +10,8 @@ HOST_PACKAGES := debootstrap systemd-container nginx-light git ccache openssh-cl
 
 host-packages:
 	@missing=$$(for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	if echo "$$missing" | grep -qx haproxy; then systemctl disable --now haproxy >/dev/null 2>&1 || true; fi
 
 # promtool (Debian's prometheus package) for the alert-rule tests. Its daemon is kept from
 # starting while the package installs (policy-rc.d, unless one is there) and disabled after,
