@@ -147,3 +147,10 @@ def test_a_streams_token_events_go_out_as_they_come():
     text = render()
     defaults = text[text.index("\ndefaults"):text.index("\nfrontend llama")]
     assert "    option http-no-delay\n" in defaults  # measured: +200 ms to the first token without it
+
+
+def test_the_gateway_runs_one_thread_so_runtime_map_changes_never_race_a_lookup():
+    """A worker aborted (malloc heap corruption) during a `set map` under load with 2 threads in the
+    lab: one thread serializes map changes, lookups and the teams' Lua state."""
+    glob = render().split("\ndefaults")[0]
+    assert "\n    nbthread 1\n" in glob
