@@ -1,6 +1,7 @@
 """A bounded load of completions through the gateway (loopback only) from pooled keep-alive
-clients, as users send it: one httpx.Client (a connection pool, connections reused) or the
-OpenAI Python SDK (`max_retries=0`), streamed and non-streamed requests in turn. For tests
+clients, as users send it: each client an httpx.Client (a connection pool, its keep-alive
+connection reused) or the OpenAI Python SDK (`max_retries=0`), streamed and non-streamed
+requests in turn. For tests
 and for the numbers of a rollout: requests served, failed, cut, refused busy, and TTFT
 percentiles.
 
@@ -63,16 +64,34 @@ class Load:
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
         self.n = 0
-        auth = {"Authorization": f"Bearer {key}"} if key else {}
-        # one pool for every thread, as an application shares one client: connections are reused
-        self.http = httpx.Client(base_url=self.url, headers=auth, timeout=httpx.Timeout(120, connect=10),
-                                 limits=httpx.Limits(max_connections=clients, max_keepalive_connections=clients))
-        self.sdk = None
-        if client == "openai":
+        self.local = threading.local()
+        self.pools: list[httpx.Client] = []
+
+    # a pool a client thread, as each worker of an application holds its client: its keep-alive
+    # connection is reused request after request. Not one pool shared by the threads: httpcore
+    # 1.0.9's shared pool can close a connection another thread was just handed (encode/httpcore
+    # #1110, open): that request then fails with EBADF (seen once in 10,017 requests), a client bug
+    # that would be counted against the gateway.
+    @property
+    def http(self) -> httpx.Client:
+        if not hasattr(self.local, "http"):
+            auth = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+            self.local.http = httpx.Client(base_url=self.url, headers=auth, timeout=httpx.Timeout(120, connect=10),
+                                           limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+            with self.lock:
+                self.pools.append(self.local.http)
+        return self.local.http
+
+    @property
+    def sdk(self):
+        if self.kind != "openai":
+            return None
+        if not hasattr(self.local, "sdk"):
             from openai import OpenAI
 
-            self.sdk = OpenAI(base_url=self.url + "/v1", api_key=key or "none", max_retries=0, timeout=120,
-                              http_client=self.http)
+            self.local.sdk = OpenAI(base_url=self.url + "/v1", api_key=self.key or "none", max_retries=0, timeout=120,
+                                    http_client=self.http)
+        return self.local.sdk
 
     # ---------------------------------------------------------------- one request
 
@@ -104,7 +123,7 @@ class Load:
             if r.status_code != 200:
                 r.read()
             self._status(rec, r)
-            rec["started"] = True
+            rec["started"], done = True, False
             for line in r.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -112,10 +131,12 @@ class Load:
                 if chunk.get("content"):
                     rec["ttft_ms"] = rec["ttft_ms"] or (time.monotonic() - t0) * 1000
                     rec["tokens"] += 1
-                if chunk.get("stop"):
-                    rec["ok"], rec["outcome"] = True, "ok"
-                    return
-        raise RuntimeError("stream ended before its last chunk")
+                done = done or bool(chunk.get("stop"))
+            # read to the response's end, as a client does: a response left unread closes its
+            # connection, and the next request would open a new one (no keep-alive for streams)
+        if not done:
+            raise RuntimeError("stream ended before its last chunk")
+        rec["ok"], rec["outcome"] = True, "ok"
 
     def _sdk(self, rec: dict, t0: float, stream: bool) -> None:
         from openai import APIStatusError
@@ -176,7 +197,8 @@ class Load:
     def stop(self) -> dict:
         self.stopping.set()
         self.wait(timeout=150)
-        self.http.close()
+        for pool in self.pools:
+            pool.close()
         return summary(self.results)
 
 
