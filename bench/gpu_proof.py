@@ -287,6 +287,38 @@ def plan38() -> dict:
     return {"host38": {"build": "mmq", "runs": 3, "configs": configs}}
 
 
+# issue 41: the latency tier, v100_32gb's argv with 2 slots of 32K and the model's own MTP head
+LATENCY41 = {"server_parallel": 2, "server_ctx": 65536}
+DEPTHS41 = (1, 2, 3)
+
+
+def latency41(depth: int | None) -> dict:
+    """The latency tier's variables at an MTP draft depth (None: no speculation)."""
+    cfg = {**group_cfg("v100_32gb"), **LATENCY41}
+    if depth:
+        cfg.update(server_spec_mtp=True, server_spec_draft_max=depth)
+    return cfg
+
+
+def plan41() -> dict:
+    """Issue 41 on the shipped build (FORCE_MMQ, as Volta takes it): the throughput tier as shipped
+    (v100_32gb, the plain file) against the latency tier (2 slots, the MTP-carrying file) without
+    speculation and at draft depths 1-3. Two MTP files bracket the acceptance: `acc`, where the
+    trunk and the MTP head agree (every draft accepted, the best case), and `rej`, all weights zero
+    (every draft rejected, the worst); a depth pays above the acceptance where the two meet the
+    no-speculation rate. Each config: load, a warm-up, `runs` rounds at each stream count
+    (distinct 512-token prompts, 128 tokens, greedy), GPU and host memory sampled."""
+    def item(name, cfg, model, streams):
+        return {"name": name, "model": model, "streams": streams,
+                "args": server_args(cfg, "MODEL", port=PORT, api_key_file=None)}
+    configs = [item("thr-ship", group_cfg("v100_32gb"), "q4ks.gguf", [1, 2, 4]),
+               item("lat-d0", latency41(None), "q4ks-mtp-acc.gguf", [1, 2, 4])]
+    configs += [item(f"lat-d{d}", latency41(d), "q4ks-mtp-acc.gguf", [1, 2, 4]) for d in DEPTHS41]
+    configs += [item("lat-d0-rej", latency41(None), "q4ks-mtp-rej.gguf", [1])]
+    configs += [item(f"lat-d{d}-rej", latency41(d), "q4ks-mtp-rej.gguf", [1]) for d in DEPTHS41]
+    return {"tier41": {"build": "mmq", "runs": 3, "prompt": 512, "tokens": 128, "configs": configs}}
+
+
 THINK_FIGURES = ("ttfr_ms", "answer_ms", "n_reasoning", "n_content", "think_tps", "answer_tps", "decode_tps")
 
 
@@ -438,7 +470,7 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
               "bench/voltarule.py", "voltafleet/smoke_client.py", "voltafleet/workload.py", "bench/tune29.py"):
         shutil.copy(REPO / f, dest)
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
-            "tune29b": plan_tune29b(), **plan38()}
+            "tune29b": plan_tune29b(), **plan38(), **plan41()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)

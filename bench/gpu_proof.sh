@@ -71,6 +71,13 @@ PY
     variant mmq
   fi
   git -C "$src" diff > "$RES/variants.diff"
+  case "$PH" in *tier41*)  # issue 41: the MTP-carrying file, every draft accepted (acc) and every draft rejected (rej)
+    PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/q4ks-mtp-acc.gguf --mtp \
+      --accept >> "$RES/progress.txt" 2>&1
+    PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/q4ks-mtp-rej.gguf --mtp \
+      >> "$RES/progress.txt" 2>&1
+    log "MTP files written" ;;
+  esac
   case "$PH" in *probe27*)  # a random-weight qwen35 for the probes, quantized to Q8_0 by the build's own llama-quantize
     PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/tiny-f16.gguf --shape tiny \
       --dense >> "$RES/progress.txt" 2>&1 && "$BIN/llama-quantize" /tmp/models/tiny-f16.gguf /tmp/models/tiny-q8_0.gguf \

@@ -638,6 +638,52 @@ class Proof38(Proof32):
         return rec
 
 
+class Proof41(Proof38):
+    """Issue 41: the latency tier (2 slots, MTP speculation) against the throughput tier."""
+
+    KEEP41 = ("ttft_ms", "t_start", "times_ms", "n", "decode_tps", "prompt_n", "prompt_ms", "draft_n",
+              "draft_accepted", "text_sha", "error")
+
+    def tier41(self, label: str):
+        """plan["tier41"]: each config's server on its model file; its GPU and host memory after
+        load, a warm-up, then `runs` rounds at each stream count (the same prompts in every config,
+        so greedy texts compare), the peaks of both memories over the rounds."""
+        out = self.results.setdefault("tier41", [])
+        t = self.plan["tier41"]
+        if t["build"] != label:
+            return
+        for item in t["configs"]:
+            model = os.path.join(self.a.models, item["model"])
+            s = self.server(label, item["name"], item["args"], model=model)
+            r = {"name": item["name"], "model": item["model"], "build": label, "args": s.args, "healthy": s.ok,
+                 "load_s": s.load_s, "rounds": []}
+            out.append(r)  # in the results from the start
+            try:
+                if s.ok:
+                    time.sleep(2)
+                    r["gpu_load_mib"], r["mem_load"] = gpu_mem(s.p.pid).get("proc_mib"), proc_mem(s.p.pid)
+                    complete(self.port, prompt_ids(9900, 32), 8)  # warm-up
+                    gpu, host = Sampler(s.p.pid), HostSampler(s.p.pid)
+                    for rep in range(t["runs"]):
+                        for k in item["streams"]:
+                            tag = 4100 + 10 * rep + k
+                            recs = concurrent(self.port, [
+                                (lambda i=i: complete(self.port, prompt_ids(tag * 100 + i, t["prompt"]), t["tokens"]))
+                                for i in range(k)])
+                            r["rounds"].append({"rep": rep, "streams": k,
+                                                "recs": [{x: q.get(x) for x in self.KEEP41} for q in recs]})
+                            self.save()
+                    r["gpu_peak_mib"], r["host_peak"] = gpu.stop(), host.stop()
+                    r["gpu_after_mib"] = gpu_mem(s.p.pid).get("proc_mib")
+            finally:
+                s.stop()
+                r["log"], r["buffers"] = self.loglines(s), s.buffers()
+                self.save()
+            say("tier41", item["name"], s.ok, [(x["streams"], wall_rate(x["recs"]),
+                                                sum(q.get("draft_accepted") or 0 for q in x["recs"]),
+                                                sum(q.get("draft_n") or 0 for q in x["recs"])) for x in r["rounds"]])
+
+
 def median(values: list):
     v = sorted(x for x in values if x is not None)
     if not v:
@@ -654,7 +700,7 @@ def main():
     ap.add_argument("--bins", help="label=BINDIR,... (issue 27: volta, mmq)")
     ap.add_argument("--phases", required=True)
     a = ap.parse_args()
-    run = Proof38(a)
+    run = Proof41(a)
     for ph in a.phases.split(","):
         name, _, arg = ph.partition(":")
         t = time.time()

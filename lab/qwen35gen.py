@@ -268,9 +268,51 @@ def chat_template(vocab_path: str) -> str | None:
     return None
 
 
-def write_sparse(vocab_path: str, out_path: str, shape: Shape = SHAPES["27b"], ftype: str = "q4_k_s") -> int:
-    """Header and tensor table with llama.cpp's type mix, then truncate to the full size.
-    Returns the file size in bytes."""
+def _one_block(t: T) -> bytes:
+    """One quantized block whose first value is 1.0 and every other 0 (Q4_K: d 1, sub-block 0's
+    scale 1, quant 1; Q6_K: d 1, scale 0 of sub-block 0, quants 32 = zero there but 33 first)."""
+    one = np.float16(1.0).tobytes()
+    if t == T.Q4_K:  # d, dmin, scales[12], qs[128]
+        return one + bytes(2) + bytes([1]) + bytes(11) + bytes([1]) + bytes(127)
+    if t == T.Q6_K:  # ql[128], qh[64], scales[16] (int8), d
+        return bytes([1]) + bytes(127) + bytes([2] * 16) + bytes(48) + bytes([1]) + bytes(15) + one
+    raise ValueError(f"no one-hot block for {t.name}")
+
+
+def _accepting(path: str, shape: Shape, types: dict, data_start: int, alignment: int) -> None:
+    """Make a sparse file's greedy trunk and its MTP head agree, so every draft is accepted (the
+    best case of speculation; all other weights stay zero, so the same kernels run on as many
+    bytes): every token's embedding is 1 in dimension 0, no block writes there, output row 0 (token
+    0, "!") reads it, and the MTP block's eh_proj carries the embedding's dimension 0 to its own
+    dimension 0. Both heads then put logit ~72 on token 0 and 0 on every other token."""
+    offsets, total = {}, 0
+    for name, ne in tensor_shapes(shape):
+        offsets[name] = total
+        total += nbytes(ne, types[name])
+        total += -total % alignment
+    ones = {"output_norm.weight"}
+    rows = {"token_embd.weight": range(shape.n_vocab), "output.weight": range(1)}
+    if shape.mtp:
+        p = f"blk.{shape.n_layer}.nextn."
+        ones |= {p + "enorm.weight", p + "hnorm.weight", p + "shared_head_norm.weight"}
+        rows[p + "eh_proj.weight"] = range(1)
+    with open(path, "r+b") as f:
+        for name in ones:
+            f.seek(data_start + offsets[name])
+            f.write(np.ones(shape.n_embd, dtype=np.float32).tobytes())
+        for name, which in rows.items():
+            ne, t = dict(tensor_shapes(shape))[name], types[name]
+            row_bytes, block = nbytes((ne[0], 1), t), _one_block(t)
+            for r in which:
+                f.seek(data_start + offsets[name] + r * row_bytes)
+                f.write(block)
+
+
+def write_sparse(vocab_path: str, out_path: str, shape: Shape = SHAPES["27b"], ftype: str = "q4_k_s",
+                 accept: bool = False) -> int:
+    """Header and tensor table with llama.cpp's type mix, then truncate to the full size
+    (`accept`: the few weights that make every MTP draft accepted, _accepting). Returns the file
+    size in bytes."""
     file_type, _ = FTYPES[ftype]
     types = type_mix(shape, ftype)
     w = gguf.GGUFWriter(out_path, ARCH)
@@ -293,6 +335,8 @@ def write_sparse(vocab_path: str, out_path: str, shape: Shape = SHAPES["27b"], f
     f.flush()
     f.truncate(data_start + total)
     w.close()
+    if accept:
+        _accepting(out_path, shape, types, data_start, w.data_alignment)
     return os.path.getsize(out_path)
 
 
@@ -346,13 +390,14 @@ def main(argv=None) -> None:
     ap.add_argument("--ftype", default="q4_k_s", choices=sorted(FTYPES))
     ap.add_argument("--mtp", action="store_true", help="add the MTP block (nextn_predict_layers 1)")
     ap.add_argument("--dense", action="store_true", help="random F16 weights (small shapes only)")
+    ap.add_argument("--accept", action="store_true", help="sparse: the trunk and MTP head agree (every draft accepted)")
     a = ap.parse_args(argv)
     shape = replace(SHAPES[a.shape], mtp=1 if a.mtp else 0)
     if a.dense:
         write_dense(a.vocab, a.out, shape)
         print(f"{a.out}: {os.path.getsize(a.out)} bytes (dense)")
     else:
-        print(f"{a.out}: {write_sparse(a.vocab, a.out, shape, a.ftype)} bytes (sparse, {a.ftype})")
+        print(f"{a.out}: {write_sparse(a.vocab, a.out, shape, a.ftype, a.accept)} bytes (sparse, {a.ftype})")
 
 
 if __name__ == "__main__":
