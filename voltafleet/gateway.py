@@ -145,6 +145,10 @@ def teams_vars(cfg: dict, backends: list[Backend]) -> dict | None:
         "over_rate": haproxy_string(openai_error(
             f"Your team has reached its limit of requests per minute: retry after {retry} s", "requests",
             "rate_limit_exceeded")),
+        "response_fields": haproxy_string(openai_error(
+            "response_fields is not accepted at this gateway: it would hide tokens_evaluated and tokens_predicted, "
+            "which the usage and token budget of your team count; send the request without it and pick the fields "
+            "from the whole answer", "invalid_request_error", "unsupported_parameter", "response_fields")),
     }
 
 

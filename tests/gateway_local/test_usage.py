@@ -2,7 +2,8 @@
 through the project's own gateway (template and Lua filter, HAProxy of this machine), equal
 the figures llama-server reports for the same requests: streamed and not, chat, completions
 and the native /completion, answers over 64 KiB; a stream its client cuts counts what the
-gateway forwarded. Skipped where haproxy or the pinned llama-server is not on this machine."""
+gateway forwarded, its prompt included (test_request_rewrite). Skipped where haproxy or the
+pinned llama-server is not on this machine."""
 from __future__ import annotations
 
 import json
@@ -162,5 +163,10 @@ def test_a_stream_its_client_cuts_counts_what_the_gateway_sent(local_gateway, pa
     assert d["cut_streams_total"] == 1 and d["requests_total"] == 1, d
     # what the gateway forwarded: at least what the client read, at most what the server generated (fewer than asked)
     assert 40 <= d["completion_tokens_total"] <= generated < 3000, (d, generated)
-    if path == "/completion":  # each native event carries the prompt's tokens
-        assert d["prompt_tokens_total"] == json.loads(seen["last"][6:])["tokens_evaluated"]
+    # each event carries the prompt's tokens: native, tokens_evaluated; chat, its timings (the gateway adds
+    # timings_per_token to the request)
+    last = json.loads(seen["last"][6:])
+    prompt = last["tokens_evaluated"] if path == "/completion" else last["timings"]["cache_n"] + last["timings"]["prompt_n"]
+    assert d["prompt_tokens_total"] == prompt > 0, (d, last)
+    if path != "/completion":  # exact: the last forwarded event's predicted_n, not a count of text events
+        assert d["completion_tokens_total"] >= last["timings"]["predicted_n"]

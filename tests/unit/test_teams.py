@@ -85,6 +85,29 @@ def test_every_answer_passes_through_the_usage_filter_never_buffered_whole(cfg):
         assert f'"voltafleet_team_{name}_total"' in lua
 
 
+def test_every_completion_body_gets_the_member_that_keeps_its_figures_in_the_answer(cfg):
+    """Issue 39's two gaps: an OpenAI-format stream gets timings_per_token (each event carries the prompt's
+    figures, so a cut stream counts its prompt); a native completion's response_fields is refused with an
+    OpenAI-shaped 400 naming it where HAProxy sees it, emptied by the Lua otherwise."""
+    text = render_teams(cfg)
+    front = text[text.index("frontend llama"):text.index("backend llama")]
+    rules = front.splitlines()
+    refuse = next(i for i, r in enumerate(rules) if "return status 400" in r)
+    rewrite = next(i for i, r in enumerate(rules) if r.strip() == "http-request lua.vf_rewrite")
+    budget = next(i for i, r in enumerate(rules) if "http-request lua.vf_budget" in r)
+    forward = next(i for i, r in enumerate(rules) if "Authorization" in r and "http-request" in r)
+    assert "option http-buffer-request" in front and budget < refuse < rewrite < forward
+    assert "if METH_POST { path /completion /completions /infill } { req.body -m reg '\"response_fields\"\\s*:' }" in rules[refuse]
+    err = json.loads(re.search(r"string '([^']+)'", rules[refuse]).group(1))["error"]
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", "response_fields", "unsupported_parameter")
+    assert err["message"].startswith("response_fields is not accepted at this gateway") and "tokens_evaluated" in err["message"]
+    lua = (Path(__file__).resolve().parents[2] / "roles/gateway/files/voltafleet-teams.lua").read_text()
+    assert 'core.register_action("vf_rewrite", {"http-req"}' in lua
+    # the routes of the pinned llama-server (tools/server/server.cpp): OpenAI-format streams, then native ones
+    assert '{"/v1/chat/completions", "/chat/completions", "/v1/completions"}) do REWRITE[p] = \'"timings_per_token":true\'' in lua
+    assert '{"/completion", "/completions", "/infill"}) do REWRITE[p] = \'"response_fields":[]\'' in lua
+
+
 def test_without_teams_the_client_authorization_goes_through_unchanged():
     from tests.unit.test_gateway import render
 

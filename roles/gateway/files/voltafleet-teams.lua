@@ -33,13 +33,100 @@ function Usage:new()
   return setmetatable({tail = "", seen = {}, events = 0, roles = 0, sse = false, shown = {}}, Usage)
 end
 
+-- The request side: a body member the gateway adds so that every answer carries the figures.
+-- OpenAI-format streams: "timings_per_token":true, so each event carries timings (prompt_n, cache_n,
+-- predicted_n), not only the last one (a stream its client cuts counts its prompt). Native routes:
+-- "response_fields":[], so a client's response_fields cannot narrow the figures away (the frontend
+-- refuses one it sees with a 400 first). The member goes last, before the object's closing brace:
+-- llama-server's JSON parser keeps a key's last value, so a client's own value of it is overridden.
+local REWRITE = {}
+for _, p in ipairs({"/v1/chat/completions", "/chat/completions", "/v1/completions"}) do REWRITE[p] = '"timings_per_token":true' end
+for _, p in ipairs({"/completion", "/completions", "/infill"}) do REWRITE[p] = '"response_fields":[]' end
+
+-- A request path as llama-server's HTTP library decodes it before routing (%XX and %uXXXX, one
+-- pass), so a path spelled with escapes is rewritten like the route it reaches.
+local function decoded(path)
+  local out, i = {}, 1
+  while i <= #path do
+    local c = path:sub(i, i)
+    local u = c == "%" and path:match("^u(%x%x%x%x)", i + 1)
+    local x = c == "%" and not u and path:match("^(%x%x)", i + 1)
+    if u then out[#out + 1], i = utf8.char(tonumber(u, 16)), i + 6
+    elseif x then out[#out + 1], i = string.char(tonumber(x, 16)), i + 3
+    else out[#out + 1], i = c, i + 1 end
+  end
+  return table.concat(out)
+end
+
+-- Before the request goes on (an http-request action, vf_rewrite): a POST with a body to one of
+-- REWRITE's routes will get its member (txn.vf_member, for the filter), its Content-Length grown by
+-- exactly what the body will grow (a chunked body needs none). An action, not the filter's headers
+-- callback: once `option http-buffer-request` has waited for the body, HAProxy 2.6 lets a filter's
+-- headers callback change no header.
+core.register_action("vf_rewrite", {"http-req"}, function(txn)
+  local member = txn.sf:method() == "POST" and REWRITE[decoded(txn.sf:path() or "")]
+  if not member then return end
+  local h = txn.http:req_get_headers()
+  local cl = h["content-length"] and tonumber(h["content-length"][0])
+  if cl == 0 or (cl == nil and not h["transfer-encoding"]) then return end
+  if cl then txn.http:req_set_header("content-length", string.format("%d", cl + #member + 1)) end
+  txn:set_var("txn.vf_member", member)
+end, 0)
+
+-- The filter's side of it: the request's body is read for its member's place.
+function Usage:plan(txn, msg)
+  local member = txn:get_var("txn.vf_member")
+  if not member then return end
+  self.pair, self.add, self.prev = member, #member + 1, ""
+  filter.register_data_filter(self, msg.channel)
+end
+
+-- The request's body as it passes: everything up to its last non-space character is forwarded, that
+-- character and the spaces after it held back (at most HOLD bytes of spaces: a longer run goes on);
+-- at the body's end the member goes before that character when it is the closing brace ('{' before
+-- it: the object was empty, no comma). A body that does not end with '}' (not a JSON object: the
+-- server refuses it anyway) gets as many spaces, so Content-Length holds; one whose '}' went on
+-- before over HOLD bytes of spaces gets the member after it, which the server refuses (a parse error): no
+-- request escapes the member.
+local HOLD = 4096
+
+function Usage:rewrite(msg)
+  if self.pair == nil then return end
+  local data = msg:body() or ""
+  local last = data:match(".*()%S")
+  if not msg:eom() then
+    if last == nil or #data - last >= HOLD then
+      if last then self.prev = data:sub(last, last) end
+      return #data
+    end
+    self.prev = data:sub(1, last - 1):match(".*(%S)") or self.prev
+    return last - 1
+  end
+  local ok
+  if last and data:sub(last, last) == "}" then
+    local before = data:sub(1, last - 1):match(".*(%S)") or self.prev
+    local member = before == "{" and self.pair .. " " or "," .. self.pair
+    ok = msg:set(member .. data:sub(last), last - 1) >= 0
+  else
+    local gone = last == nil and self.prev == "}"
+    ok = msg:append(gone and "," .. self.pair or string.rep(" ", self.add)) >= 0
+  end
+  if ok then self.pair = nil return end
+  -- no room in the buffer yet: what comes before is forwarded, the rewrite tried again next time
+  if last then
+    self.prev = data:sub(1, last - 1):match(".*(%S)") or self.prev
+    return last - 1
+  end
+  return 0
+end
+
 function Usage:start_analyze(txn, chn)
   if chn:is_resp() then filter.register_data_filter(self, chn) end
 end
 
 -- Only JSON answers and event streams are read; any other answer passes untouched.
 function Usage:http_headers(txn, msg)
-  if not msg.channel:is_resp() then return end
+  if not msg.channel:is_resp() then return self:plan(txn, msg) end
   local ct = (msg:get_headers()["content-type"] or {})[0] or ""
   self.sse = ct:find("text/event-stream", 1, true) ~= nil
   if not self.sse and not ct:find("json", 1, true) then filter.unregister_data_filter(self, msg.channel) end
@@ -76,6 +163,7 @@ function Usage:show(txn, name, value)
 end
 
 function Usage:http_payload(txn, msg)
+  if not msg.channel:is_resp() then return self:rewrite(msg) end
   local chunk = msg:body()
   if chunk == nil or #chunk == 0 then return end
   local from = #self.tail
@@ -374,15 +462,14 @@ core.register_service("vf_team_metrics", "http", function(applet)
           "Seconds a team's requests took, each from arrival to its last byte")
   counter(out, teams, "voltafleet_team_prompt_tokens_total", "prompt",
           "Prompt tokens of a team's answers, streamed or not, as llama-server reports them in the answer "
-          .. "(usage.prompt_tokens; native /completion: tokens_evaluated; a chat stream without include_usage: "
-          .. "timings.cache_n + timings.prompt_n), cached ones included; a cut stream counts it only when an "
-          .. "event it sent carried it (native /completion)")
+          .. "(usage.prompt_tokens; native /completion: tokens_evaluated; a chat or completions stream without "
+          .. "include_usage: timings.cache_n + timings.prompt_n, in every event since the gateway adds "
+          .. "timings_per_token), cached ones included; a stream its client cuts counts it from its first token")
   counter(out, teams, "voltafleet_team_completion_tokens_total", "completion",
           "Completion tokens of a team's answers, streamed or not, of any size, as llama-server reports them "
-          .. "in the answer (usage.completion_tokens; native /completion: tokens_predicted; a chat stream "
-          .. "without include_usage: timings.predicted_n), reasoning included; a stream cut before its last "
-          .. "event: the tokens its forwarded events carried (native /completion: the last tokens_predicted; "
-          .. "OpenAI streams: one a text event)")
+          .. "in the answer (usage.completion_tokens; native /completion: tokens_predicted; a chat or completions "
+          .. "stream without include_usage: timings.predicted_n), reasoning included; a stream cut before its last "
+          .. "event: the figure of the last event the gateway forwarded (other formats: one a text event)")
   counter(out, teams, "voltafleet_team_reasoning_tokens_total", "reasoning",
           "Reasoning tokens of a team's answers where llama-server reports them "
           .. "(usage.completion_tokens_details.reasoning_tokens; also counted in completion tokens)")
