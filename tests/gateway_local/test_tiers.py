@@ -222,3 +222,39 @@ def test_a_drained_latency_server_sends_its_tiers_requests_to_throughput_or_to_t
         tg.admin(f"set server {backend}/{LATENCY} state ready")
     with client(tg, "ide") as c:
         assert c.post("/completion", json=body(4)).headers["x-voltafleet-tier"] == "latency"
+
+
+def test_a_teams_tier_changes_in_the_running_gateway_without_a_reload(tg):
+    """A gateway-only run brings the team tiers map to its new file through the runtime API (no
+    reload: the same worker) and reads it back; the team's next request goes to its new tier."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from voltafleet import teams, tiers
+
+    if not shutil.which("socat"):
+        pytest.skip("no socat (the runtime API's client)")
+    path, sock = tg.tmp / Path(teams.TIERS_MAP).name, str(tg.tmp / "admin.sock")
+    before_text, pid = path.read_text(), tg.worker_pid()
+
+    def apply(team_fields: dict) -> None:
+        entries = [{"name": t, "key_sha256": harness.sha(k), **team_fields.get(t, {})} for t, k in KEYS.items()]
+        path.write_text(tiers.tiers_map(teams.parse(entries), "throughput"))
+        subprocess.run(["sh", "-c", teams.runtime_replace(str(path), sock)], check=True)
+        out = subprocess.run(["sh", "-c", teams.readback(str(path), sock)], capture_output=True, text=True)
+        assert teams.check_running(str(path), out.stdout) is None, out.stdout
+
+    try:
+        apply({**FIELDS, "web": {"tier": "latency", "tiers": ["latency", "throughput"]}})
+        before = served(tg)
+        with client(tg, "web") as c:
+            assert c.post("/completion", json=body(4)).headers["x-voltafleet-tier"] == "latency"
+        with client(tg, "web", **{"X-Voltafleet-Tier": "throughput"}) as c:  # now allowed by header
+            assert c.post("/completion", json=body(4)).headers["x-voltafleet-tier"] == "throughput"
+        assert got(tg, before) == {THROUGHPUT: 1, LATENCY: 1} and tg.worker_pid() == pid
+    finally:
+        apply(FIELDS)
+    assert path.read_text() == before_text
+    with client(tg, "web", **{"X-Voltafleet-Tier": "latency"}) as c:
+        assert c.post("/completion", json=body(4)).status_code == 403
