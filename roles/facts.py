@@ -345,7 +345,7 @@ class AptHolds(FactBase):
 
 
 class HAProxyServers(FactBase):
-    """{server: status} of the llama backend, from HAProxy's runtime API (`show stat`)."""
+    """{server: status} of every tier's backend (llama, llama_<tier>), from HAProxy's runtime API (`show stat`)."""
 
     @staticmethod
     def default():
@@ -359,7 +359,7 @@ class HAProxyServers(FactBase):
 
 
 class HAProxyBackends(FactBase):
-    """The llama backend's servers as the live configuration lists them: [(name, address, port)]."""
+    """Every tier's backend's servers as the live configuration lists them: [(name, address, port, maxconn, tier)]."""
 
     @staticmethod
     def default():

@@ -103,8 +103,13 @@ def drain(state, server_name: str, index: int, timeout_s: float) -> int:
     name = gw.backend_name(server_name, index)
     gateways = gateway_hosts(state)
     for g in gateways:
+        # the instance's tier's backend (voltafleet/tiers.py), as the running gateway lists it
+        backend = gw.server_backend(_run(g, gw.runtime("show stat"), "show stat"), name)
+        if backend is None:
+            raise DrainError(f"gateway {g.name} does not list backend {name}: it cannot be drained, so it is "
+                             "not restarted. Fix: re-run the gateway (its configuration lacks this instance)")
         try:
-            _run(g, gw.set_state(server_name, index, "drain"), f"drain {name}")
+            _run(g, gw.set_state(server_name, index, "drain", backend), f"drain {name}")
         finally:
             _changed_gateway(g)
         status = gw.server_states(_run(g, gw.runtime("show stat"), "show stat")).get(name)
@@ -158,8 +163,10 @@ def ready(state, server_name: str, indexes) -> None:
         return
     for g in gateway_hosts(state):
         try:
+            listed = _run(g, gw.runtime("show stat"), "show stat")
             for i in indexes:
-                _run(g, gw.set_state(server_name, i, "ready"), f"ready {gw.backend_name(server_name, i)}")
+                backend = gw.server_backend(listed, gw.backend_name(server_name, i)) or gw.BACKEND
+                _run(g, gw.set_state(server_name, i, "ready", backend), f"ready {gw.backend_name(server_name, i)}")
         finally:
             _changed_gateway(g)
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from voltafleet import checks, flags, teams, urls
+from voltafleet import checks, flags, teams, tiers, urls
 from voltafleet.errors import Problem, format_errors
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -153,6 +153,7 @@ SCHEMA: dict[str, Var] = {
     "server_oom_score_adjust": Var(int, min=1, max=1000, hint="1-1000: the kernel's preference for a server"),
     "server_address": Var(str, nullable=True, check=urls.server_host_error,
                           hint="an IP address or a host name the gateway reaches this host at"),
+    "server_tier": Var(str, pattern=tiers.NAME, hint=tiers.NAME_HINT),
     # gateway (HAProxy, hosts of the `gateway` group)
     "gateway_bind": Var(str, pattern=BIND, hint='an address:port like "0.0.0.0:8000"'),
     "gateway_metrics_bind": Var(str, pattern=BIND, hint='an address:port like "0.0.0.0:8404"'),
@@ -175,6 +176,7 @@ SCHEMA: dict[str, Var] = {
     "gateway_team_max_concurrent": Var(int, min=1, max=1_000_000),
     "gateway_team_requests_per_minute": Var(int, min=1, max=1_000_000),
     "gateway_team_retry_after_s": Var(int, min=1, max=3600),
+    "gateway_tier_overflow": Var(str, choices=tiers.OVERFLOWS),
     "rollout_max_minutes": Var(int, min=1, max=7 * 24 * 60),
     # model mirror (nginx on the hosts of the `mirror` group; voltafleet/mirror.py)
     "mirror_port": _ports(),
@@ -428,6 +430,10 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
     if v["voltafleet_backend"] == "cpu" and v["server_instances"] is None:
         fail("server_instances", "is empty on the cpu backend (there are no GPUs to count)",
              "set server_instances to the number of servers per host")
+    if v["server_tier"] != tiers.DEFAULT and v["server_parallel"] is None:
+        fail("server_tier", f"is {v['server_tier']} but server_parallel is empty: the gateway admits a tier's requests "
+             "by its servers' slots (maxconn) and overflows them when none is free, so it must know them",
+             "set server_parallel in the same group (1 or 2 for a latency tier)")
     mirror_problem = mirror_error(v)
     if mirror_problem:
         fail(*mirror_problem)

@@ -29,6 +29,7 @@ class ServerEntry:
     ports: tuple                      # one per instance, in instance order
     slots: int = 1                    # each instance's -np
     fingerprint: str | None = None    # its release fingerprint, when its compiler is known
+    tier: str = "throughput"          # its server_tier: the gateway backend its instances are in (voltafleet/tiers.py)
 
     @classmethod
     def of(cls, record: dict | None) -> "ServerEntry | None":

@@ -1,8 +1,9 @@
 """The gateway's backends and runtime commands (HAProxy), decided from the inventory.
 
-Every llama-server instance of every server host is a backend named `<host>-<index>`;
-the rolling rollout drains one through HAProxy's runtime API before restarting it and
-sets it ready again once its host's smoke test passed.
+Every llama-server instance of every server host is a backend server named `<host>-<index>`,
+in its tier's HAProxy backend (voltafleet/tiers.py: `llama` for throughput); the rolling
+rollout drains one through HAProxy's runtime API before restarting it and sets it ready again
+once its host's smoke test passed.
 
     >>> backend_name("gpu-01.fleet.internal", 3)
     'gpu-01.fleet.internal-3'
@@ -13,10 +14,10 @@ import json
 import re
 from dataclasses import dataclass
 
-from voltafleet import budgets, teams
+from voltafleet import budgets, teams, tiers
 from voltafleet.haproxy_cli import ADMIN_SOCKET, admin, runtime  # noqa: F401 (the gateway's API, used by the roles)
 
-BACKEND = "llama"
+BACKEND = tiers.BACKEND  # the throughput tier's; another tier's is tiers.backend(tier)
 STATE_FILE = "/var/lib/haproxy/server-state"
 ERRORFILE = "/etc/haproxy/voltafleet-503.http"  # the busy answer (busy_page)
 
@@ -27,6 +28,7 @@ class Backend:
     address: str
     port: int
     slots: int = 0       # the instance's -np: HAProxy sends it no more concurrent requests (0: no cap)
+    tier: str = tiers.DEFAULT  # its host's server_tier: the HAProxy backend it is in
 
 
 def backend_name(host: str, index: int) -> str:
@@ -34,29 +36,43 @@ def backend_name(host: str, index: int) -> str:
 
 
 def backends(servers: list[tuple]) -> list[Backend]:
-    """servers: (host name, address the gateway reaches it at, its instance ports[, slots])."""
+    """servers: (host name, address the gateway reaches it at, its instance ports[, slots[, tier]])."""
     out = []
-    for name, address, ports, *slots in servers:
+    for name, address, ports, *rest in servers:
+        slots = int(rest[0] or 0) if rest else 0
+        tier = rest[1] if len(rest) > 1 and rest[1] else tiers.DEFAULT
         for index, port in enumerate(ports):
-            out.append(Backend(backend_name(name, index), address, port, int(slots[0] or 0) if slots else 0))
+            out.append(Backend(backend_name(name, index), address, port, slots, tier))
     return out
 
 
-def set_state(host: str, index: int, state: str) -> str:
+def set_state(host: str, index: int, state: str, backend: str = BACKEND) -> str:
+    """The runtime command that sets an instance's state in its tier's backend (server_backend
+    finds it in `show stat`)."""
     if state not in ("ready", "drain", "maint"):
         raise ValueError(state)
-    return runtime(f"set server {BACKEND}/{backend_name(host, index)} state {state}")
+    if tiers.tier_of_backend(backend) is None:
+        raise ValueError(backend)
+    return runtime(f"set server {backend}/{backend_name(host, index)} state {state}")
 
 
 def server_rows(stat_csv: str) -> dict[str, dict[str, str]]:
-    """{server: its `show stat` row by column name} of the llama backend's servers (whole rows only)."""
+    """{server: its `show stat` row by column name} of every tier's backend's servers (whole rows
+    only; a server's backend is its row's `pxname`)."""
     lines = stat_csv.splitlines()
     if not lines or not lines[0].startswith("# "):
         return {}
     cols = lines[0][2:].split(",")
     rows = (line.split(",") for line in lines[1:])
     return {row[1]: dict(zip(cols, row)) for row in rows
-            if len(row) >= len(cols) - 1 and row[0] == BACKEND and row[1] not in ("FRONTEND", "BACKEND")}
+            if len(row) >= len(cols) - 1 and tiers.tier_of_backend(row[0]) is not None
+            and row[1] not in ("FRONTEND", "BACKEND")}
+
+
+def server_backend(stat_csv: str, server: str) -> str | None:
+    """The backend (a tier's) that lists a server in `show stat` output, None if none does."""
+    row = server_rows(stat_csv).get(server)
+    return row.get("pxname") if row is not None else None
 
 
 def current_sessions(stat_csv: str, server: str) -> int | None:
@@ -66,23 +82,25 @@ def current_sessions(stat_csv: str, server: str) -> int | None:
 
 
 def server_states(stat_csv: str) -> dict[str, str]:
-    """{server: status} (UP, DOWN, DRAIN, MAINT, ...) of the llama backend, from `show stat`."""
+    """{server: status} (UP, DOWN, DRAIN, MAINT, ...) of every tier's backend, from `show stat`."""
     return {name: row["status"] for name, row in server_rows(stat_csv).items() if "status" in row}
 
 
 SERVER_LINE = re.compile(r"^\s*server\s+(\S+)\s+(\S+):(\d+)\b(?:.*\bmaxconn\s+(\d+))?")
 
 
-def configured_servers(config_text: str) -> list[tuple[str, str, int, int]]:
-    """[(name, address, port, maxconn)] of the llama backend's `server` lines in an HAProxy configuration."""
-    out, inside = [], False
+def configured_servers(config_text: str) -> list[tuple[str, str, int, int, str]]:
+    """[(name, address, port, maxconn, tier)] of every tier's backend's `server` lines in an
+    HAProxy configuration."""
+    out, tier = [], None
     for line in config_text.splitlines():
         if re.match(r"^\S", line):
-            inside = line.split()[:2] == ["backend", BACKEND]
+            words = line.split()
+            tier = tiers.tier_of_backend(words[1]) if len(words) > 1 and words[0] == "backend" else None
             continue
         m = SERVER_LINE.match(line)
-        if inside and m:
-            out.append((m.group(1), m.group(2), int(m.group(3)), int(m.group(4) or 0)))
+        if tier and m:
+            out.append((m.group(1), m.group(2), int(m.group(3)), int(m.group(4) or 0), tier))
     return out
 
 
@@ -94,7 +112,7 @@ def fleet_backends(planned: list[tuple], unplanned: list[str], live: list[tuple]
     out = backends(planned)
     for name in unplanned:
         prefix = backend_name(name, 0)[:-1]  # "<host>-"
-        out += [Backend(n, a, p, c) for n, a, p, c in live if n.startswith(prefix) and n[len(prefix):].isdigit()]
+        out += [Backend(n, a, p, c, *t) for n, a, p, c, *t in live if n.startswith(prefix) and n[len(prefix):].isdigit()]
     return out
 
 
@@ -131,11 +149,20 @@ def teams_vars(cfg: dict, backends: list[Backend]) -> dict | None:
     if not team_list:
         return None
     retry = cfg["gateway_team_retry_after_s"]
+    served = tiers.ordered({b.tier for b in backends})
     return {
         "lua": teams.USAGE_LUA, "usage_filter": teams.USAGE_FILTER, "keys_map": teams.KEYS_MAP, "limits_map": teams.LIMITS_MAP,
         "upstream_map": teams.UPSTREAM_MAP, "upstream_key": bool(cfg["server_api_key_file"]),
         "table": teams.TABLE, "metrics_path": teams.METRICS_PATH, "retry_after_s": retry,
-        "budgets_map": teams.BUDGETS_MAP, "budget_dir": budgets.DIR,
+        "budgets_map": teams.BUDGETS_MAP, "budget_dir": budgets.DIR, "tiers_map": teams.TIERS_MAP,
+        "tier_header": tiers.HEADER.lower(), "tier_names": " ".join(served),
+        "unknown_tier": haproxy_string(openai_error(
+            f"The header {tiers.HEADER} names a tier this fleet does not serve: it serves {', '.join(served)}",
+            "invalid_request_error", "tier_not_found")),
+        # the team's name and its tiers come from the map at request time (names of [a-z0-9_-] only)
+        "tier_not_allowed": haproxy_string(openai_error(
+            f"Your team %[var(txn.team)] may not use the tier named in {tiers.HEADER}: its tiers are "
+            "%[var(txn.tiers_allowed)]", "invalid_request_error", "tier_not_allowed")),
         "unauthorized": haproxy_string(openai_error(
             "Incorrect API key provided: the gateway knows no team with this key", "invalid_request_error",
             "invalid_api_key")),
@@ -152,10 +179,17 @@ def teams_vars(cfg: dict, backends: list[Backend]) -> dict | None:
     }
 
 
+def tier_backends(backends: list[Backend], errorfile: str = ERRORFILE) -> list[dict]:
+    """One HAProxy backend a tier served, throughput's (`llama`) always and first: its name, its
+    servers and its 503 page."""
+    return [{"name": t, "backend": tiers.backend(t), "servers": [b for b in backends if b.tier == t],
+             "errorfile": tiers.errorfile(t, errorfile)} for t in tiers.ordered({b.tier for b in backends})]
+
+
 def template_vars(cfg: dict, backends: list[Backend]) -> dict:
     """Everything templates/haproxy.cfg.j2 reads, from the gateway host's variables."""
     return dict(
-        backends=backends, bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
+        backends=backends, tiers=tier_backends(backends), bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
         stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
         maxconn=cfg["gateway_maxconn"], admin_socket=ADMIN_SOCKET, state_file=STATE_FILE,
         queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],

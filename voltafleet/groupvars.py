@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from voltafleet import teams, tiers
 from voltafleet.config import ConfigError, Sourced, validate
 from voltafleet.runctx import ENV
 
@@ -123,6 +124,7 @@ def build_inventory(groups: dict[str, list], origin: str, overrides: dict | None
             memberships.setdefault(name, []).append(group)
             own.setdefault(name, {}).update(data)
     out: dict[str, list[tuple[str, dict]]] = {g: [] for g in groups}
+    loaded = []
     for name, member_of in memberships.items():
         data = own[name]
         connect = {k: v for k, v in data.items() if k.startswith(CONNECTOR_PREFIXES)}
@@ -138,7 +140,23 @@ def build_inventory(groups: dict[str, list], origin: str, overrides: dict | None
         values[SOURCES_KEY] = {k: merged.source[k] for k in values if k in merged.source}
         for g in member_of:
             out[g].append((name, {**connect, **values}))
+        loaded.append((name, values, member_of))
+    tier_refusal(loaded)
     return out
+
+
+def tier_refusal(hosts: list[tuple[str, dict, list[str]]]) -> None:
+    """Each gateway's teams against the tiers the inventory's server hosts serve (issue 41): a
+    team sent to (or allowed) a tier no server host serves refuses the inventory, naming the
+    gateway, the file and the key. An inventory without server hosts has nothing to check."""
+    served = tiers.served_tiers(hosts)
+    for name, values, groups in hosts:
+        if tiers.GATEWAY_GROUP not in groups:
+            continue
+        problems = tiers.fleet_problems(teams.parse(values["gateway_teams"]), served,
+                                        values[SOURCES_KEY].get("gateway_teams"))
+        if problems:
+            raise ConfigError(problems, host=name)
 
 
 def load_or_exit(*args: Any, **kw: Any) -> dict[str, list[tuple[str, dict]]]:

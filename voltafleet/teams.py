@@ -14,6 +14,8 @@ a server:
   over either: 429 with Retry-After.
 - BUDGETS_MAP: team -> "<tokens per UTC day> <tokens per UTC month>" (0: none), only teams
   with a budget; voltafleet/budgets.py says how they are counted, kept and enforced.
+- TIERS_MAP: team -> "<tier> <tiers it may ask for> <overflow>", and "<team>/<tier>" for each
+  tier it may ask for (X-Voltafleet-Tier); voltafleet/tiers.py says how requests are routed.
 
 A team's concurrent limit is the smallest of its max_concurrent (or the fleet default) and
 its slot_share of the fleet's slots, so a batch team given 0.5 never holds more than half.
@@ -27,12 +29,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from voltafleet import tiers as tiermod
 from voltafleet.errors import Problem
 from voltafleet.haproxy_cli import ADMIN_SOCKET, admin
 
 KEYS_MAP = "/etc/haproxy/voltafleet-team-keys.map"
 LIMITS_MAP = "/etc/haproxy/voltafleet-team-limits.map"
 BUDGETS_MAP = "/etc/haproxy/voltafleet-team-budgets.map"  # tokens per day and month (issue 39)
+TIERS_MAP = "/etc/haproxy/voltafleet-team-tiers.map"  # each team's tier, the tiers it may ask for (issue 41)
 UPSTREAM_MAP = "/etc/haproxy/voltafleet-upstream.map"  # the servers' one key, for the gateway alone
 USAGE_LUA = "/etc/haproxy/voltafleet-teams.lua"
 USAGE_FILTER = "vf_usage"  # the Lua filter in USAGE_LUA that reads each answer's token figures
@@ -43,7 +47,7 @@ NO_TEAM = "-"  # usage of requests without a known key (answered 401 at the gate
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 FIELDS = {"name", "key_sha256", "max_concurrent", "requests_per_minute", "slot_share", "tokens_per_day",
-          "tokens_per_month"}
+          "tokens_per_month", "tier", "tiers", "overflow"}
 MAX_BUDGET = 10 ** 12  # tokens: far above any fleet's month, far below a Lua integer's limit
 
 
@@ -56,6 +60,9 @@ class Team:
     slot_share: float | None = None
     tokens_per_day: int | None = None  # prompt + completion tokens a UTC day (None: no budget)
     tokens_per_month: int | None = None  # prompt + completion tokens a UTC calendar month
+    tier: str = tiermod.DEFAULT  # the tier its requests go to (voltafleet/tiers.py)
+    tiers: tuple[str, ...] = ()  # the tiers it may ask for by header (empty: its tier alone)
+    overflow: str | None = None  # its tier full: "throughput" or "refuse" (None: gateway_tier_overflow)
 
 
 def problems(teams, source: str | None, key: str = "gateway_teams") -> list[Problem]:
@@ -118,6 +125,7 @@ def problems(teams, source: str | None, key: str = "gateway_teams") -> list[Prob
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_BUDGET):
                 bad(f"{where} ({name}) has {f}: {v!r}", f"give a whole number of tokens (prompt + completion) from 1 "
                     f"to {MAX_BUDGET}, or leave it out (null) for no budget")
+        tiermod.team_problems(t, f"{where} ({name})", bad)
     return out
 
 
@@ -127,7 +135,8 @@ def parse(teams, source: str | None = None, key: str = "gateway_teams") -> list[
         raise ValueError("; ".join(p.what for p in found))
     return [Team(t["name"], tuple([t["key_sha256"]] if isinstance(t["key_sha256"], str) else t["key_sha256"]),
                  t.get("max_concurrent"), t.get("requests_per_minute"), t.get("slot_share"), t.get("tokens_per_day"),
-                 t.get("tokens_per_month")) for t in teams]
+                 t.get("tokens_per_month"), t.get("tier", tiermod.DEFAULT), tuple(t.get("tiers") or ()),
+                 t.get("overflow")) for t in teams]
 
 
 def limits(teams: list[Team], default_concurrent: int, default_per_minute: int,

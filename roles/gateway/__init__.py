@@ -32,11 +32,12 @@ from roles.factcache import host_fact
 
 from roles.gateway_api import is_server, server_address
 
-from roles.run import changes, config, fleet_plan, host_config
+from roles.run import ConfigRefused, changes, config, fleet_plan, host_config, sources
 from roles.shell import sh
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet import gateway as gw
-from voltafleet import budgets, hostplan, teams
+from voltafleet.errors import format_errors
+from voltafleet import budgets, hostplan, teams, tiers
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "haproxy.cfg.j2"
 LIVE = "/etc/haproxy/haproxy.cfg"
@@ -52,7 +53,7 @@ def server_backends(state) -> list[gw.Backend]:
     leaves out) the backends the live configuration already has for it."""
     plan = fleet_plan()
     if plan is not None:
-        return gw.backends([(s.host, s.address, list(s.ports), s.slots) for s in plan.servers])
+        return gw.backends([(s.host, s.address, list(s.ports), s.slots, s.tier) for s in plan.servers])
     planned, unplanned = [], []
     for h in state.inventory:
         if not is_server(h):  # a gateway or a model mirror
@@ -63,7 +64,8 @@ def server_backends(state) -> list[gw.Backend]:
         cfg = host_config(h)
         gpus = host_fact(h, Gpus) if cfg["voltafleet_backend"] == "cuda" else []
         # slots: the instance's -np (unset, the VRAM plan picks it: known in a rollout's fleet plan)
-        planned.append((h.name, server_address(h), [i.port for i in hostplan.instances(cfg, gpus)], cfg["server_parallel"]))
+        planned.append((h.name, server_address(h), [i.port for i in hostplan.instances(cfg, gpus)], cfg["server_parallel"],
+                        cfg["server_tier"]))
     live = host.get_fact(HAProxyBackends, path=LIVE) if unplanned else []
     return gw.fleet_backends(planned, unplanned, live)
 
@@ -135,7 +137,7 @@ def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
     haproxy, 0750; kept when teams go, so the month's counts return with them); each map 0640,
     HAProxy's group. Without teams, the maps and the script are removed."""
     team_list = teams.parse(cfg["gateway_teams"])
-    paths = [teams.LIMITS_MAP, teams.BUDGETS_MAP, teams.KEYS_MAP, teams.UPSTREAM_MAP]
+    paths = [teams.LIMITS_MAP, teams.BUDGETS_MAP, teams.TIERS_MAP, teams.KEYS_MAP, teams.UPSTREAM_MAP]
     if not team_list:
         for path in paths + [teams.USAGE_LUA]:
             files.file(name=f"No team file {path}", path=path, present=False)
@@ -143,9 +145,11 @@ def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
     slots = sum(b.slots for b in backends) if backends and all(b.slots for b in backends) else None
     lim = teams.limits(team_list, cfg["gateway_team_max_concurrent"], cfg["gateway_team_requests_per_minute"], slots)
     key = Path(cfg["server_api_key_file"]).read_text().strip() if cfg["server_api_key_file"] else None
-    texts = [teams.limits_map(lim), teams.budgets_map(team_list), teams.keys_map(team_list), teams.upstream_map(key)]
+    texts = [teams.limits_map(lim), teams.budgets_map(team_list), tiers.tiers_map(team_list, cfg["gateway_tier_overflow"]),
+             teams.keys_map(team_list), teams.upstream_map(key)]
     budgeted = sum(1 for t in team_list if t.tokens_per_day or t.tokens_per_month)
     what = [f"Team limits ({len(lim)} teams)", f"Team token budgets ({budgeted} teams)",
+            f"Team tiers ({sum(t.tier != tiers.DEFAULT for t in team_list)} teams off {tiers.DEFAULT})",
             f"Team keys ({sum(len(t.keys) for t in team_list)} sha256)", "The servers' key, for the gateway alone"]
     for w, t, path in zip(what, texts, paths):
         files.put(name=w, src=StringIO(t), dest=path, mode="640", user="root", group="haproxy")
@@ -153,6 +157,23 @@ def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
     files.directory(name="Token budgets' counts (HAProxy's worker writes them)", path=budgets.DIR, user="haproxy",
                     group="haproxy", mode="750")
     maps_live(name="Team maps brought to the running gateway, read back", paths=paths, texts=texts)
+
+
+def tier_check(cfg: dict, backends: list[gw.Backend]) -> None:
+    """Every tier a team is sent to or may ask for has servers, else the run stops before the
+    gateway changes (the inventory loader refuses it first; this covers pyinfra --data); a tier
+    no team uses is only a warning (its servers would get no request: a tier being set up)."""
+    team_list = teams.parse(cfg["gateway_teams"])
+    served: dict[str, int] = {}
+    for b in backends:
+        served[b.tier] = served.get(b.tier, 0) + 1
+    problems = tiers.fleet_problems(team_list, served, sources().get("gateway_teams"))
+    if problems:
+        raise ConfigRefused(format_errors(host.name, problems, "configuration refused"))
+    used = {tiers.DEFAULT} if not team_list else {n for t in team_list for n in (t.tier, *t.tiers)}
+    for name in sorted(set(served) - used):
+        logger.warning(f"gateway {host.name}: no team of gateway_teams uses the {name} tier: its {served[name]} "
+                       f"instance(s) get no request (give a team tier: {name})")
 
 
 @deploy("Gateway")
@@ -167,11 +188,15 @@ def gateway() -> None:
     apt.packages(name="HAProxy and socat (runtime API)", packages=["haproxy", "socat"], update=True,
                  cache_time=24 * 3600, no_recommends=True)
     backends = server_backends(host.state)
+    tier_check(cfg, backends)
     team_maps(cfg, backends)
     staged = files.template(
         name=f"HAProxy configuration ({len(backends)} backends, staged)", src=str(TEMPLATE), dest=STAGED,
         mode="644", jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True}, **gw.template_vars(cfg, backends))
     files.put(name="503 page: no free slot (Retry-After)", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"])),
               dest=ERRORFILE, mode="644")
+    for t in gw.tier_backends(backends)[1:]:
+        files.put(name=f"503 page of the {t['name']} tier", src=StringIO(tiers.busy_page(t["name"], cfg["gateway_retry_after_s"])),
+                  dest=t["errorfile"], mode="644")
     installed(name="Validate (haproxy -c), then install and reload", staged=STAGED, live=LIVE, staged_op=staged)
     systemd.service(name="HAProxy running and enabled", service="haproxy", running=True, enabled=True)

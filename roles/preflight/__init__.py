@@ -92,6 +92,7 @@ def preflight_record(plan: HostPlan) -> None:
     cfg = plan.cfg
     entry = ServerEntry(host=host.name, address=cfg["server_address"] or host.data.get("ssh_hostname") or host.name,
                         ports=tuple(i.port for i in plan.instances), slots=int(cfg["server_parallel"] or 1),
+                        tier=cfg["server_tier"],
                         fingerprint=host_fingerprint(host, plan.build) if plan.build else None)
     RunDir(report_dir(cfg)).write("preflight", host.name, {**asdict(entry), "run": run_context().run})
 

@@ -66,21 +66,30 @@ def sha(key: str) -> str:
 
 
 def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, metrics_port: int,
-           budgets: dict[str, dict] | None = None) -> str:
+           budgets: dict[str, dict] | None = None, tier_ports: dict[str, tuple[int, int]] | None = None,
+           over: dict | None = None) -> str:
     """haproxy.cfg for this machine: the project's template and variables, one llama-server
-    backend, the teams' keys {team: key} and budgets {team: {tokens_per_day: n, ...}}; every
-    /etc/haproxy path moved under tmp, the budgets' folder to tmp/budgets."""
+    backend (16 slots, the throughput tier) and one a tier of tier_ports {tier: (port, slots)}
+    (the host `<tier>`), the teams' keys {team: key} and more fields of each team's entry
+    {team: {tokens_per_day: n, tier: ..., ...}}, the group variables `over`; every /etc/haproxy
+    path moved under tmp, the budgets' folder to tmp/budgets."""
     import jinja2
 
     from tests.fixture_vars import all_yml_vars
     from voltafleet import budgets as budgets_mod
-    from voltafleet import gateway, teams
+    from voltafleet import gateway, teams, tiers
 
     team_list = [{"name": t, "key_sha256": sha(k), **(budgets or {}).get(t, {})} for t, k in keys.items()]
     cfg = {**all_yml_vars(), "gateway_teams": team_list,
            "gateway_bind": f"127.0.0.1:{bind_port}", "gateway_metrics_bind": f"127.0.0.1:{metrics_port}",
-           "server_model_alias": ALIAS, "server_api_key_file": None}
-    args = gateway.template_vars(cfg, gateway.backends([("local", "127.0.0.1", [upstream_port], 16)]))
+           "server_model_alias": ALIAS, "server_api_key_file": None, **(over or {})}
+    servers = [("local", "127.0.0.1", [upstream_port], 16)]
+    servers += [(tier, "127.0.0.1", [port], slots, tier) for tier, (port, slots) in (tier_ports or {}).items()]
+    backends = gateway.backends(servers)
+    served = {b.tier: 1 for b in backends}
+    problems = tiers.fleet_problems(teams.parse(cfg["gateway_teams"]), served, "harness")
+    assert not problems, problems
+    args = gateway.template_vars(cfg, backends)
     args.update(admin_socket=str(tmp / "admin.sock"), state_file=str(tmp / "server-state"),
                 errorfile=str(tmp / "503.http"))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), trim_blocks=True,
@@ -91,6 +100,10 @@ def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, 
     (tmp / Path(teams.LIMITS_MAP).name).write_text(teams.limits_map(lim))
     (tmp / Path(teams.KEYS_MAP).name).write_text(teams.keys_map(teams.parse(cfg["gateway_teams"])))
     (tmp / Path(teams.BUDGETS_MAP).name).write_text(teams.budgets_map(teams.parse(cfg["gateway_teams"])))
+    (tmp / Path(teams.TIERS_MAP).name).write_text(tiers.tiers_map(teams.parse(cfg["gateway_teams"]),
+                                                                  cfg["gateway_tier_overflow"]))
+    for t in gateway.tier_backends(backends)[1:]:
+        (tmp / Path(t["errorfile"]).name).write_text(tiers.busy_page(t["name"], cfg["gateway_retry_after_s"]))
     (tmp / "budgets").mkdir(exist_ok=True)
     text = text.replace(budgets_mod.DIR, str(tmp / "budgets"))
     shutil.copy(REPO / "roles/gateway/files/voltafleet-teams.lua", tmp / Path(teams.USAGE_LUA).name)
@@ -114,13 +127,21 @@ def wait_http(url: str, seconds: float = 60) -> None:
 
 
 class Local:
-    """llama-server (16 slots, room for long answers) and the gateway in front of it."""
+    """llama-server (16 slots, room for long answers) and the gateway in front of it; with tiers
+    {tier: slots}, one more llama-server a tier (ports BASE_PORT + 3 on), each its tier's backend."""
 
     def __init__(self, tmp: Path, keys: dict[str, str], slots: int = 16, ctx_per_slot: int = 4096,
-                 budgets: dict[str, dict] | None = None):
+                 budgets: dict[str, dict] | None = None, tiers: dict[str, int] | None = None,
+                 over: dict | None = None, threads: int | None = None):
         self.tmp, self.keys, self.slots, self.ctx, self.budgets = tmp, keys, slots, ctx_per_slot, budgets
         self.server_port, self.gw_port, self.metrics_port = BASE_PORT, BASE_PORT + 1, BASE_PORT + 2
+        self.tier_ports = {t: (BASE_PORT + 3 + i, n) for i, (t, n) in enumerate((tiers or {}).items())}
+        self.over, self.threads = over, threads  # threads: each server's -t (None: llama-server's default)
         self.procs: list[subprocess.Popen] = []
+
+    def tier_direct(self, tier: str) -> str:
+        """A tier's own llama-server, not through the gateway."""
+        return f"http://127.0.0.1:{self.tier_ports[tier][0]}"
 
     @property
     def direct(self) -> str:
@@ -139,14 +160,18 @@ class Local:
         binary = pinned_server()
         lib = str(Path(binary).parents[1] / "lib")
         env = {**os.environ, "LD_LIBRARY_PATH": lib + ":" + os.environ.get("LD_LIBRARY_PATH", "")}
-        self.procs.append(subprocess.Popen(
-            [binary, "-m", model(), "--host", "127.0.0.1", "--port", str(self.server_port), "--alias", ALIAS,
-             "-c", str(self.slots * self.ctx), "-np", str(self.slots), "--no-webui", "--metrics"],
-            stdout=open(self.tmp / "llama-server.log", "wb"), stderr=subprocess.STDOUT, env=env))
-        wait_http(self.direct + "/health", 120)
+        for name, port, slots in [("", self.server_port, self.slots)] + [(f"-{t}", p, n) for t, (p, n) in self.tier_ports.items()]:
+            self.procs.append(subprocess.Popen(
+                [binary, "-m", model(), "--host", "127.0.0.1", "--port", str(port), "--alias", ALIAS,
+                 "-c", str(slots * self.ctx), "-np", str(slots), "--no-webui", "--metrics"]
+                + (["-t", str(self.threads)] if self.threads else []),
+                stdout=open(self.tmp / f"llama-server{name}.log", "wb"), stderr=subprocess.STDOUT, env=env))
+        for port in [self.server_port] + [p for p, _ in self.tier_ports.values()]:
+            wait_http(f"http://127.0.0.1:{port}/health", 120)
         self.alive("llama-server")
         cfg = self.tmp / "haproxy.cfg"
-        cfg.write_text(config(self.tmp, self.keys, self.server_port, self.gw_port, self.metrics_port, self.budgets))
+        cfg.write_text(config(self.tmp, self.keys, self.server_port, self.gw_port, self.metrics_port, self.budgets,
+                              self.tier_ports, self.over))
         subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], check=True)
         self.start_haproxy()
         return self
@@ -159,16 +184,20 @@ class Local:
         wait_http(self.metrics, 30)
         self.alive("haproxy")
 
-    def worker_pid(self) -> int:
-        """The pid of HAProxy's current worker (`show info` on the admin socket)."""
-        import re
+    def admin(self, command: str) -> str:
+        """One command on HAProxy's admin socket (the runtime API), its answer."""
         import socket
 
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(str(self.tmp / "admin.sock"))
-            s.sendall(b"show info\n")
-            data = b"".join(iter(lambda: s.recv(65536), b""))
-        return int(re.search(rb"^Pid: (\d+)$", data, re.M).group(1))
+            s.sendall(command.encode() + b"\n")
+            return b"".join(iter(lambda: s.recv(65536), b"")).decode()
+
+    def worker_pid(self) -> int:
+        """The pid of HAProxy's current worker (`show info` on the admin socket)."""
+        import re
+
+        return int(re.search(r"^Pid: (\d+)$", self.admin("show info"), re.M).group(1))
 
     def reload(self) -> int:
         """`systemctl reload haproxy`'s signal (SIGUSR2 to the master): a new worker with a fresh Lua
@@ -201,7 +230,8 @@ class Local:
         time.sleep(0.5)
         if any(p.poll() is not None for p in self.procs):
             self.stop()
-            raise RuntimeError(f"{what} exited (a port of {BASE_PORT}-{BASE_PORT + 2} in use?): see {self.tmp}")
+            raise RuntimeError(f"{what} exited (a port of {BASE_PORT}-{BASE_PORT + 2 + len(self.tier_ports)} in use?): "
+                               f"see {self.tmp}")
 
     def stop(self) -> None:
         for p in reversed(self.procs):

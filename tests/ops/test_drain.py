@@ -9,9 +9,9 @@ from roles.gateway_api import drain, drain_timeout, DrainError
 HEADER = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status"
 
 
-def stat(rows):
-    return "\n".join([HEADER] + [f"llama,{name},0,0,{scur},0,,0,0,0,0,0,0,0,0,0,0,{status}"
-                                 for name, scur, status in rows] + ["llama,BACKEND,0,0,0,0,,0,0,0,0,0,0,0,0,0,0,UP"])
+def stat(rows, backend="llama"):
+    return "\n".join([HEADER] + [f"{backend},{name},0,0,{scur},0,,0,0,0,0,0,0,0,0,0,0,{status}"
+                                 for name, scur, status in rows] + [f"{backend},BACKEND,0,0,0,0,,0,0,0,0,0,0,0,0,0,0,UP"])
 
 
 class Gateway:
@@ -34,10 +34,21 @@ def state_with(gw):
 
 
 def test_drain_is_confirmed_and_waits_for_the_streams():
-    gw = Gateway([stat([("h-0", 2, "DRAIN")]), stat([("h-0", 1, "DRAIN")]), stat([("h-0", 0, "DRAIN")])])
+    gw = Gateway([stat([("h-0", 2, "UP")]), stat([("h-0", 2, "DRAIN")]), stat([("h-0", 1, "DRAIN")]),
+                  stat([("h-0", 0, "DRAIN")])])
     assert drain(state_with(gw), "h", 0, timeout_s=30) == 0
-    assert "set server llama/h-0 state drain" in gw.sent[0]
-    assert sum("show stat" in c for c in gw.sent) == 3  # confirmed, then waited until no stream was left
+    assert "show stat" in gw.sent[0] and "set server llama/h-0 state drain" in gw.sent[1]
+    assert sum("show stat" in c for c in gw.sent) == 4  # found, confirmed, then waited until no stream was left
+
+
+def test_an_instance_of_another_tier_is_drained_in_its_tiers_backend():
+    """issue 41: a latency host's instance is in backend llama_latency; the throughput backend
+    does not list it."""
+    rows = stat([("t-0", 0, "UP")]) + "\n" + "\n".join(stat([("h-0", 1, "UP")], "llama_latency").splitlines()[1:])
+    drained = rows.replace("h-0,0,0,1,0,,0,0,0,0,0,0,0,0,0,0,UP", "h-0,0,0,0,0,,0,0,0,0,0,0,0,0,0,0,DRAIN")
+    gw = Gateway([rows, drained, drained])
+    assert drain(state_with(gw), "h", 0, timeout_s=30) == 0
+    assert "set server llama_latency/h-0 state drain" in gw.sent[1]
 
 
 def test_streams_still_open_at_the_deadline_are_counted():
@@ -52,13 +63,13 @@ def test_a_backend_the_gateway_does_not_list_is_not_drained():
 
 
 def test_a_broken_admin_socket_is_an_error_not_nothing_to_drain():
-    gw = Gateway([], fail_on="state drain")
+    gw = Gateway([stat([("h-0", 0, "UP")])], fail_on="state drain")
     with pytest.raises(DrainError, match="No such file"):
         drain(state_with(gw), "h", 0, timeout_s=5)
 
 
 def test_a_drain_that_does_not_take_is_an_error():
-    gw = Gateway([stat([("h-0", 0, "UP")])])
+    gw = Gateway([stat([("h-0", 0, "UP")])] * 2)
     with pytest.raises(DrainError, match="is UP after `drain`"):
         drain(state_with(gw), "h", 0, timeout_s=5)
 

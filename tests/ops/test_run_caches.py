@@ -114,7 +114,8 @@ def test_gateway_states_read_once_for_every_server_and_again_after_a_write():
         gateway_api.ready(state, "gpu-001", [0])
         gw.facts[F.HAProxyServers] = {"gpu-001-0": "UP 1/3"}
         assert not gateway_api.out_of_rotation(state, "gpu-001", [0])  # our own write: read again
-    assert len(reads) == 2 and "set server llama/gpu-001-0 state ready" in gw.sent[0]
+    # the instance's backend read from `show stat` (its tier's; none listed here: llama), then set ready there
+    assert len(reads) == 2 and "show stat" in gw.sent[0] and "set server llama/gpu-001-0 state ready" in gw.sent[1]
     gateway_api._gateway_states.forget()
 
 

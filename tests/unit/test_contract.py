@@ -257,16 +257,26 @@ backend other
 
 def test_a_host_missing_from_a_run_keeps_its_backends():
     live = configured_servers(HAPROXY)
-    assert live == [("h1-0", "10.0.0.1", 8080, 0), ("h1-1", "10.0.0.1", 8081, 0), ("h2-0", "10.0.0.2", 8080, 0)]
+    assert live == [("h1-0", "10.0.0.1", 8080, 0, "throughput"), ("h1-1", "10.0.0.1", 8081, 0, "throughput"),
+                    ("h2-0", "10.0.0.2", 8080, 0, "throughput")]
     got = fleet_backends([("h1", "10.0.0.1", [8080, 8081])], ["h2"], live)
     assert [(b.name, b.port) for b in got] == [("h1-0", 8080), ("h1-1", 8081), ("h2-0", 8080)]
     # a host named like a prefix of another keeps only its own
-    assert [b.name for b in fleet_backends([], ["h1"], live + [("h1x-0", "x", 1, 0)])] == ["h1-0", "h1-1"]
+    assert [b.name for b in fleet_backends([], ["h1"], live + [("h1x-0", "x", 1, 0, "throughput")])] == ["h1-0", "h1-1"]
     # a kept backend keeps its slot cap
     assert configured_servers("backend llama\n    server h3-0 10.0.0.3:8080 check maxconn 4\n") == [
-        ("h3-0", "10.0.0.3", 8080, 4)]
+        ("h3-0", "10.0.0.3", 8080, 4, "throughput")]
     assert configured_servers("backend llama\n    server h3-0 10.0.0.3:8080 check maxconn 4 weight 64\n") == [
-        ("h3-0", "10.0.0.3", 8080, 4)]  # affinity's ring weight after it
+        ("h3-0", "10.0.0.3", 8080, 4, "throughput")]  # affinity's ring weight after it
+
+
+def test_a_host_missing_from_a_run_keeps_its_tier():
+    """issue 41: an unreachable host of the latency tier stays in the latency tier's backend."""
+    live = configured_servers(HAPROXY + "backend llama_latency\n    server h4-0 10.0.0.4:8080 check maxconn 2\n"
+                              "backend vf_teams\n    server x-0 10.0.0.9:1 check\n")
+    assert live[-1] == ("h4-0", "10.0.0.4", 8080, 2, "latency") and len(live) == 4
+    got = fleet_backends([("h1", "10.0.0.1", [8080], 16, "throughput")], ["h4"], live)
+    assert [(b.name, b.slots, b.tier) for b in got] == [("h1-0", 16, "throughput"), ("h4-0", 2, "latency")]
 
 
 # ---------------------------------------------------------------- issue 31: one run contract
