@@ -76,7 +76,7 @@ def test_the_gateway_answers_401_and_429_itself_in_openais_shape(cfg):
 
 def test_every_answer_passes_through_the_usage_filter_never_buffered_whole(cfg):
     text = render_teams(cfg)
-    frontend = text[text.index("frontend llama"):text.index("backend llama")]
+    frontend = text[text.index("frontend llama"):text.index("\nbackend llama")]
     assert f"filter lua.{teams.USAGE_FILTER}" in frontend and f"lua-load {teams.USAGE_LUA}" in text
     assert "wait-for-body" not in text and "res.body" not in text  # no answer is held back to be read
     lua = (Path(__file__).resolve().parents[2] / "roles/gateway/files/voltafleet-teams.lua").read_text()
@@ -90,9 +90,9 @@ def test_every_completion_body_gets_the_member_that_keeps_its_figures_in_the_ans
     figures, so a cut stream counts its prompt); a native completion's response_fields is refused with an
     OpenAI-shaped 400 naming it where HAProxy sees it, emptied by the Lua otherwise."""
     text = render_teams(cfg)
-    front = text[text.index("frontend llama"):text.index("backend llama")]
+    front = text[text.index("frontend llama"):text.index("\nbackend llama")]
     rules = front.splitlines()
-    refuse = next(i for i, r in enumerate(rules) if "return status 400" in r)
+    refuse = next(i for i, r in enumerate(rules) if "return status 400" in r and "response_fields" in r)
     rewrite = next(i for i, r in enumerate(rules) if r.strip() == "http-request lua.vf_rewrite")
     budget = next(i for i, r in enumerate(rules) if "http-request lua.vf_budget" in r)
     forward = next(i for i, r in enumerate(rules) if "Authorization" in r and "http-request" in r)
