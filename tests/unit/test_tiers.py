@@ -129,7 +129,7 @@ def test_a_team_goes_to_its_tier_while_it_has_a_free_slot_else_overflows_or_wait
     front = section(text, "frontend llama")
     assert f"var(txn.team),map({teams.TIERS_MAP})" in front
     rules = re.findall(r"use_backend .*", front)
-    assert rules == ["use_backend llama_latency if { var(txn.tier) -m str latency } { be_conn_free(llama_latency) gt 0 }",
+    assert rules == ["use_backend llama_latency if { var(txn.tier) -m str latency } { be_conn_free(llama_latency) gt 0 } { queue(llama_latency) eq 0 }",
                      "use_backend llama_latency if { var(txn.tier) -m str latency } { var(txn.overflow) -m str refuse }"]
     assert front.index("filter lua.vf_usage") < front.index("use_backend")  # both tiers' answers counted
     b400 = json.loads(re.search(r"return status 400 .* string '([^']+)'", front).group(1))["error"]
