@@ -15,7 +15,7 @@ def test_a_host_with_a_q4_0_kv_cache_diverges_from_the_canary_and_rolls_back(con
     real_text = {"model_url": gemma["url"], "model_sha256": gemma["sha256"], "smoke_probe_prompt": gemma["prompt"],
                  "smoke_tokens": 16, "smoke_parallel": 2}
     try:
-        run, report = rollout(["--batch", "1", "--fail-percent", "50"], vars=real_text,
+        run, report = rollout(["--batch", "2", "--fail-percent", "50"], vars=real_text,
                               host_vars={bad["name"]: {"server_cache_type_k": "q4_0", "server_cache_type_v": "q4_0"}},
                               tmp=tmp_path)
         assert run.rc == 1, run
@@ -40,7 +40,7 @@ def test_the_long_probe_fails_a_host_whose_slots_cannot_take_a_long_prompt(conve
     bad = hosts[1]
     before = env_file(bad)
     try:
-        run, report = rollout(["--batch", "1", "--fail-percent", "50"],
+        run, report = rollout(["--batch", "2", "--fail-percent", "50"],
                               host_vars={bad["name"]: {"server_ctx": 2048}}, tmp=tmp_path)
         assert run.rc == 1, run
         status = {h["host"]: h for h in report["hosts"]}

@@ -49,11 +49,11 @@ def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(co
     print(run.out[-3500:])
     doc = yaml.safe_load(TUNED.read_text())
     trials = doc["trials"]
-    assert len(trials) >= 6 and trials[0]["setting"] == "shipped"
+    assert len(trials) >= 5 and trials[0]["setting"] == "shipped"
     tried = yaml.safe_load((REPO / "group_vars/lab.yml").read_text())["tune_try"]  # the lab tries these kinds only
     assert {tune.KINDS[next(iter(t["values"]))] for t in trials[1:]} == set(tried), [t["setting"] for t in trials]
     measured = [t for t in trials if t["status"] == "measured"]
-    assert len(measured) >= 6, [(t["setting"], t["status"], t["verdict"]) for t in trials]
+    assert len(measured) >= 5, [(t["setting"], t["status"], t["verdict"]) for t in trials]
     for t in measured:  # three repetitions each, medians recomputed from the raw figures
         assert len(t["reps"]) == 3
         assert all(r["followups"] > 0 for r in t["reps"])  # conversations continued in every repetition
