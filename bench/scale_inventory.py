@@ -29,8 +29,8 @@ from voltafleet.hostplan import HostFacts, make_plan, model_files
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "v100_16gb"
 # The lab's tiny qwen35 model has a golden probe in probes/: a converged host's probe matches it.
-PROBE = json.loads((REPO / "probes" / "9a8847efadf46d3b-1a890a92bce7.json").read_text())
-PROBE_LONG = json.loads((REPO / "probes" / "9a8847efadf46d3b-ae7ce201650c.json").read_text())  # the long probe
+PROBE = json.loads((REPO / "probes" / "1462d0911d4a7a47-1a890a92bce7.json").read_text())
+PROBE_LONG = json.loads((REPO / "probes" / "1462d0911d4a7a47-ae7ce201650c.json").read_text())  # the long probe
 DRIVER = "580.95.05"
 NVCC = "12.8.93"
 CXX = {1: "12.2.0 x86_64-linux-gnu", 2: "13.2.0 x86_64-linux-gnu"}

@@ -185,12 +185,16 @@ def ensure_model() -> dict:
         model.with_name(model.name + ".sha256").unlink(missing_ok=True)
     if not model.exists():
         models.mkdir(parents=True, exist_ok=True)
-        log(f"writing {model.name} (qwen35: 3 Gated DeltaNet + 1 attention block, random weights, "
-            "the pinned tree's qwen35 tokenizer)")
+        log(f"writing {model.name} (qwen35: 3 Gated DeltaNet + 1 attention block and an MTP block, random "
+            "weights, the pinned tree's qwen35 tokenizer)")
+        from dataclasses import replace
+
         from lab.qwen35gen import SHAPES, write_dense
 
         tmp = model.with_suffix(".tmp")
-        write_dense(str(vocab), str(tmp), SHAPES["tiny"])
+        # the MTP block (nextn) lets the latency tier speculate (server_spec_mtp); the trunk's weights are
+        # the same as without it (written first, from the same seed), so is its greedy output
+        write_dense(str(vocab), str(tmp), replace(SHAPES["tiny"], mtp=1))
         tmp.rename(model)
     sha_file = model.with_name(model.name + ".sha256")
     if not sha_file.exists():

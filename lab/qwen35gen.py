@@ -241,7 +241,7 @@ def _tokenizer(vocab_path: str, w: gguf.GGUFWriter, n_vocab: int) -> list[str]:
 
 TEMPLATE = "Qwen3.5-4B.jinja"
 # what a lab model was written with: lab/fleet.py writes the cached model again when it differs
-GENERATOR_KEY, GENERATOR = "voltafleet.generator", "qwen35gen 2: Qwen3.5/3.6 chat template, Qwen3 added tokens"
+GENERATOR_KEY, GENERATOR = "voltafleet.generator", "qwen35gen 3: Qwen3.5/3.6 chat template, Qwen3 added tokens, MTP block"
 
 # Qwen3's added tokens after <|im_end|>, at Qwen3's own ids (the Qwen3.5/3.6 vocabulary holds the
 # same strings at 248044 and up): the pinned vocabulary file pads these ids with [PADn], so the

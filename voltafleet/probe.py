@@ -89,6 +89,9 @@ def save(model_sha256: str, prompt: str, tokens: int, probe: dict, source: str, 
     """Record a golden probe (what `--record-probe` does with the canary's probe)."""
     if not probe.get("tokens"):
         raise ProbeError(f"the probe from {source} has no tokens: not recorded")
+    if unreported(probe):
+        raise ProbeError(f"the probe from {source} lacks log-probabilities (a server that speculates reports none "
+                         "for drafted tokens): not recorded. Fix: record it from a canary that does not speculate")
     p = path(model_sha256, prompt, tokens, directory)
     p.parent.mkdir(parents=True, exist_ok=True)
     data = {"model_sha256": model_sha256, "prompt": prompt, "tokens_requested": tokens, "recorded_from": source,
@@ -97,10 +100,24 @@ def save(model_sha256: str, prompt: str, tokens: int, probe: dict, source: str, 
     return p
 
 
-def compare(golden: dict, probe: dict | None, tolerance: float) -> str | None:
+def speculates(cfg: dict) -> bool:
+    """Whether the servers draft tokens (MTP, n-gram or a draft model)."""
+    return bool(cfg.get("server_spec_mtp") or cfg.get("server_spec_ngram") or cfg.get("model_draft_url"))
+
+
+def unreported(probe: dict) -> set[int]:
+    """The steps whose log-probabilities the server did not report: the pinned llama-server
+    sends none for tokens that came out of a speculative step (server-context.cpp: "TODO: set
+    result.probs"; the logprob reads 0.0 and the top list is empty)."""
+    return {i for i, top in enumerate(probe.get("top") or []) if not top}
+
+
+def compare(golden: dict, probe: dict | None, tolerance: float, speculative: bool = False) -> str | None:
     """None when the probe matches the golden one: the same greedy tokens, each chosen
     token's log-probability within `tolerance` (nats). Else why not. An empty golden probe
-    or a missing probe never matches."""
+    or a missing probe never matches. A speculating server (`speculative`) reports no
+    log-probability for a drafted step: those steps are judged by their tokens alone (greedy
+    output must not change), the first token (never drafted) by its log-probability too."""
     ref_tokens = (golden or {}).get("tokens") or []
     if not ref_tokens:
         return "the golden probe is empty"
@@ -118,13 +135,18 @@ def compare(golden: dict, probe: dict | None, tolerance: float) -> str | None:
     pairs = list(zip(golden.get("logprobs") or [], probe.get("logprobs") or []))
     if any(a is None or b is None for a, b in pairs) or len(pairs) < len(ref_tokens):
         return "log-probabilities missing"
+    if speculative:
+        skip = unreported(probe)
+        if 0 in skip:
+            return "log-probability of token 0 missing (it is never drafted)"
+        pairs = [pair for i, pair in enumerate(pairs) if i not in skip]
     worst = max(abs(a - b) for a, b in pairs)
     if worst > tolerance:
         return f"log-probability differs by {worst:.3f} (> {tolerance}) from the golden probe's"
     return None
 
 
-def check(golden: dict, probe: dict | None, tolerance: float, spec: Probe) -> str | None:
+def check(golden: dict, probe: dict | None, tolerance: float, spec: Probe, speculative: bool = False) -> str | None:
     """compare(), and for a probe with a minimum prompt length, that the server evaluated at
     least that many prompt tokens (else it did not run the 64+ token path it exists for)."""
     if spec.min_prompt_tokens and probe and probe.get("tokens"):
@@ -132,5 +154,5 @@ def check(golden: dict, probe: dict | None, tolerance: float, spec: Probe) -> st
         if n is None or n < spec.min_prompt_tokens:
             return (f"the long probe's prompt was {n} tokens, fewer than smoke_probe_long_min_tokens "
                     f"({spec.min_prompt_tokens}): it did not reach the 64+ token path")
-    why = compare(golden, probe, tolerance)
+    why = compare(golden, probe, tolerance, speculative)
     return f"long probe: {why}" if why and spec.name == "probe_long" else why

@@ -63,10 +63,10 @@ def golden(plan: HostPlan) -> dict | None:
     return {p: probemod.load(plan.model_files[0].sha256, p.prompt, p.tokens) for p in probemod.probes(cfg)}
 
 
-def probe_verdicts(report: dict, gold: dict | None, tolerance: float) -> list[str]:
+def probe_verdicts(report: dict, gold: dict | None, tolerance: float, speculative: bool = False) -> list[str]:
     """Every instance's probes (short and long) against the golden ones: the failures, []
-    when all match. The first divergence is kept in report["probe_diverged"] for the outcome
-    record."""
+    when all match (a speculating server's drafted steps by their tokens alone: probe.compare).
+    The first divergence is kept in report["probe_diverged"] for the outcome record."""
     if gold is None:
         return []
     fails, whys = [], []
@@ -74,7 +74,7 @@ def probe_verdicts(report: dict, gold: dict | None, tolerance: float) -> list[st
         if "error" in m:
             continue
         for spec, ref in gold.items():
-            why = probemod.check(ref, m.get(spec.name), tolerance, spec)
+            why = probemod.check(ref, m.get(spec.name), tolerance, spec, speculative)
             if why:
                 whys.append(why)
                 fails.append(f"instance {m['instance']} (port {m['port']}): quality probe diverged: {why}")
@@ -132,7 +132,8 @@ class Judge:
     def measure(self, host, gold: dict | None) -> tuple[dict, list[str]]:
         """Run the client on the host; (report, failures)."""
         report = self.client(host)
-        probe_fails = probe_verdicts(report, gold, self.plan.cfg["smoke_probe_tolerance"])
+        probe_fails = probe_verdicts(report, gold, self.plan.cfg["smoke_probe_tolerance"],
+                                     probemod.speculates(self.plan.cfg))
         fails = smokemod.verdict(report, self.plan.cfg) + probe_fails + gpu_check(host, self.plan, report)
         report["probe_only_failures"] = bool(probe_fails) and len(probe_fails) == len(fails)
         judged, notes = {}, []
@@ -197,7 +198,7 @@ class Judge:
         if "error" in report:
             return [f"probe could not run: {report['error']}"]
         return ([f"{m['error']}" for m in report["instances"] if "error" in m]
-                + probe_verdicts(report, gold, self.plan.cfg["smoke_probe_tolerance"]))
+                + probe_verdicts(report, gold, self.plan.cfg["smoke_probe_tolerance"], probemod.speculates(self.plan.cfg)))
 
 
 @deploy("Smoke test")

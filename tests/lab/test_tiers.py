@@ -1,21 +1,25 @@
 """Tiers on the lab fleet (issue 41): vf-lab-3 is the latency tier (its own group values: 2 slots
 and its own smoke threshold), two teams on two tiers under pooled keep-alive load. Each team's
 requests reach only its tier, a full latency tier overflows to throughput (as configured), and a
-rollout of the latency tier loses no request. The MTP speculation the tier ships is measured on
-the H200 (bench/records/tier41): the lab's tiny model carries no MTP head."""
+rollout of the latency tier loses no request. The tier speculates with the tiny model's own MTP
+head, and its servers' greedy output still matches the golden probe (its smoke test); the speed of
+MTP is measured on the H200 (bench/records/tier41)."""
 import hashlib
 import json
 import secrets
 import sys
 
-from tests.lab.helpers import REPO, deploy, gateway_stat, lab, main_pid, rollout
+import httpx
+
+from tests.lab.helpers import REPO, deploy, env_file, gateway_stat, lab, main_pid, rollout
 
 sys.path.insert(0, str(REPO / "bench"))
 from load import Load  # noqa: E402
 
 URL = "http://127.0.0.1:18800"
 KEY = {name: "vf-" + secrets.token_urlsafe(24) for name in ("ide", "web")}
-LATENCY = {"server_tier": "latency", "server_parallel": 2, "server_ctx": 2048, "smoke_min_single_tps": 6}
+LATENCY = {"server_tier": "latency", "server_parallel": 2, "server_ctx": 2048, "smoke_min_single_tps": 6,
+           "server_spec_mtp": True, "server_spec_draft_max": 2}
 
 
 def teams(overflow: str) -> dict:
@@ -53,6 +57,11 @@ def test_two_teams_on_two_tiers_overflow_and_a_rollout_of_the_latency_tier(gw, t
         rows = gateway_stat(gw)
         assert {rows[f"{fast}-{i}"]["pxname"] for i in (0, 1)} == {"llama_latency"}
         assert {r["pxname"] for n, r in rows.items() if not n.startswith(fast)} == {"llama"}
+        # the tier's servers draft with the model's MTP head (and passed the golden probe to get here)
+        port = hosts[2]["server_port_base"]
+        answer = httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "hi", "n_predict": 16}, timeout=60).json()
+        assert answer["timings"]["draft_n"] > 0, answer["timings"]
+        assert "draft-mtp" in env_file(hosts[2]) and "draft-mtp" not in env_file(hosts[0])
         # each team alone: its requests reach its tier only (2 ide clients fit the tier's 4 slots)
         for team, clients, only in (("ide", 2, "llama_latency"), ("web", 4, "llama")):
             before = served(gw)
