@@ -8,7 +8,8 @@ round; time to first token (TTFT) and the gap between tokens, median and p95 of 
 
 --local starts the pinned llama-server and three gateways in front of it from the project's
 template (tests/gateway_local/harness.py): with teams and the usage filter, and the same
-configuration without its `filter` line, so the filter's own cost is told apart from HAProxy's.
+configuration without its `filter` line and the request rewrite it completes, so their own cost
+is told apart from HAProxy's.
 Loopback only; every loop is bounded (--rounds x --streams requests of --tokens tokens).
 """
 from __future__ import annotations
@@ -30,7 +31,14 @@ MESSAGES = [{"role": "user", "content": "Tell me about load balancers."}]
 
 
 def one_stream(url: str, key: str | None, tokens: int, out: list, barrier: threading.Barrier) -> None:
-    """One streamed chat answer: its TTFT and every gap between two events, in ms."""
+    """One streamed chat answer: its TTFT and every gap between two events, in ms (an error: its record)."""
+    try:
+        _one_stream(url, key, tokens, out, barrier)
+    except Exception as e:  # noqa: BLE001 (said, never hidden)
+        out.append({"error": f"{type(e).__name__}: {e}"[:200]})
+
+
+def _one_stream(url: str, key: str | None, tokens: int, out: list, barrier: threading.Barrier) -> None:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     body = {"messages": MESSAGES, "max_tokens": tokens, "stream": True, "ignore_eos": True, "temperature": 0}
     with httpx.Client(base_url=url, headers=headers, timeout=300) as c:
@@ -38,7 +46,9 @@ def one_stream(url: str, key: str | None, tokens: int, out: list, barrier: threa
         t0 = time.monotonic()
         stamps = []
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
-            r.raise_for_status()
+            if r.status_code != 200:
+                out.append({"error": f"HTTP {r.status_code}: {r.read()[:200]!r}"})
+                return
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     stamps.append(time.monotonic())
@@ -54,8 +64,9 @@ def round_of(url: str, key: str | None, streams: int, tokens: int) -> list[dict]
         t.start()
     for t in threads:
         t.join()
-    if len(out) != streams:
-        raise RuntimeError(f"{url}: {streams - len(out)} streams failed")
+    errors = [r["error"] for r in out if "error" in r]
+    if len(out) != streams or errors:
+        raise RuntimeError(f"{url}: {streams - len(out) + len(errors)} streams failed: {errors[:1]}")
     return out
 
 
@@ -106,7 +117,10 @@ def local_targets(tmp: Path, streams: int):
     bare.mkdir()
     port = harness.BASE_PORT + 3
     text = harness.config(bare, {"bench": "key-bench"}, g.server_port, port, port + 1)
-    (bare / "haproxy.cfg").write_text(text.replace(f"    filter lua.{teams.USAGE_FILTER}\n", ""))
+    # the request rewrite goes too: it grows Content-Length and the filter writes the member in
+    bare_text = text.replace(f"    filter lua.{teams.USAGE_FILTER}\n", "").replace("    http-request lua.vf_rewrite\n", "")
+    assert bare_text.count("\n") == text.count("\n") - 2, "the filter and rewrite lines moved"
+    (bare / "haproxy.cfg").write_text(bare_text)
     g.procs.append(subprocess.Popen(["haproxy", "-db", "-f", str(bare / "haproxy.cfg")],
                                     stdout=open(bare / "haproxy.log", "wb"), stderr=subprocess.STDOUT))
     harness.wait_http(f"http://127.0.0.1:{port + 1}/metrics", 30)
