@@ -86,7 +86,9 @@ def test_header_is_read_with_range_requests_only():
     Gemma 3 270M (253 MB) from the mirror; the lab's tiny qwen35 is the hybrid shape."""
     st = lab()
     tiny = read_url(st["model_url"], chunk=1 << 20)
-    assert tiny.arch == "qwen35" and tiny.get("block_count") == 4 and tiny.get("full_attention_interval") == 4
+    # 4 trunk blocks and the MTP block (nextn), which the latency tier drafts with
+    assert tiny.arch == "qwen35" and tiny.get("block_count") == 5 and tiny.get("nextn_predict_layers") == 1
+    assert tiny.get("full_attention_interval") == 4
     mark = log_mark()
     header = read_url(st["gemma"]["url"], chunk=1 << 20)
     assert header.arch == "gemma3" and header.get("block_count") > 0
