@@ -116,11 +116,13 @@ def fleet_backends(planned: list[tuple], unplanned: list[str], live: list[tuple]
     return out
 
 
-def busy_page(retry_after_s: int) -> str:
+def busy_page(retry_after_s: int, tier: str | None = None) -> str:
     """HAProxy's raw 503 answer when no instance has a free slot within the queue timeout:
-    fast, with Retry-After, and never forwarded to a llama-server."""
-    body = json.dumps(openai_error(f"every instance of the fleet is busy: retry after {int(retry_after_s)} s",
-                                   "server_error", "fleet_busy")) + "\n"
+    fast, with Retry-After, and never forwarded to a llama-server. `tier`: a tier's own page (its
+    servers busy or none up, and its team does not overflow), naming the tier."""
+    who, code = ("the fleet", "fleet_busy") if tier is None else (f"the {tier} tier", "tier_busy")
+    body = json.dumps(openai_error(f"every instance of {who} is busy: retry after {int(retry_after_s)} s",
+                                   "server_error", code)) + "\n"
     return ("HTTP/1.1 503 Service Unavailable\r\n"
             "Content-Type: application/json\r\n"
             f"Retry-After: {int(retry_after_s)}\r\n"

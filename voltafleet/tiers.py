@@ -25,7 +25,6 @@ throughput GPUs (docs/gateway.md, "A latency tier for a team").
 """
 from __future__ import annotations
 
-import json
 import re
 
 from voltafleet.errors import Problem
@@ -56,20 +55,6 @@ def tier_of_backend(name: str) -> str | None:
 def ordered(served) -> list[str]:
     """The tiers served, throughput first (it always has a backend: the default), then by name."""
     return [DEFAULT] + sorted(set(served) - {DEFAULT})
-
-
-def busy_page(tier: str, retry_after_s: int) -> str:
-    """A tier's raw 503 when its servers have no free slot within the queue timeout (or none is
-    up) and its team does not overflow: Retry-After, OpenAI's error shape, naming the tier."""
-    body = json.dumps({"error": {
-        "message": f"every instance of the {tier} tier is busy: retry after {int(retry_after_s)} s",
-        "type": "server_error", "param": None, "code": "tier_busy"}}) + "\n"
-    return ("HTTP/1.1 503 Service Unavailable\r\n"
-            "Content-Type: application/json\r\n"
-            f"Retry-After: {int(retry_after_s)}\r\n"
-            "Cache-Control: no-cache\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            "\r\n" + body)
 
 
 def errorfile(tier: str, default: str) -> str:

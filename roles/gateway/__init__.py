@@ -196,7 +196,7 @@ def gateway() -> None:
     files.put(name="503 page: no free slot (Retry-After)", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"])),
               dest=ERRORFILE, mode="644")
     for t in gw.tier_backends(backends)[1:]:
-        files.put(name=f"503 page of the {t['name']} tier", src=StringIO(tiers.busy_page(t["name"], cfg["gateway_retry_after_s"])),
+        files.put(name=f"503 page of the {t['name']} tier", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"], t["name"])),
                   dest=t["errorfile"], mode="644")
     installed(name="Validate (haproxy -c), then install and reload", staged=STAGED, live=LIVE, staged_op=staged)
     systemd.service(name="HAProxy running and enabled", service="haproxy", running=True, enabled=True)

@@ -103,7 +103,7 @@ def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, 
     (tmp / Path(teams.TIERS_MAP).name).write_text(tiers.tiers_map(teams.parse(cfg["gateway_teams"]),
                                                                   cfg["gateway_tier_overflow"]))
     for t in gateway.tier_backends(backends)[1:]:
-        (tmp / Path(t["errorfile"]).name).write_text(tiers.busy_page(t["name"], cfg["gateway_retry_after_s"]))
+        (tmp / Path(t["errorfile"]).name).write_text(gateway.busy_page(cfg["gateway_retry_after_s"], t["name"]))
     (tmp / "budgets").mkdir(exist_ok=True)
     text = text.replace(budgets_mod.DIR, str(tmp / "budgets"))
     shutil.copy(REPO / "roles/gateway/files/voltafleet-teams.lua", tmp / Path(teams.USAGE_LUA).name)

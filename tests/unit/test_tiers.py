@@ -168,7 +168,7 @@ def test_the_fleet_plan_carries_each_hosts_tier_to_the_gateway():
 
 
 def test_a_tiers_busy_answer_names_the_tier_and_says_when_to_retry():
-    head, body = tiers.busy_page("latency", 7).split("\r\n\r\n", 1)
+    head, body = gateway.busy_page(7, "latency").split("\r\n\r\n", 1)
     assert head.startswith("HTTP/1.1 503 ") and "\r\nRetry-After: 7" in head and f"Content-Length: {len(body)}" in head
     err = json.loads(body)["error"]
     assert err["code"] == "tier_busy" and "latency tier" in err["message"] and err["type"] == "server_error"
