@@ -21,6 +21,10 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from voltafleet import smoke_client  # noqa: E402
+
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)  # per-draft acceptance rates to read the model at
 
 
@@ -30,12 +34,11 @@ def _median(values):
 
 
 def client_rate(rec: dict) -> float | None:
-    """Tokens over the request's span less the server's prompt time (voltafleet.smoke_client)."""
+    """Tokens over the request's span less the server's prompt time (the smoke test's own rate)."""
     times = rec.get("times_ms") or []
-    if not times or rec.get("prompt_ms") is None:
+    if not times:
         return None
-    span = times[-1] / 1000 - rec["prompt_ms"] / 1000
-    return len(times) / span if span > 0 else None
+    return smoke_client.client_rate(0.0, times[0] / 1000, times[-1] / 1000, len(times), len(times), rec.get("prompt_ms"))
 
 
 def wall_rate(recs: list) -> float | None:
