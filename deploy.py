@@ -48,7 +48,7 @@ elif not is_server(host):
             gateway()
 if phase == "all":
     mirrors_and_gateways_first(host.state)  # every host, this line: the server hosts' operations come after
-if is_server(host) and phase != "profile":
+if is_server(host) and phase not in ("profile", "gateway"):  # the gateway phase: gateways and mirrors only
     plan = preflight()
     if phase == "plan":
         dry_run(plan)  # read only: what a batch would change, or why preflight refuses (python -m rollout --plan)

@@ -33,6 +33,8 @@ from copy import copy
 
 import pyinfra
 
+from voltafleet.pyinfra_version import CHECKED_VERSION, installed
+
 _util = importlib.import_module("pyinfra.api.util")
 _operation = importlib.import_module("pyinfra.api.operation")
 _arguments = importlib.import_module("pyinfra.api.arguments")
@@ -189,7 +191,6 @@ def apply() -> list[str]:
     return APPLIED
 
 ALL = ["get_operation_order_from_stack", "all_global_arguments", "pop_global_arguments"]
-CHECKED_VERSION = "3.10.0"
 _WARNED: list[str] = []
 
 
@@ -201,19 +202,11 @@ def why_not() -> str | None:
     missing = [n for n in ALL if n not in apply()]
     if not missing:
         return None
-    version = getattr(pyinfra, "__version__", None) or _version()
+    version = getattr(pyinfra, "__version__", None) or installed()
     return (f"roles/speed.py left pyinfra {version} as it is ({', '.join(missing)}: source differs from the "
             f"checked pyinfra {CHECKED_VERSION}); runs are correct but the controller spends about 4x the CPU "
             f"a host (bench/RESULTS.md). Fix: pin pyinfra=={CHECKED_VERSION} (requirements.txt), or check the "
             "replacements against this version (tests/ops/test_speed.py) and update CHECKED")
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("pyinfra")
-    except Exception:  # noqa: BLE001
-        return "?"
 
 
 def applied(warn=None) -> list[str]:

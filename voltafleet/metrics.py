@@ -2,7 +2,7 @@
 so that a failed rollout raises an alert (monitoring/alerts.yml, VoltafleetRolloutFailed).
 No pyinfra: the driver calls it with its fleet report.
 
-    >>> path = write_rollout_textfile("/var/lib/prometheus/node-exporter", report)   # report: rollout/__main__.py's
+    >>> path = write_rollout_textfile("/var/lib/prometheus/node-exporter", report)   # report: rollout/rolling.py's
     >>> print(rollout_textfile(report, now=1767225600))
     voltafleet_rollout_passed{rollout="20260101-000000",inventory="inventory/prod.py"} 0
     voltafleet_rollout_hosts{rollout="20260101-000000",inventory="inventory/prod.py",status="failed"} 1

@@ -186,7 +186,7 @@ import subprocess, sys, time
 sys.path.insert(0, {repo!r})
 from voltafleet.lock import FleetLock
 lock = FleetLock({path!r}, "python -m rollout inventory/x.py").acquire()
-# as rollout/__main__.py starts each pyinfra run: its own process group, the lock's descriptor passed on
+# as rollout/runner.py starts each pyinfra run: its own process group, the lock's descriptor passed on
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(lock.fd,),
                          start_new_session=True)
 print(child.pid, flush=True)

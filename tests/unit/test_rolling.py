@@ -118,7 +118,7 @@ def test_the_first_signal_waits_for_the_run_a_second_one_stops_it():
     import subprocess
     import sys
 
-    from rollout.__main__ import Interrupt
+    from rollout.runner import Interrupt
 
     it = Interrupt(grace=900)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)

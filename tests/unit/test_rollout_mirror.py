@@ -7,7 +7,9 @@ import pytest
 
 from voltafleet.runctx import RunContext, RunDir
 
-import rollout.__main__ as driver
+import rollout.fleet
+import rollout.main as driver
+from rollout.runner import Runner
 from voltafleet import outcome
 
 INVENTORY = """
@@ -28,7 +30,7 @@ def runs(tmp_path, monkeypatch):
     batch passes every host it rolls."""
     calls = []
 
-    def fake_pyinfra(inventory, limit, ctx, log, echo=True, label=""):
+    def fake_pyinfra(self, limit, ctx, log, echo=True, label=""):
         phase = RunContext.from_env(ctx.to_env()).phase  # what deploy.py would read
         calls.append((phase, limit))
         run_dir = RunDir(ctx.report_dir)
@@ -39,10 +41,10 @@ def runs(tmp_path, monkeypatch):
         if phase == "batch":
             for h in limit:
                 outcome.write(run_dir.path, outcome.HostOutcome(host=h, run=ctx.run, status="passed"))
-        return 0, ""
+        return 0
 
-    monkeypatch.setattr(driver, "pyinfra", fake_pyinfra)
-    monkeypatch.setattr(driver, "remote_size", lambda url: 15_600_000_000)
+    monkeypatch.setattr(Runner, "run", fake_pyinfra)
+    monkeypatch.setattr(rollout.fleet, "remote_size", lambda url: 15_600_000_000)
     inv = tmp_path / "inventory.py"
     inv.write_text(INVENTORY)
     return calls, str(inv), tmp_path / "reports"
@@ -51,7 +53,7 @@ def runs(tmp_path, monkeypatch):
 def test_mirrors_are_configured_before_the_first_batch_and_never_rolled(runs):
     calls, inv, reports = runs
     assert driver.main([inv, "--canary", "1", "--batch", "2", "--report-dir", str(reports)]) == 0
-    assert calls == [("preflight", None), ("gateway", None),
+    assert calls == [("preflight", None), ("gateway", ["mirror-1", "mirror-2", "gw-1"]),  # no server host: no preflight again
                      ("batch", ["gpu-1", "mirror-2", "gw-1"]), ("batch", ["gpu-2", "gpu-3", "mirror-2", "gw-1"])]
     plan = json.loads(next(reports.glob("rollout-*/fleet-plan.json")).read_text())
     assert plan["mirrors"] == [
