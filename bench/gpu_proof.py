@@ -467,7 +467,7 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
     """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json)."""
     pack_sources(dest, checkout, commit)
     for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py",
-              "bench/voltarule.py", "voltafleet/smoke_client.py", "voltafleet/workload.py", "bench/tune29.py"):
+              "bench/voltarule.py", "voltafleet/smoke_client.py", "voltafleet/workload.py"):
         shutil.copy(REPO / f, dest)
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
             "tune29b": plan_tune29b(), **plan38(), **plan41()}

@@ -24,6 +24,7 @@ import re
 import select
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -356,12 +357,48 @@ class Proof27(Proof):
 
 
 class Proof29(Proof27):
-    """Issue 29: the v100_32gb group's tune settings, each with the group's workload (tune29.py)."""
+    """Issue 29: the v100_32gb group's tune settings (planned by tune29.py), each with the group's workload."""
 
     def tune29(self, key: str = "tune29"):
-        from tune29 import run29
+        """Each fitting setting's server, its GPU's memory once loaded (/health answered, before any
+        request: `loaded_mib`, the CUDA context the calibration reads), the golden probe, then the
+        workload (plan[key]: voltafleet/workload.py, as shipped to hosts); records appended to results[key]."""
+        workload_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py")
+        plan = self.plan[key]
+        out = self.results.setdefault(key, [])
+        for item in plan["settings"]:
+            r = {k: item[k] for k in ("name", "values", "build", "fits", "refusal", "planned_mib", "planned_static_mib")}
+            if not item["fits"]:
+                r.update(status="refused", reps=[])
+                out.append(r)
+                self.save()
+                continue
+            t0 = time.time()
+            s = self.server(item["build"], "tune-" + item["name"].replace(" ", "_"), item["args"])
+            r.update(args=s.args, healthy=s.ok, load_s=s.load_s)
+            try:
+                if s.ok:
+                    time.sleep(1)  # as the VRAM proof reads after-load (peak_of); memory.used as the peaks
+                    r["loaded_mib"] = gpu_mem().get("gpu_used_mib")
+                    import smoke_client as smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
 
-        run29(self, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py"), key)
+                    pr = self.plan["probe"]
+                    r["probe_tokens"] = smoke.probe(self.port, None, pr["short"], pr["tokens"])["tokens"]
+                    cmd = [sys.executable, workload_py, "--port", str(self.port), "--gpu", "0", *plan["workload"]]
+                    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+                    got = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+                    r.update(status="measured" if got else "failed", reps=got["reps"] if got else [],
+                             after_load_mib=got["after_load_mib"] if got else None,
+                             reason="" if got else (done.stderr.strip().splitlines() or ["no output"])[-1][:300])
+                else:
+                    r.update(status="failed", reps=[], reason="the server did not start")
+            finally:
+                s.stop()
+            r["seconds"] = round(time.time() - t0, 1)
+            r["log"] = self.loglines(s)
+            out.append(r)
+            self.save()
+            say(key, item["name"], r["status"], [(x.get("throughput_tps"), x.get("followups")) for x in r.get("reps", [])])
 
 
 # ------------------------------------------------------------ issue 32: the thinking budget
