@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_proof
+from bench.gpu import gpu_proof
 from voltafleet import hostplan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,8 +44,9 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
     bare = dest / "llama.cpp.git"
     assert subprocess.run(["git", "-C", str(bare), "cat-file", "-t", head], capture_output=True,
                           text=True).stdout.strip() == "commit"
-    for f in ("vf-build-release.sh", "gpu_proof.sh", "proof_bench.py", "qwen35_bench.py", "qwen35gen.py",
-              "ggml-vocab-qwen35.gguf", "Qwen3.5-4B.jinja", "gguf-py/gguf/__init__.py"):
+    for f in ("vf-build-release.sh", "gpu_proof.sh", "qwen35gen.py", "ggml-vocab-qwen35.gguf", "Qwen3.5-4B.jinja",
+              "gguf-py/gguf/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py", "bench/gpu/voltarule.py",
+              "voltafleet/smoke_client.py", "voltafleet/workload.py"):
         assert (dest / f).is_file(), f
     assert not (dest / "gguf-py/tests").exists()
     assert (dest / "vf-build-release.sh").read_bytes() == (REPO / "roles/llama_cpp/files/vf-build-release.sh").read_bytes()
@@ -87,6 +88,7 @@ def test_sdist_checkout_checks_the_pinned_sha256(tmp_path):
 
 
 def test_older_prep_scripts_import():
-    """bench/gpu_prep.py and bench/qwen35_prep.py failed with ImportError once (issue 19)."""
-    import bench.gpu_prep  # noqa: F401
-    import bench.qwen35_prep  # noqa: F401
+    """bench/gpu/gpu_prep.py and bench/gpu/qwen35_prep.py failed with ImportError once (issue 19)."""
+    import bench.gpu.gpu_prep  # noqa: F401
+    import bench.gpu.qwen35_prep  # noqa: F401
+

@@ -93,7 +93,7 @@ def machine(run: Path) -> dict:
             "gpu": {"name": name, "driver": driver, "memory_mib": int(mib), "judged_as_mib": V100_32GB_MIB},
             "llama_cpp": {"commit": commit, "builds": "mmq: Volta rule + FORCE_MMQ (shipped); volta: Volta rule"},
             "model_sha256": None, "model": "the shape-exact Qwen3.6-27B Q4_K_S with zero weights (qwen35gen.py)",
-            "records": os.path.relpath(run.resolve(), Path(__file__).resolve().parents[1])}
+            "records": os.path.relpath(run.resolve(), Path(__file__).resolve().parents[2])}
 
 
 def document(records: list[dict], cfg: dict, meta: dict, followups_sent: bool = True) -> str:
@@ -104,9 +104,8 @@ def document(records: list[dict], cfg: dict, meta: dict, followups_sent: bool = 
     return tune.document(GROUP, tune.winner(ts, cfg, V100_32GB_MIB), ts, cfg, meta, V100_32GB_MIB)
 
 
-if __name__ == "__main__":  # python bench/tune29.py RESULTS.json [--tuned]: the table, or the tuned file
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.groups import group_cfg
+if __name__ == "__main__":  # python -m bench.gpu.tune29 RESULTS.json [--tuned]: the table, or the tuned file
+    from bench.gpu.groups import group_cfg
 
     path = Path(sys.argv[1])
     results = json.loads(path.read_text())
