@@ -45,7 +45,7 @@ demo: lab-up
 unit: setup
 	$(PY) -m pytest -q tests/unit tests/ops
 
-# Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU figures: bench/gpu_proof.py,
+# Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU figures: bench/gpu/gpu_proof.py,
 # their raw records checked by tests/unit/test_proof*.py).
 # The fast tests first, each suite in its own process (the in-process pyinfra harness of
 # tests/ops keeps nothing from the lab tests' session), then the lab fleet from fresh hosts, then
@@ -57,4 +57,4 @@ test: setup
 	$(PY) -m pytest -v -rs tests/gateway_local
 
 bench: lab-up
-	$(PY) bench/rollout.py
+	$(PY) -m bench.lab.rollout

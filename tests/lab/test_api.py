@@ -50,15 +50,12 @@ def test_another_model_name_gets_openais_model_not_found_from_the_gateway(gw):
 def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_path):
     """2x the fleet's slots in other clients and a 1 s queue: the gateway answers 503 with an
     OpenAI-shaped body and Retry-After; the SDK's own retry waits that long and is served."""
-    import sys
     import time
 
     import httpx
 
-    from tests.lab.helpers import REPO, deploy, lab
-
-    sys.path.insert(0, str(REPO / "bench"))
-    from load import PROMPT, Load
+    from bench.lab.load import PROMPT, Load
+    from tests.lab.helpers import deploy, lab
 
     slots = 4 * 2 * len(lab()["hosts"])
     assert deploy({"gateway_queue_timeout_s": 1}, tmp_path).rc == 0

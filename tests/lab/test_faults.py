@@ -1,6 +1,6 @@
 """Fault injection on the lab fleet: each case ends with a clear error or a recovered
 service, and nothing lost (the previous release, model and flags keep serving).
-Every case records {case, passed, data_lost} in reports/faults.jsonl; bench/faults.py
+Every case records {case, passed, data_lost} in reports/faults.jsonl; bench/lab/faults.py
 runs this file and prints the summary table."""
 import http.server
 import json

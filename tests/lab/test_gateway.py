@@ -10,10 +10,9 @@ import time
 
 import pytest
 
+from bench.lab.load import Load
 from tests.lab.helpers import CONVERGED, REPO, deploy, gateway_stat, lab, main_pid, rollout, run_env, ssh, th
 
-sys.path.insert(0, str(REPO / "bench"))
-from load import Load  # noqa: E402
 
 URL = "http://127.0.0.1:18800"
 

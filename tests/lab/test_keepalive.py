@@ -3,16 +3,14 @@ one pooled keep-alive httpx.Client and the OpenAI Python SDK (max_retries=0), st
 non-streamed requests in turn; slot-aware admission; conversation affinity; closed by
 default. Numbers go to reports/."""
 import json
-import sys
 
 import httpx
 import pytest
 
+from bench.lab.load import Load
 from lab.fleet import port_open
 from tests.lab.helpers import REPO, deploy, gateway_stat, lab, ssh
 
-sys.path.insert(0, str(REPO / "bench"))
-from load import Load  # noqa: E402
 
 URL = "http://127.0.0.1:18800"
 

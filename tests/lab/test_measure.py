@@ -1,9 +1,10 @@
-"""bench/v100_measure.py, the command an operator runs on the first V100 host (issue 27), run on
+"""bench/gpu/v100_measure.py, the command an operator runs on the first V100 host (issue 27), run on
 a lab host exactly so: its own release and instance 0's argv on a spare port, the scripts copied
 over ssh. The CPU backend has no GPU figures (nvidia-smi is absent): they are null, never invented."""
 import json
 from pathlib import Path
 
+from bench.gpu.v100_measure import SHIPPED
 from tests.lab.helpers import lab, ssh
 
 REPO = Path(__file__).resolve().parents[2]
@@ -11,9 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_first_host_measurement_runs_on_a_real_host(converged):
     host = lab()["hosts"][0]
-    for f in ("v100_measure.py", "qwen35_bench.py", "proof_bench.py"):
-        ssh(host, f"mkdir -p /tmp/vf-measure && cat > /tmp/vf-measure/{f}", stdin=(REPO / "bench" / f).read_text())
-    out = json.loads(ssh(host, "cd /tmp/vf-measure && python3 v100_measure.py --reps 1 --port 18999"))
+    for f in SHIPPED:  # at their repository paths, as the operator's tar line ships them
+        ssh(host, f"mkdir -p /tmp/vf-measure/{Path(f).parent} && cat > /tmp/vf-measure/{f}", stdin=(REPO / f).read_text())
+    out = json.loads(ssh(host, "cd /tmp/vf-measure && python3 -m bench.gpu.v100_measure --reps 1 --port 18999"))
     assert out["healthy"] and out["args"][out["args"].index("--port") + 1] == "18999"
     assert set(out["prompt_tps"]) == {"128", "512", "1008"}  # 1,024 tokens a lab slot: the longest fits it
     assert all(v > 0 for v in out["prompt_tps"].values()) and out["decode_tps"] > 0

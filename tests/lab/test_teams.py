@@ -8,18 +8,16 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from tests.lab.helpers import REPO, deploy, lab, pids, ssh
+from bench.lab.load import Load
+from tests.lab.helpers import deploy, lab, pids, ssh
 from voltafleet import gateway, teams
 
-sys.path.insert(0, str(REPO / "bench"))
-from load import Load  # noqa: E402
 
 URL = "http://127.0.0.1:18800"
 METRICS = "http://127.0.0.1:18404" + teams.METRICS_PATH

@@ -7,14 +7,12 @@ MTP is measured on the H200 (bench/records/tier41)."""
 import hashlib
 import json
 import secrets
-import sys
 
 import httpx
 
-from tests.lab.helpers import REPO, deploy, env_file, gateway_stat, lab, main_pid, rollout
+from bench.lab.load import Load
+from tests.lab.helpers import deploy, env_file, gateway_stat, lab, main_pid, rollout
 
-sys.path.insert(0, str(REPO / "bench"))
-from load import Load  # noqa: E402
 
 URL = "http://127.0.0.1:18800"
 KEY = {name: "vf-" + secrets.token_urlsafe(24) for name in ("ide", "web")}

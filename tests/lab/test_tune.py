@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.lab.load import Load
 from tests.lab.helpers import REPO, env_file, gateway_stat, lab, rollout, run_env
 from voltafleet import tune
 
-sys.path.insert(0, str(REPO / "bench"))
-from load import Load  # noqa: E402
 
 TUNED = REPO / "group_vars" / f"lab{tune.SUFFIX}"
 URL = "http://127.0.0.1:18800"

@@ -1,5 +1,5 @@
 """What voltafleet's preflight facts read on a real NVIDIA H200 (driver 580, nvcc 13.0),
-recorded by bench/gpu_run.sh into tests/fixtures/h200-facts.json, through the same
+recorded by bench/gpu/gpu_run.sh into tests/fixtures/h200-facts.json, through the same
 parsers and refusal rules as a rollout."""
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""What the controller resolves once per run, counted (bench/scale.py measures the time):
+"""What the controller resolves once per run, counted (bench/controller/scale.py measures the time):
 the model's header, its size and a ref's commit are fetched once however many host greenlets
 ask at once; the builder of each fingerprint is elected in one pass over the fleet; the
 gateway's server states are read once for every server host, and again after a drain or ready."""
@@ -199,7 +199,7 @@ def test_a_read_fact_is_a_copy_and_a_fake_host_is_always_read():
 # ---------------------------------------------------------------- the cost of a converged host
 
 
-# bench/scale.py's converged 8-GPU host, per host of a no-op `pyinfra -y deploy.py` (was 42 and 108):
+# bench/controller/scale.py's converged 8-GPU host, per host of a no-op `pyinfra -y deploy.py` (was 42 and 108):
 # every operation and every remote command costs the controller CPU on each host of the fleet;
 # 26th operation: the memory textfile's plan, service and timer (roles/server, issue 38), one fact read
 OPERATIONS, COMMANDS = 26, 41
@@ -207,10 +207,10 @@ OPERATIONS, COMMANDS = 26, 41
 
 def test_a_converged_host_costs_at_most_so_many_operations_and_commands(tmp_path):
     """The real deploy.py, inventory loader and group_vars on 3 simulated hosts and a gateway
-    (bench/scale.py): nothing changes, every host passes, and the operations and remote
+    (bench/controller/scale.py): nothing changes, every host passes, and the operations and remote
     commands per host stay within the bounds (issue 20: they may not grow back unnoticed)."""
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, "bench/scale.py", "--hosts", "3", "--json", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "bench.controller.scale", "--hosts", "3", "--json", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert out.exists(), proc.stdout + proc.stderr
     row = json.loads(out.read_text())[0]

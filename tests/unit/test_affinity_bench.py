@@ -1,4 +1,4 @@
-"""bench/affinity.py's pure parts: the users' pauses (the same in every mode), the bounded-load check
+"""bench/lab/affinity.py's pure parts: the users' pauses (the same in every mode), the bounded-load check
 sample by sample, and the summary the README and bench/RESULTS.md quote, recomputed from the raw
 per-turn records kept in bench/records/affinity-records/."""
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import affinity as af
+from bench.lab import affinity as af
 
 ROOT = Path(__file__).resolve().parents[2]
 # the records made since the bench counts reprocessed logs (8users-no-think.json is older)

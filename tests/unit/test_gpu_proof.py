@@ -1,7 +1,10 @@
 """The GPU proof packs at HEAD (issue 19): a tiny llama.cpp checkout stands in for the sdist's, so
 CI packs without downloading it; the pack holds what the GPU machine runs, rendered by voltafleet."""
+import ast
 import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -9,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_proof
+from bench.gpu import gpu_proof, v100_measure
 from voltafleet import hostplan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,8 +47,9 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
     bare = dest / "llama.cpp.git"
     assert subprocess.run(["git", "-C", str(bare), "cat-file", "-t", head], capture_output=True,
                           text=True).stdout.strip() == "commit"
-    for f in ("vf-build-release.sh", "gpu_proof.sh", "proof_bench.py", "qwen35_bench.py", "qwen35gen.py",
-              "ggml-vocab-qwen35.gguf", "Qwen3.5-4B.jinja", "gguf-py/gguf/__init__.py"):
+    for f in ("vf-build-release.sh", "gpu_proof.sh", "qwen35gen.py", "ggml-vocab-qwen35.gguf", "Qwen3.5-4B.jinja",
+              "gguf-py/gguf/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py", "bench/gpu/voltarule.py",
+              "voltafleet/smoke_client.py", "voltafleet/workload.py"):
         assert (dest / f).is_file(), f
     assert not (dest / "gguf-py/tests").exists()
     assert (dest / "vf-build-release.sh").read_bytes() == (REPO / "roles/llama_cpp/files/vf-build-release.sh").read_bytes()
@@ -87,6 +91,72 @@ def test_sdist_checkout_checks_the_pinned_sha256(tmp_path):
 
 
 def test_older_prep_scripts_import():
-    """bench/gpu_prep.py and bench/qwen35_prep.py failed with ImportError once (issue 19)."""
-    import bench.gpu_prep  # noqa: F401
-    import bench.qwen35_prep  # noqa: F401
+    """bench/gpu/gpu_prep.py and bench/gpu/qwen35_prep.py failed with ImportError once (issue 19)."""
+    import bench.gpu.gpu_prep  # noqa: F401
+    import bench.gpu.qwen35_prep  # noqa: F401
+
+
+# ---------------------------------------------------------------- what runs on the GPU machine
+
+def unresolved_imports(root: Path, files) -> list[str]:
+    """Every import of the files (module level or in a function) that is neither the standard library's
+    nor held under root: what a python3 with nothing installed, root on its path, could not import."""
+    def held(name: str) -> bool:
+        path = root.joinpath(*name.split("."))
+        return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+    def package(name: str) -> bool:
+        return (root.joinpath(*name.split(".")) / "__init__.py").is_file()
+
+    out = []
+    for f in files:
+        for node in ast.walk(ast.parse((root / f).read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:  # of a package: its modules (the
+                names = [f"{node.module}.{a.name}" if package(node.module) else node.module for a in node.names]
+            else:                                                    # __init__ files define nothing)
+                continue
+            out += [f"{f}: {n}" for n in names if n.split(".")[0] not in sys.stdlib_module_names and not held(n)]
+    return out
+
+
+def plain_python3(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """python3 as a GPU machine or a V100 host has it: no site-packages (-S: no venv, no yaml, no httpx),
+    the folder on PYTHONPATH, run from elsewhere."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-S", *args], cwd=root.parent, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_pack_runs_where_only_python3_is(tmp_path, checkout):
+    """gpu_proof.sh runs `python3 -m bench.gpu.proof_bench` with the pack on PYTHONPATH: the modules sit
+    at their repository paths and import each other by their package names, stdlib only."""
+    src, head = checkout
+    dest = tmp_path / "pack"
+    gpu_proof.pack(dest, checkout=src, commit=head)
+    assert unresolved_imports(dest, gpu_proof.MACHINE_SOURCES) == []
+    r = plain_python3(dest, "-m", "bench.gpu.proof_bench", "--help")
+    assert r.returncode == 0 and "--phases" in r.stdout, r.stderr
+    r = plain_python3(dest, "-c", "import bench.gpu.proof_bench, bench.gpu.qwen35_bench, voltafleet.smoke_client, "
+                                  "voltafleet.workload")
+    assert r.returncode == 0, r.stderr
+    r = plain_python3(dest, str(dest / "voltafleet/workload.py"), "--help")  # the tune29 phase runs it by its path
+    assert r.returncode == 0, r.stderr
+    r = plain_python3(dest, str(dest / "bench/gpu/voltarule.py"), str(tmp_path / "no-source"))
+    assert r.returncode == 1 and r.stderr.startswith("voltarule: "), r.stderr  # ran: no tree to patch here
+    assert "bench.gpu.proof_bench" in (dest / "gpu_proof.sh").read_text()
+
+
+def test_the_first_v100_host_measurement_runs_from_what_is_shipped(tmp_path):
+    """bench/gpu/v100_measure.py's SHIPPED (the operator's tar line) holds every module it imports."""
+    host = tmp_path / "vf-measure"
+    for f in v100_measure.SHIPPED:
+        (host / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / f, host / f)
+    # proof_bench: its module level (Sampler, concurrent); its phases import voltafleet's clients, not shipped here
+    assert unresolved_imports(host, [f for f in v100_measure.SHIPPED if f != "bench/gpu/proof_bench.py"]) == []
+    r = plain_python3(host, "-m", "bench.gpu.v100_measure", "--help")
+    assert r.returncode == 0 and "--instance" in r.stdout, r.stderr
+    r = plain_python3(host, "-c", "from bench.gpu.proof_bench import Sampler, concurrent")
+    assert r.returncode == 0, r.stderr

@@ -1,15 +1,12 @@
-"""bench/load.py against a real local HTTP/1.1 server: every request served, each client
+"""bench/lab/load.py against a real local HTTP/1.1 server: every request served, each client
 thread on its own keep-alive connection (reused, never one a request), streamed and not."""
 import json
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from load import Load  # noqa: E402
+from bench.lab.load import Load
 
 
 class Completions(BaseHTTPRequestHandler):

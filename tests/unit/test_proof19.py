@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import proof_report as pr
+from bench.gpu import proof_report as pr
 from voltafleet.gguf_header import from_json
 from voltafleet.vram import MIB, ModelShape, decide, plan, route
 

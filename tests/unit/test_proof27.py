@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import voltarule
+from bench.gpu import voltarule
 from voltafleet.gguf_header import from_json
 from voltafleet.vram import MIB, NGRAM_DRAFT_MAX, ModelShape, plan, pool_bytes, routed, spec_rows
 
@@ -124,7 +124,7 @@ def bench(build, what):
 
 
 def test_prompt_and_decode_figures_results_quotes():
-    from bench import proof_report as pr
+    from bench.gpu import proof_report as pr
 
     volta, mmq = bench("volta", "pp27"), bench("mmq", "pp27")
     assert [round(volta[(n, 0)]) for n in (128, 512, 2048)] == [1433, 3653, 3608]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import tune29
-from bench.gpu_proof import group_cfg
+from bench.gpu import tune29
+from bench.gpu.groups import group_cfg
 from voltafleet import tune
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,12 +2,11 @@
 figure bench/RESULTS.md quotes, recomputed from each request's chunk arrivals."""
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-from bench import gpu_proof
+from bench.gpu import gpu_proof, proof_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN1 = ROOT / "bench/records/proof32/run1"
@@ -79,8 +78,6 @@ def test_the_budget_alone_decides_where_the_answer_starts(mode):
 
 
 def test_the_stored_figures_are_the_chunk_arrivals():
-    sys.path.insert(0, str(ROOT / "bench"))
-    import proof_bench
     for r in T["rounds"]:
         for q in r["recs"]:
             assert proof_bench.think_figures(q) == {k: q[k] for k in proof_bench.think_figures(q)}

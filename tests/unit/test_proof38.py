@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_proof import FILL38, group_cfg, plan38
+from bench.gpu.gpu_proof import FILL38, plan38
+from bench.gpu.groups import group_cfg
 from voltafleet import hostmem, vram
 from voltafleet.gguf_header import from_json
 
@@ -105,7 +106,7 @@ def test_real_chat_follow_ups_resume_from_a_checkpoint_at_any_count_and_from_non
     the end of the last prompt, and the share it finds cached is the same at 2, 4, 8 and 32 (and with no
     minimum spacing): the count bounds the memory, not the reuse. Tokens are the model's vocabulary's, so
     the shares hold for the 27B; its times do not (a CPU and a 12 MB model)."""
-    from bench.gpu_proof import host38_table
+    from bench.gpu.gpu_proof import host38_table
 
     rows = {r["name"]: r for r in host38_table(json.loads((LAB / "results.json").read_text()))}
     assert set(rows) == {"chat-np4-ck0", "chat-np4-ck2", "chat-np4-ck4", "chat-np4-ck8", "chat-np4-ck32",
@@ -161,7 +162,7 @@ def test_run2_the_plan_covers_every_repetitions_peak_and_is_within_5_percent_at_
 
 
 def test_run2_follow_ups_resume_with_any_checkpoint_count_and_recompute_without():
-    from bench.gpu_proof import host38_table
+    from bench.gpu.gpu_proof import host38_table
 
     rows = {r["name"]: r for r in host38_table({"host38": run2()})}
     assert rows["chat-np16-ck0"]["cached_share"] == 0 and rows["chat-np16-ck0"]["held"] == 0
@@ -178,7 +179,7 @@ def test_run2_the_shipped_count_is_the_one_that_resumes_for_the_least_memory_and
     """The decision in group_vars/v100_32gb.yml, recomputed: among the counts that resume a follow-up
     (4, 8, 32) 4 holds the least host memory, its throughput is the best measured (at or above 0's) and
     its follow-up TTFT within 10 % of the best with checkpoints; no minimum spacing (-cms 0) is slower."""
-    from bench.gpu_proof import host38_table
+    from bench.gpu.gpu_proof import host38_table
 
     shipped = group_cfg("v100_32gb")["server_ctx_checkpoints"]
     rows = {r["ckpt"]: r for r in host38_table({"host38": run2()}) if r["kind"] == "chat" and r["cms"] is None}
@@ -192,6 +193,6 @@ def test_run2_the_shipped_count_is_the_one_that_resumes_for_the_least_memory_and
 
 
 def test_run2_table_in_results_md_is_the_records():
-    from bench.gpu_proof import host38_report
+    from bench.gpu.gpu_proof import host38_report
 
     assert host38_report({"host38": run2()}) in (REPO / "bench/RESULTS.md").read_text()

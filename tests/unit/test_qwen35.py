@@ -121,7 +121,7 @@ def truth():
 @pytest.mark.parametrize("load", truth())
 def test_each_term_and_the_total_within_3_percent_of_the_h200(load):
     """bench/records/qwen35-h200-run1.json: llama-server's own CUDA0 buffers and nvidia-smi's process
-    memory after the first request, at the project's rendered argv (bench/qwen35_prep.py)."""
+    memory after the first request, at the project's rendered argv (bench/gpu/qwen35_prep.py)."""
     p = plan(shape(), load["ctx"], load["parallel"], load["kv"], load["kv"], 143771)
     buf = {k: v for d, k, v in load["buffers"] if d == "CUDA0"}
     for term, measured in (("weights", buf["model"]), ("kv", buf["KV"]), ("recurrent", buf["RS"]),

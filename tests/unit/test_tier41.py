@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.gpu_proof import latency41, plan41
-from bench.groups import group_cfg
-from bench.tier41 import ACCEPTANCES, best_depth, report, table
+from bench.gpu.gpu_proof import latency41, plan41
+from bench.gpu.groups import group_cfg
+from bench.gpu.tier41 import ACCEPTANCES, best_depth, report, table
 from voltafleet import hostmem, vram
 from voltafleet.flags import server_args
 from voltafleet.gguf_header import from_json

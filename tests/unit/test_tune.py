@@ -146,9 +146,9 @@ def test_the_inventory_applies_a_tuned_file_after_its_group_file(tmp_path, cfg):
 
 
 def test_the_gpu_proof_tunes_the_v100_32gb_group_as_its_hosts_get_it():
-    """bench/tune29.py: the shipped setting's argv is the group's own, each setting is planned for a
+    """bench/gpu/tune29.py: the shipped setting's argv is the group's own, each setting is planned for a
     V100-32GB, and the build variant runs on the Volta-rule release."""
-    from bench.gpu_proof import plan_tune29, render
+    from bench.gpu.gpu_proof import plan_tune29, render
 
     p = plan_tune29()
     by = {s["name"]: s for s in p["settings"]}

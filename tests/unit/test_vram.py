@@ -92,7 +92,7 @@ def truth_rows():
 
 @pytest.mark.parametrize("fixture,load", truth_rows())
 def test_prediction_within_1_percent_of_h200_measurement(fixture, load):
-    """Measured on the H200 (bench/gpu_run.sh): llama-server's process memory after load."""
+    """Measured on the H200 (bench/gpu/gpu_run.sh): llama-server's process memory after load."""
     shape = ModelShape.from_header(from_json(json.loads((FIXTURES / f"{fixture}.json").read_text())))
     # these rows were read right after load: the CUDA context alone (592 MiB), without the 18 MiB
     # the first request adds (vram_cuda_overhead_mib 610 = both, bench/VRAM_TRUTH.md)

@@ -1,11 +1,11 @@
-"""The inventory of bench/scale.py: N simulated converged V100 hosts on pyinfra's fake
+"""The inventory of bench/controller/scale.py: N simulated converged V100 hosts on pyinfra's fake
 connector (8 x V100-SXM2-16GB each, R580 held, CUDA 12.8, llama.cpp built, the model
 verified, 8 instances running, every helper, env file and unit in place) and one HAProxy
 gateway listing every instance. Every fact a converged host asks is answered as such a host
 answers it, so a run of deploy.py changes nothing.
 
 The scenario comes as JSON in VOLTAFLEET_SCALE: {"hosts": N, "compilers": 1 or 2,
-"model_url": URL of a GGUF header (bench/scale.py serves one), "header": its local path}.
+"model_url": URL of a GGUF header (bench/controller/scale.py serves one), "header": its local path}.
 With two compilers the second half of the fleet has another C++ compiler (another
 release fingerprint, another builder).
 """
@@ -26,7 +26,7 @@ from voltafleet.flags import pinned_help
 from voltafleet.groupvars import load_or_exit
 from voltafleet.hostplan import HostFacts, make_plan, model_files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GROUP = "v100_16gb"
 # The lab's tiny qwen35 model has a golden probe in probes/: a converged host's probe matches it.
 PROBE = json.loads((REPO / "probes" / "1462d0911d4a7a47-1a890a92bce7.json").read_text())
@@ -220,7 +220,7 @@ _overrides = {"model_url": S["model_url"], "model_sha256": PROBE["model_sha256"]
 _names = [f"@fake/gpu-{h:04d}" for h in range(_n)]
 _fake = {"fake_delay": 0, "fake_delay_jitter": 0}
 _loaded = load_or_exit({GROUP: [(n, dict(_fake)) for n in _names],
-                        "gateway": [("@fake/gw", dict(_fake))]}, origin="bench/scale_inventory.py",
+                        "gateway": [("@fake/gw", dict(_fake))]}, origin="bench/controller/scale_inventory.py",
                        overrides=_overrides)
 _header = gguf_header.read_file(S["header"])
 _cfg = {k: v for k, v in _loaded[GROUP][0][1].items() if not k.startswith(("fake_", "voltafleet_groups",

@@ -1,23 +1,21 @@
 """Planner vs. measured VRAM on the H200 (the table in bench/VRAM_TRUTH.md).
 
 Measured: llama-server's own process memory (nvidia-smi --query-compute-apps) after load,
-from bench/records/gpu-loads-run*.json (bench/gpu_run.sh). Predicted: voltafleet.vram from the
+from bench/records/gpu-loads-run*.json (bench/gpu/gpu_run.sh). Predicted: voltafleet.vram from the
 same model's GGUF header (tests/fixtures/gguf/). Overhead: 610 MiB (CUDA context + cuBLAS).
 Second table: the Qwen3.6-27B shape (hybrid qwen35, bench/records/qwen35-h200-run1.json), each
 term against llama.cpp's own CUDA0 buffer and the total against nvidia-smi's process memory
 after the first request.
 
-    .venv/bin/python bench/vram_truth.py
+    .venv/bin/python -m bench.gpu.vram_truth
 """
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from voltafleet.gguf_header import from_json
+from voltafleet.vram import MIB, ModelShape, plan
 
-from voltafleet.gguf_header import from_json  # noqa: E402
-from voltafleet.vram import MIB, ModelShape, plan  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 RUNS = [("gpu-loads-run1.json", {"q4ks": "qwen2-1p5b-q4ks", "q8": "qwen2-1p5b-q8"}),
         ("gpu-loads-run2.json", {"q4ks": "qwen2-4b-q4ks"})]

@@ -2,7 +2,7 @@
 fake-connector GPU-failure cases, which need NVIDIA hardware to happen for real) and
 print the summary: cases tried, passed, data lost (must be 0).
 
-    .venv/bin/python bench/faults.py        # the lab fleet must be up (python -m lab up --gateway)
+    .venv/bin/python -m bench.lab.faults        # the lab fleet must be up (python -m lab up --gateway)
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "reports" / "faults.jsonl"
 
 

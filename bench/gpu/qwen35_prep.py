@@ -1,12 +1,12 @@
 """Pack everything the H200 run of the real Qwen3.6-27B shape needs into one folder.
 
-The GPU box has no network: it gets llama.cpp at the pinned commit (bench/gpu_proof.py packs it from the
+The GPU box has no network: it gets llama.cpp at the pinned commit (bench/gpu/gpu_proof.py packs it from the
 llama-cpp-python sdist), gguf-py and models/ggml-vocab-qwen35.gguf from the same tree, the model
 generator (lab/qwen35gen.py), voltafleet's own build script, and every llama-server argv
 to run, rendered by voltafleet.flags.server_args from group_vars (all.yml + the V100
 group files) with only ctx / slots / KV types changed along the ladder.
 
-    .venv/bin/python bench/qwen35_prep.py [DEST]   # default /work/main/.gpuwork
+    .venv/bin/python -m bench.gpu.qwen35_prep [DEST]   # default /work/main/.gpuwork
     # then, on the device: bash .gpuwork/qwen35_gpu.sh   (carry [".gpuwork"])
 """
 import json
@@ -14,10 +14,9 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.gpu.gpu_proof import COMMIT, PORT, build_script_line, group_cfg, pack_sources, render
 
-from bench.gpu_proof import COMMIT, PORT, build_script_line, group_cfg, pack_sources, render  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 # VRAM ladder: (ctx, slots, KV type); f16 and q8_0, 4K-128K pool, 1-16 slots
 LADDER = [(4096, 1, "f16"), (8192, 1, "f16"), (8192, 4, "f16"), (16384, 2, "f16"), (32768, 1, "f16"),
@@ -31,7 +30,7 @@ def main():
     pack_sources(out)
     shutil.copy(REPO / "lab/qwen35gen.py", out)
     for f in ("qwen35_gpu.sh", "qwen35_bench.py"):
-        shutil.copy(REPO / "bench" / f, out)
+        shutil.copy(REPO / "bench" / "gpu" / f, out)
     line, fp = build_script_line("/DEVICE_REPO/.gpuwork", ["llama-server", "llama-bench"])
     (out / "build.sh").write_text(line + "\n")
     (out / "fingerprint").write_text(fp + "\n")

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU proof on a GPU machine (bench/gpu_proof.py packs this folder; no network needed).
+# The GPU proof on a GPU machine (bench/gpu/gpu_proof.py packs this folder; no network needed).
 # Start or attach: the first call starts the run detached (setsid); every call waits up to
 # WAIT seconds (0: until it ends) and copies what $RES holds into $OUT when OUT is set.
 #   facts -> CUDA build through vf-build-release.sh with voltafleet's argv -> the shape-exact
-#   Qwen3.6-27B Q4_K_S -> the Volta-rule variant (voltarule.py: Volta's exact kernel choice) and
-#   the same with FORCE_MMQ -> proof_bench.py: peaks, llama-bench, the servers, the probes (issue 27)
+#   Qwen3.6-27B Q4_K_S -> the Volta-rule variant (bench/gpu/voltarule.py: Volta's exact kernel choice) and
+#   the same with FORCE_MMQ -> bench/gpu/proof_bench.py: peaks, llama-bench, the servers, the probes (issue 27)
 # PHASES picks proof_bench's phases (default: issue 27's); the FORCE_MMQ variant is skipped when every
 # phase names the Volta-rule build (e.g. issue 32: PHASES=think32:volta), the tiny probe model unless probe27 runs.
 set -u
@@ -60,7 +60,7 @@ PY
     log "$(grep " rc=" "$RES/build-$1.txt")"
   }
   PH=${PHASES:-peak:volta,bench27:volta,bench27:mmq,serve27:volta,serve27:mmq,probe27,peak:mmq}
-  python3 "$W/voltarule.py" "$src" > "$RES/voltarule.diff" || { log "voltarule: anchors moved"; echo failed > "$RES/DONE"; exit 1; }
+  python3 "$W/bench/gpu/voltarule.py" "$src" > "$RES/voltarule.diff" || { log "voltarule: anchors moved"; echo failed > "$RES/DONE"; exit 1; }
   variant volta
   # the FORCE_MMQ variant unless every phase names the Volta-rule build (issue 32: think32:volta)
   need_mmq=0
@@ -83,7 +83,7 @@ PY
       --dense >> "$RES/progress.txt" 2>&1 && "$BIN/llama-quantize" /tmp/models/tiny-f16.gguf /tmp/models/tiny-q8_0.gguf \
       q8_0 > "$RES/quantize.txt" 2>&1 ;;
   esac
-  B=(python3 "$W/proof_bench.py" --plan "$W/plan.json" --bin "$BIN" --bins "volta=/tmp/volta/bin,mmq=/tmp/mmq/bin"
+  B=(python3 -m bench.gpu.proof_bench --plan "$W/plan.json" --bin "$BIN" --bins "volta=/tmp/volta/bin,mmq=/tmp/mmq/bin"
      --models /tmp/models --res "$RES")
   PYTHONPATH=$W "${B[@]}" --phases "$PH" 2>&1 | tee -a "$RES/progress.txt"
   ( cd /tmp && tar czf "$RES/logs.tgz" load-*.log 2>/dev/null )

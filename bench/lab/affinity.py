@@ -4,7 +4,7 @@ prompt tokens each follow-up made the server process (llama-server's own timings
 instance's load: its time-averaged concurrent requests (HAProxy's `scur`, sampled on the
 gateway every 0.25 s: what the bounded-load hash bounds) and its share of the requests.
 
-    .venv/bin/python bench/affinity.py [--conversations 24] [--turns 5] [--parallel 8] [--think 4] [--reps 2]
+    .venv/bin/python -m bench.lab.affinity [--conversations 24] [--turns 5] [--parallel 8] [--think 4] [--reps 2]
         [--factor 125] [--queue-timeout S]
 
 bench/RESULTS.md's figures: --conversations 36 --turns 5 --parallel 28 --think 4 --queue-timeout 600 --reps 2.
@@ -36,11 +36,10 @@ from pathlib import Path
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from lab.fleet import load_state
+from voltafleet import gateway
 
-from lab.fleet import load_state  # noqa: E402
-from voltafleet import gateway  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 URL = "http://127.0.0.1:18800"
 SYSTEM = ("You are the support assistant of a company that runs fleets of GPU servers for language models. "

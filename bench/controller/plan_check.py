@@ -3,7 +3,7 @@
 then the lab's own configuration back (a plain deploy). Prints predicted vs measured seconds
 (total and per run) and the error; the raw pairs go to reports/plan-check.json.
 
-    .venv/bin/python bench/plan_check.py [--cases flag-b1 flag-b2 model-b1 model-b2]
+    .venv/bin/python -m bench.controller.plan_check [--cases flag-b1 flag-b2 model-b1 model-b2]
 
 Cases: a flag change (`server_ctx_checkpoints: 16`: every instance restarts) and a model change
 (the same tiny model under another URL: a download and a restart everywhere), each with the
@@ -21,10 +21,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from lab.fleet import load_state
 
-from lab.fleet import load_state  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def variables(case: str) -> dict:

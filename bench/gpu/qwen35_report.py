@@ -1,11 +1,11 @@
 """Print the Qwen3.6-27B-shape H200 tables from the recorded runs (bench/records/qwen35-h200-run*.json).
 
-    .venv/bin/python bench/qwen35_report.py
+    .venv/bin/python -m bench.gpu.qwen35_report
 """
 import json
 from pathlib import Path
 
-B = Path(__file__).resolve().parent / "records"
+B = Path(__file__).resolve().parents[1] / "records"
 runs = [json.loads((B / f"qwen35-h200-run{i}.json").read_text()) for i in (1, 2, 3)]
 bw = json.loads((B / "qwen35-h200-bandwidth.json").read_text())["read_plus_write_GBps"]
 weights_gb = 14171.76 * 2**20 / 1e9  # CUDA0 model buffer: what every decode step reads

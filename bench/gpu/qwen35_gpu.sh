@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The H200 pipeline for the real Qwen3.6-27B shape (bench/qwen35_prep.py packs .gpuwork).
+# The H200 pipeline for the real Qwen3.6-27B shape (bench/gpu/qwen35_prep.py packs .gpuwork).
 # Runs detached (setsid) so that several device calls can poll it: everything it finds
 # goes to $RES (default /tmp/res); each call copies $RES into its own $OUT.
 #   facts -> CUDA build through voltafleet's build script (background)
-#         -> sparse full-shape models (Q4_K_S, Q4_K_S + MTP, Q8_0) -> bench/qwen35_bench.py
+#         -> sparse full-shape models (Q4_K_S, Q4_K_S + MTP, Q8_0) -> bench/gpu/qwen35_bench.py
 set -u
 export PYTHONUNBUFFERED=1
 W=$(cd "$(dirname "$0")" && pwd)

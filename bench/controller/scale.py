@@ -1,10 +1,10 @@
 """The controller's cost per host: a converged no-op `pyinfra -y` run of deploy.py on N
-simulated V100 hosts (bench/scale_inventory.py: pyinfra's fake connector answering every
+simulated V100 hosts (bench/controller/scale_inventory.py: pyinfra's fake connector answering every
 fact of a converged 8-GPU host, the real inventory loader, group_vars and deploy.py) plus
 one HAProxy gateway. No SSH; the model's GGUF header (the real Qwen3.6-27B tensor table and
 a vocabulary of its size, ~7 MiB) is served over HTTP Range from this process.
 
-    nice -n 10 .venv/bin/python bench/scale.py --hosts 10 100 [--compilers 2] [--json out.json] [--profile /tmp/p]
+    nice -n 10 .venv/bin/python -m bench.controller.scale --hosts 10 100 [--compilers 2] [--json out.json] [--profile /tmp/p]
 
 Prints per N: wall time, the pyinfra process's CPU seconds (user+sys: on a shared machine
 the wall time says little) and per host, its peak RSS, operations and remote commands per
@@ -27,7 +27,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HEADER_FIXTURE = REPO / "tests" / "fixtures" / "gguf" / "qwen35-27b-q4ks.json"
 
 
@@ -117,7 +117,6 @@ def child(out_path: str, argv: list[str]) -> None:
     import atexit
     import resource
 
-    sys.path.insert(0, str(REPO))
     from pyinfra.api import host as host_mod
     from pyinfra.connectors.fake import FakeConnector
     from pyinfra.context import ctx_host, ctx_state
@@ -172,11 +171,11 @@ def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int
                                                                "model_url": mirror.url, "header": str(header)}),
                "VOLTAFLEET_REPORT_DIR": str(Path(tmp) / "reports"),
                "VOLTAFLEET_RELEASE_CACHE": str(Path(tmp) / "releases")}
-        argv = ["-y", "bench/scale_inventory.py", "deploy.py"] + (["--parallel", str(parallel)] if parallel else [])
+        argv = ["-y", "bench/controller/scale_inventory.py", "deploy.py"] + (["--parallel", str(parallel)] if parallel else [])
         prof = ["-m", "cProfile", "-o", f"{profile}.{n}"] if profile else []
         t0 = time.monotonic()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        proc = subprocess.run([sys.executable, *prof, __file__, "--child", str(out), "--", *argv], cwd=REPO, env=env,
+        proc = subprocess.run([sys.executable, *prof, "-m", "bench.controller.scale", "--child", str(out), "--", *argv], cwd=REPO, env=env,
                               capture_output=True, text=True)
         wall = time.monotonic() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)

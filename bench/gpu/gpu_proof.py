@@ -1,10 +1,10 @@
 """The GPU proof at HEAD in one command: pack, run on a GPU machine, report.
 
-    .venv/bin/python bench/gpu_proof.py pack [DEST]      # sources + every argv into DEST (< 64 MiB)
-    bash DEST/gpu_proof.sh                                 # on the GPU machine (no network needed)
-    .venv/bin/python bench/gpu_proof.py report RESULTS.json  # the tables of bench/RESULTS.md
-    .venv/bin/python bench/gpu_proof.py report32 RESULTS.json  # issue 32's table (the thinking budget)
-    .venv/bin/python bench/gpu_proof.py all                # a GPU host with this checkout: all three
+    .venv/bin/python -m bench.gpu.gpu_proof pack [DEST]            # sources + every argv into DEST (< 64 MiB)
+    bash DEST/gpu_proof.sh                                       # on the GPU machine (no network needed)
+    .venv/bin/python -m bench.gpu.gpu_proof report RESULTS.json    # the tables of bench/RESULTS.md
+    .venv/bin/python -m bench.gpu.gpu_proof report32 RESULTS.json  # issue 32's table (the thinking budget)
+    .venv/bin/python -m bench.gpu.gpu_proof all                    # a GPU host with this checkout: all three
 
 The pack holds llama.cpp at the pinned commit (a one-commit bare git repository made from the
 llama-cpp-python sdist's vendor/llama.cpp: `pip download`, sha256 pinned in lab/fleet.py),
@@ -26,17 +26,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.gpu.groups import group_cfg
+from lab.fleet import SDIST_NAME, SDIST_SHA256, SDIST_VERSION
+from voltafleet import hostplan
+from voltafleet.flags import server_args
 
-import yaml  # noqa: E402
-
-from lab.fleet import SDIST_NAME, SDIST_SHA256, SDIST_VERSION  # noqa: E402
-from voltafleet import hostplan  # noqa: E402
-from voltafleet.flags import server_args  # noqa: E402
-
-from bench.groups import group_cfg  # noqa: E402,F401 (also imported from here by the tests)
-
+REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 TOOLKIT = "13.0"        # the H200 machine's nvcc; nvcc 13 cannot build sm_70 (the V100 groups use 12.x)
 ARCH = 90
@@ -222,9 +217,9 @@ def plan27() -> dict:
 
 
 def plan_tune29(**kw) -> dict:
-    """Issue 29: the v100_32gb group's tune settings (bench/tune29.py), planned for a V100-32GB
+    """Issue 29: the v100_32gb group's tune settings (bench/gpu/tune29.py), planned for a V100-32GB
     from the 27B's header (tests/fixtures/gguf: the shape-exact file's); kw: plan29's workload, names."""
-    from bench.tune29 import plan29
+    from bench.gpu.tune29 import plan29
     from voltafleet.gguf_header import from_json
 
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
@@ -234,8 +229,8 @@ def plan_tune29(**kw) -> dict:
 
 def plan_tune29b() -> dict:
     """Issue 29, second run: the shipped setting against the first run's winner, with the
-    workload's follow-ups reaching the server (bench/tune29.py FOLLOWUP_WORKLOAD)."""
-    from bench.tune29 import FOLLOWUP_SETTINGS, FOLLOWUP_WORKLOAD
+    workload's follow-ups reaching the server (bench/gpu/tune29.py FOLLOWUP_WORKLOAD)."""
+    from bench.gpu.tune29 import FOLLOWUP_SETTINGS, FOLLOWUP_WORKLOAD
 
     return plan_tune29(workload=FOLLOWUP_WORKLOAD, names=FOLLOWUP_SETTINGS)
 
@@ -436,7 +431,7 @@ def sdist_checkout(cache: Path = SDIST_CACHE, sha256: str = SDIST_SHA256) -> Pat
 
 def build_script_line(pack_dir: str, targets) -> tuple[str, str]:
     """(a shell line that runs vf-build-release.sh from pack_dir, the fingerprint): for the
-    older pipelines (bench/gpu_run.sh, bench/qwen35_gpu.sh), which run it as build.sh."""
+    older pipelines (bench/gpu/gpu_run.sh, bench/gpu/qwen35_gpu.sh), which run it as build.sh."""
     b = build_plan(pack_dir, targets)
     return "bash " + " ".join(shlex.quote(a) for a in b["argv"]), b["fingerprint"]
 
@@ -463,12 +458,21 @@ def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT,
     shutil.copy(REPO / "roles/llama_cpp/files/vf-build-release.sh", dest)
 
 
+# What the GPU machine runs with python3 (stdlib only), each at its repository path so that it imports
+# there as here: `PYTHONPATH=DEST python3 -m bench.gpu.proof_bench`.
+MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py",
+                   "bench/gpu/voltarule.py", "voltafleet/__init__.py", "voltafleet/smoke_client.py",
+                   "voltafleet/workload.py")
+
+
 def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict:
     """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json)."""
     pack_sources(dest, checkout, commit)
-    for f in ("lab/qwen35gen.py", "bench/gpu_proof.sh", "bench/proof_bench.py", "bench/qwen35_bench.py",
-              "bench/voltarule.py", "voltafleet/smoke_client.py", "voltafleet/workload.py", "bench/tune29.py"):
+    for f in ("lab/qwen35gen.py", "bench/gpu/gpu_proof.sh"):
         shutil.copy(REPO / f, dest)
+    for f in MACHINE_SOURCES:
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / f, dest / f)
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
             "tune29b": plan_tune29b(), **plan38(), **plan41()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -487,7 +491,7 @@ def main(argv: list[str]) -> int:
         print(f"on the GPU machine: bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
         return 0
     if cmd == "report":
-        from bench import proof_report
+        from bench.gpu import proof_report
         print(proof_report.report(json.loads(Path(argv[1]).read_text())))
         return 0
     if cmd == "report38":

@@ -1,6 +1,6 @@
 """Make a non-Volta NVIDIA GPU take Volta's exact kernel choice (issue 27); stdlib only.
 
-Applied by bench/gpu_proof.sh to the pinned llama.cpp source on the GPU machine only (never
+Applied by bench/gpu/gpu_proof.sh to the pinned llama.cpp source on the GPU machine only (never
 to a fleet's build), after the stock build, then two objects are rebuilt. Two hunks:
 
 1. ggml-cuda/mmq.cu, ggml_cuda_should_use_mmq: a card with Turing's int8 MMA returns true
@@ -18,7 +18,7 @@ What stays Hopper's: the kernels themselves (MMQ uses int8 MMA here, dp4a on Vol
 flash-attention kernels are Hopper's, not Volta's MMA/TILE/VEC; cuBLAS picks Hopper GEMMs),
 clocks, bandwidth and the CUDA context. Memory follows the choice; speed does not transfer.
 
-    python3 voltarule.py SRC_DIR      # patch in place, print the diff; exit 1 if an anchor moved
+    python3 bench/gpu/voltarule.py SRC_DIR      # patch in place, print the diff; exit 1 if an anchor moved
 """
 from __future__ import annotations
 

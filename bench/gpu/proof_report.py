@@ -1,6 +1,6 @@
 """Tables of the GPU proof (issue 19) from its raw record (bench/records/proof19/results.json).
 
-    .venv/bin/python bench/proof_report.py [bench/records/proof19/results.json]
+    .venv/bin/python -m bench.gpu.proof_report [bench/records/proof19/results.json]
 
 Every figure is the median of the 3 runs of one session with min-max; each ratio's two sides
 come from the same session. TTFT percentiles: nearest rank over the streams of a round
@@ -16,10 +16,9 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from voltafleet.smoke_client import percentile
 
-from voltafleet.smoke_client import percentile  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 RECORD = REPO / "bench" / "records" / "proof19" / "results.json"
 

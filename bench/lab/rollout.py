@@ -5,7 +5,7 @@ re-run time, and the compile time on each host (from the build logs' timestamps)
 the build strategy given. `--cold` empties the compiler cache for the first rollout
 (and puts it back afterwards), so compile times are those of a fresh fleet.
 
-    .venv/bin/python bench/rollout.py --hosts 1 3 --strategy shared per_host [--cold]
+    .venv/bin/python -m bench.lab.rollout --hosts 1 3 --strategy shared per_host [--cold]
 """
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from lab import fleet
+from tests.lab.helpers import compiled_here, deploy, lab, ssh
 
-from lab import fleet  # noqa: E402
-from tests.lab.helpers import compiled_here, deploy, lab, ssh  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def timed(fn):

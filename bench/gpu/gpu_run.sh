@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (see bench/gpu_prep.py): facts, the CUDA build through
+# Runs on the lent GPU machine (see bench/gpu/gpu_prep.py): facts, the CUDA build through
 # voltafleet's build script, nvcc 13 asked for sm_70, a qwen2 model quantized to Q4_K_S
 # and Q8_0, llama-server loads at several ctx/KV settings (memory measured), smoke client.
 set -u

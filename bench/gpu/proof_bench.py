@@ -12,7 +12,11 @@ Phases (each appends raw records to RES/results.json, saved after every step):
                budgets 0/256/1024 and unbounded, at 1 and 16 clients over kept-alive connections:
                every reasoning and content chunk's arrival kept
 
-    python3 proof_bench.py --plan plan.json --bin BIN [--cublas-bin BIN] --models DIR --res DIR --phases ...
+    PYTHONPATH=PACK python3 -m bench.gpu.proof_bench --plan plan.json --bin BIN [--cublas-bin BIN] --models DIR \
+        --res DIR --phases ...
+
+PACK: bench/gpu/gpu_proof.py's pack, which holds this module, qwen35_bench and voltafleet's smoke client and
+workload at their repository paths (gpu_proof.MACHINE_SOURCES).
 """
 from __future__ import annotations
 
@@ -24,10 +28,11 @@ import re
 import select
 import socket
 import subprocess
+import sys
 import threading
 import time
 
-from qwen35_bench import KEEP, Run, Server, complete, gpu_mem, prompt_ids, say
+from bench.gpu.qwen35_bench import KEEP, Run, Server, complete, gpu_mem, prompt_ids, say
 
 
 class Sampler:
@@ -333,7 +338,7 @@ class Proof27(Proof):
         """The smoke client's probes (voltafleet/smoke_client.py, as shipped to hosts), greedy, 3 times
         each, on both builds: the 27B shape at the v100_16gb argv, and a random-weight qwen35
         (lab/qwen35gen.py --dense, quantized to Q8_0: MMQ-capable, so the 64+ rule applies)."""
-        import smoke_client as smoke  # the host-side client, as shipped
+        from voltafleet import smoke_client as smoke  # the host-side client, as shipped
         pr = self.plan["probe"]
         out = self.results.setdefault("probe", [])
         tiny = os.path.join(self.a.models, "tiny-q8_0.gguf")
@@ -356,12 +361,50 @@ class Proof27(Proof):
 
 
 class Proof29(Proof27):
-    """Issue 29: the v100_32gb group's tune settings, each with the group's workload (tune29.py)."""
+    """Issue 29: the v100_32gb group's tune settings (planned by tune29.py), each with the group's workload."""
 
     def tune29(self, key: str = "tune29"):
-        from tune29 import run29
+        """Each fitting setting's server, its GPU's memory once loaded (/health answered, before any
+        request: `loaded_mib`, the CUDA context the calibration reads), the golden probe, then the
+        workload (plan[key]: voltafleet/workload.py, as shipped to hosts); records appended to results[key]."""
+        from voltafleet import workload  # run as a script, as shipped to hosts
 
-        run29(self, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py"), key)
+        workload_py = os.path.abspath(workload.__file__)
+        plan = self.plan[key]
+        out = self.results.setdefault(key, [])
+        for item in plan["settings"]:
+            r = {k: item[k] for k in ("name", "values", "build", "fits", "refusal", "planned_mib", "planned_static_mib")}
+            if not item["fits"]:
+                r.update(status="refused", reps=[])
+                out.append(r)
+                self.save()
+                continue
+            t0 = time.time()
+            s = self.server(item["build"], "tune-" + item["name"].replace(" ", "_"), item["args"])
+            r.update(args=s.args, healthy=s.ok, load_s=s.load_s)
+            try:
+                if s.ok:
+                    time.sleep(1)  # as the VRAM proof reads after-load (peak_of); memory.used as the peaks
+                    r["loaded_mib"] = gpu_mem().get("gpu_used_mib")
+                    from voltafleet import smoke_client as smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
+
+                    pr = self.plan["probe"]
+                    r["probe_tokens"] = smoke.probe(self.port, None, pr["short"], pr["tokens"])["tokens"]
+                    cmd = [sys.executable, workload_py, "--port", str(self.port), "--gpu", "0", *plan["workload"]]
+                    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+                    got = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+                    r.update(status="measured" if got else "failed", reps=got["reps"] if got else [],
+                             after_load_mib=got["after_load_mib"] if got else None,
+                             reason="" if got else (done.stderr.strip().splitlines() or ["no output"])[-1][:300])
+                else:
+                    r.update(status="failed", reps=[], reason="the server did not start")
+            finally:
+                s.stop()
+            r["seconds"] = round(time.time() - t0, 1)
+            r["log"] = self.loglines(s)
+            out.append(r)
+            self.save()
+            say(key, item["name"], r["status"], [(x.get("throughput_tps"), x.get("followups")) for x in r.get("reps", [])])
 
 
 # ------------------------------------------------------------ issue 32: the thinking budget
@@ -588,7 +631,7 @@ class Proof38(Proof32):
         requests, the memory after it, the repetition's peak and the checkpoints the log shows."""
         import random
 
-        import workload
+        from voltafleet import workload
 
         out = self.results.setdefault("host38", [])
         t = self.plan["host38"]

@@ -6,7 +6,7 @@ gets it and its VRAM plan for a V100-32GB (32,768 MiB; a setting that does not f
 refused, never run), and the build it runs on: the shipped FORCE_MMQ release (`mmq`), or for the
 build-variant setting the Volta-rule release (`volta`).
 
-The GPU side (`run29`, phase tune29 of proof_bench.py): each setting's server, its GPU's memory
+The GPU side (phase tune29 of proof_bench.py, Proof29.tune29): each setting's server, its GPU's memory
 once loaded (`loaded_mib`, since issue 38: runs 1 and 2 have only the workload's `after_load_mib`,
 read after the golden probe's request), then the group's workload (voltafleet/workload.py, as
 shipped to hosts: tune_* of group_vars/all.yml) on it, tune_repetitions times; the records go to
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 V100_32GB_MIB = 32768
@@ -56,49 +54,6 @@ def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD
     w = tune.Workload.of(cfg)
     return {"settings": out, "workload": w.argv(), "repetitions": w.repetitions, "gpu_mib": V100_32GB_MIB,
             "objective_ttft_p99_ms": cfg["tune_max_ttft_p99_ms"], "headroom_mib": cfg["tune_headroom_mib"]}
-
-
-def run29(proof, workload_py: str, key: str = "tune29") -> None:
-    """On the GPU machine: each fitting setting's server, its GPU's memory once loaded (/health
-    answered, before any request: `loaded_mib`, the CUDA context the calibration reads), the
-    golden probe, then the workload (plan[key]); records appended to results[key]."""
-    from qwen35_bench import gpu_mem, say
-
-    plan = proof.plan[key]
-    out = proof.results.setdefault(key, [])
-    for item in plan["settings"]:
-        r = {k: item[k] for k in ("name", "values", "build", "fits", "refusal", "planned_mib", "planned_static_mib")}
-        if not item["fits"]:
-            r.update(status="refused", reps=[])
-            out.append(r)
-            proof.save()
-            continue
-        t0 = time.time()
-        s = proof.server(item["build"], "tune-" + item["name"].replace(" ", "_"), item["args"])
-        r.update(args=s.args, healthy=s.ok, load_s=s.load_s)
-        try:
-            if s.ok:
-                time.sleep(1)  # as the VRAM proof reads after-load (proof_bench.peak_of); memory.used as the peaks
-                r["loaded_mib"] = gpu_mem().get("gpu_used_mib")
-                import smoke_client as smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
-
-                pr = proof.plan["probe"]
-                r["probe_tokens"] = smoke.probe(proof.port, None, pr["short"], pr["tokens"])["tokens"]
-                cmd = [sys.executable, workload_py, "--port", str(proof.port), "--gpu", "0", *plan["workload"]]
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-                got = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-                r.update(status="measured" if got else "failed", reps=got["reps"] if got else [],
-                         after_load_mib=got["after_load_mib"] if got else None,
-                         reason="" if got else (done.stderr.strip().splitlines() or ["no output"])[-1][:300])
-            else:
-                r.update(status="failed", reps=[], reason="the server did not start")
-        finally:
-            s.stop()
-        r["seconds"] = round(time.time() - t0, 1)
-        r["log"] = proof.loglines(s)
-        out.append(r)
-        proof.save()
-        say(key, item["name"], r["status"], [(x.get("throughput_tps"), x.get("followups")) for x in r.get("reps", [])])
 
 
 def trials(records: list[dict], followups_sent: bool = True):
@@ -138,7 +93,7 @@ def machine(run: Path) -> dict:
             "gpu": {"name": name, "driver": driver, "memory_mib": int(mib), "judged_as_mib": V100_32GB_MIB},
             "llama_cpp": {"commit": commit, "builds": "mmq: Volta rule + FORCE_MMQ (shipped); volta: Volta rule"},
             "model_sha256": None, "model": "the shape-exact Qwen3.6-27B Q4_K_S with zero weights (qwen35gen.py)",
-            "records": os.path.relpath(run.resolve(), Path(__file__).resolve().parents[1])}
+            "records": os.path.relpath(run.resolve(), Path(__file__).resolve().parents[2])}
 
 
 def document(records: list[dict], cfg: dict, meta: dict, followups_sent: bool = True) -> str:
@@ -149,9 +104,8 @@ def document(records: list[dict], cfg: dict, meta: dict, followups_sent: bool = 
     return tune.document(GROUP, tune.winner(ts, cfg, V100_32GB_MIB), ts, cfg, meta, V100_32GB_MIB)
 
 
-if __name__ == "__main__":  # python bench/tune29.py RESULTS.json [--tuned]: the table, or the tuned file
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.groups import group_cfg
+if __name__ == "__main__":  # python -m bench.gpu.tune29 RESULTS.json [--tuned]: the table, or the tuned file
+    from bench.gpu.groups import group_cfg
 
     path = Path(sys.argv[1])
     results = json.loads(path.read_text())

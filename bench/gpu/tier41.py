@@ -2,7 +2,7 @@
 tier as shipped against the latency tier (2 slots, the MTP-carrying file) without speculation and
 at MTP draft depths 1-3, every figure the median of 3 repetitions. Pure: no pyinfra.
 
-    .venv/bin/python bench/tier41.py bench/records/tier41/results.json
+    .venv/bin/python -m bench.gpu.tier41 bench/records/tier41/results.json
 
 Single stream: the server's decode rate (`predicted_per_second`), the client's rate (tokens over
 the request's span less the server's prompt time, as the smoke test reads it) and TTFT (512-token
@@ -21,9 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from voltafleet import smoke_client  # noqa: E402
+from voltafleet import smoke_client
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)  # per-draft acceptance rates to read the model at
 

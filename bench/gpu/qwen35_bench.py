@@ -1,12 +1,14 @@
 """Loads, VRAM, throughput, prompt reuse and MTP for the Qwen3.6-27B shape (a script, not a test).
 
-Runs where llama-server runs (the H200 box via bench/qwen35_gpu.sh, or any host with a
+Runs where llama-server runs (the H200 box via bench/gpu/qwen35_gpu.sh, or any host with a
 llama-server for a dry run on a small model). Python stdlib only. Every llama-server
-argv comes from plan.json (rendered by voltafleet.flags.server_args in bench/qwen35_prep.py);
+argv comes from plan.json (rendered by voltafleet.flags.server_args in bench/gpu/qwen35_prep.py);
 MODEL in an argv is replaced by the model file. Results go to RES/results.json after
 every step, so a run cut short still leaves what it measured.
 
     python3 qwen35_bench.py --plan plan.json --bin BINDIR --models DIR --res DIR [--phases ladder,bench,...]
+
+(in the folder bench/gpu/qwen35_prep.py packs, a copy beside qwen35_gpu.sh: it imports nothing of the project)
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""A group's variables as a host of it gets them, for the GPU runs' argv (bench/gpu_proof.py,
-bench/tune29.py): all.yml, then group_vars/<group>.yml."""
+"""A group's variables as a host of it gets them, for the GPU runs' argv (bench/gpu/gpu_proof.py,
+bench/gpu/tune29.py): all.yml, then group_vars/<group>.yml."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def group_cfg(group: str) -> dict:

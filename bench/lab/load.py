@@ -5,7 +5,7 @@ requests in turn. For tests
 and for the numbers of a rollout: requests served, failed, cut, refused busy, and TTFT
 percentiles.
 
-    .venv/bin/python bench/load.py --url http://127.0.0.1:18800 --clients 8 --seconds 60 \
+    .venv/bin/python -m bench.lab.load --url http://127.0.0.1:18800 --clients 8 --seconds 60 \
         [--client httpx|openai] [--during "python -m rollout inventory/lab.py --batch 1"]
 
 Outcomes are told apart: `cut` is a stream that started and broke (an instance that crashed

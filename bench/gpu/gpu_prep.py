@@ -1,24 +1,22 @@
-"""Prepare .device/ for bench/gpu_run.sh (the qwen2 stand-ins of issue 3) on a GPU machine
-without network. The current proof is bench/gpu_proof.py; this keeps the older run reproducible.
+"""Prepare .device/ for bench/gpu/gpu_run.sh (the qwen2 stand-ins of issue 3) on a GPU machine
+without network. The current proof is bench/gpu/gpu_proof.py; this keeps the older run reproducible.
 
-Carries: llama.cpp at the pin, gguf-py and the Qwen2 vocab from the same tree (bench/gpu_proof.py's
+Carries: llama.cpp at the pin, gguf-py and the Qwen2 vocab from the same tree (bench/gpu/gpu_proof.py's
 pack_sources), voltafleet's build script with its argv (build.sh), the fact commands of
 roles/facts.py, the server flags of voltafleet.flags, the smoke client and the model writer.
 
-    .venv/bin/python bench/gpu_prep.py    # then: device run with carry [".device"]
+    .venv/bin/python -m bench.gpu.gpu_prep    # then: device run with carry [".device"]
 """
 import json
 import shutil
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.gpu.gpu_proof import COMMIT, TOOLKIT, build_script_line, group_cfg, pack_sources
+from roles import facts
+from voltafleet import fingerprint as fpmod
+from voltafleet.flags import server_args
 
-from bench.gpu_proof import COMMIT, TOOLKIT, build_script_line, group_cfg, pack_sources  # noqa: E402
-from roles import facts  # noqa: E402
-from voltafleet import fingerprint as fpmod  # noqa: E402
-from voltafleet.flags import server_args  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 OUT = REPO / ".device"
 # Planner truth-check configs: (name, ctx, parallel, K type, V type)

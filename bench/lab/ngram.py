@@ -2,7 +2,7 @@
 with and without `server_spec_ngram`, tok/s and the draft acceptance rate, for two kinds of text:
 an editing task that repeats its input, and free prose.
 
-    .venv/bin/python bench/ngram.py [--types ngram-mod ngram-simple] [--runs 3] [--tokens 192]
+    .venv/bin/python -m bench.lab.ngram [--types ngram-mod ngram-simple] [--runs 3] [--tokens 192]
 
 Each mode is a real deploy of the lab fleet (Gemma on every host, the mode's flags rendered by
 voltafleet); requests go straight to one instance (loopback), one at a time, greedy, prompt cache
@@ -24,10 +24,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from lab.fleet import load_state
 
-from lab.fleet import load_state  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 PARAGRAPH = (
     "Our fleet runs old servers with eight GPUs each. Every server gets the same driver, the same "

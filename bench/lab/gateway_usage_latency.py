@@ -2,8 +2,8 @@
 streamed chat answers straight to a llama-server and through the gateway, in turn, round after
 round; time to first token (TTFT) and the gap between tokens, median and p95 of each.
 
-    .venv/bin/python bench/gateway_usage_latency.py --local            # this machine: llama-server + HAProxy
-    .venv/bin/python bench/gateway_usage_latency.py --direct http://127.0.0.1:18010 \
+    .venv/bin/python -m bench.lab.gateway_usage_latency --local            # this machine: llama-server + HAProxy
+    .venv/bin/python -m bench.lab.gateway_usage_latency --direct http://127.0.0.1:18010 \
         --gateway http://127.0.0.1:18800 --key "$TEAM_KEY"                # any fleet reached on loopback
 
 --local starts the pinned llama-server and three gateways in front of it from the project's
@@ -25,7 +25,6 @@ from urllib.parse import urlparse
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
 ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
 MESSAGES = [{"role": "user", "content": "Tell me about load balancers."}]
 
@@ -105,7 +104,6 @@ def local_targets(tmp: Path, streams: int):
     """The harness's llama-server and gateway, and a second gateway without the filter line."""
     import subprocess
 
-    sys.path.insert(0, str(REPO))
     from tests.gateway_local import harness
     from voltafleet import teams
 
