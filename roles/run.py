@@ -14,13 +14,13 @@ from gevent.lock import Semaphore
 from pyinfra import host, inventory, logger
 from pyinfra.api.exceptions import PyinfraError
 
-from voltafleet import outcome
 from voltafleet.config import SCHEMA, ConfigError, cli_sources, validate_values
 from voltafleet.fleetplan import FleetPlan
 from voltafleet.groupvars import SOURCES_KEY
 from voltafleet.lock import FleetLock, LockHeld
 from voltafleet.once import Once
-from voltafleet.runctx import RunContext
+from voltafleet.records import Outcome
+from voltafleet.runctx import RunContext, RunDir
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,12 +83,12 @@ def report_dir(cfg: dict) -> Path:
     return d if d.is_absolute() else REPO / d
 
 
-def record(cfg: dict, name: str, status: str, reason: str = "", **fields) -> outcome.HostOutcome:
+def record(cfg: dict, name: str, status: str, reason: str = "", **fields) -> Outcome:
     """Write this run's outcome record for host `name` (the driver's only source of a verdict)."""
     ctx = run_context()
-    rec = outcome.HostOutcome(host=name, run=ctx.run, status=status, reason=reason, rollout=ctx.rollout,
-                              batch=ctx.batch, time=time.time(), **fields)
-    outcome.write(report_dir(cfg), rec)
+    rec = Outcome(host=name, run=ctx.run, status=status, reason=reason, rollout=ctx.rollout,
+                  batch=ctx.batch, time=time.time(), **fields)
+    RunDir(report_dir(cfg)).write(rec)
     return rec
 
 

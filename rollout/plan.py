@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from voltafleet import dryrun, fleetplan, refs, runctx
+from voltafleet import dryrun, fleetplan, records, refs, runctx
 
 from rollout.fleet import Fleet, Session
 from rollout.runner import REPO, Runner, say
@@ -25,8 +25,9 @@ def dry_run(args, fleet: Fleet, runner: Runner, batches: list, canary: list) -> 
     log = s.run_dir / "plan.log"
     say(f"plan: {len(servers)} server host(s), gateway: {', '.join(gateways) or 'none'}; batches: "
         + " | ".join(", ".join(b) for b in batches) + "; reading facts (nothing changes)")
-    runner.run(servers if args.no_gateway else None, s.ctx("plan", record_probe=args.record_probe), log, echo=False)
-    changes = {h: dryrun.read(s.run_dir, h) or dryrun.refused(
+    ctx = s.ctx("plan", record_probe=args.record_probe)
+    runner.run(servers if args.no_gateway else None, ctx, log, echo=False)
+    changes = {h: s.records.read(records.Plan, h, ctx.run) or dryrun.refused(
         h, [f"no plan record: unreachable, or the plan run failed on it (see {log})"]) for h in servers}
     report = plan_report(s, fleet, changes, batches, canary, gateways)
     report["log"] = str(log)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voltafleet import fleetplan, metrics, outcome, refs, rolling
+from voltafleet import fleetplan, metrics, records, refs, rolling
 
 from rollout.fleet import Fleet, Session
 from rollout.runner import REPO, Runner, say
@@ -82,7 +82,7 @@ class Rollout:
         if self.timed("preflight", servers if self.args.no_gateway else None, ctx) != 0:
             say("preflight refused the rollout: no host was changed")
             return False
-        entries = [fleetplan.ServerEntry.of(s.records.read("preflight", h, run=ctx.run)) for h in servers]
+        entries = [records.entry(s.records.read(records.Preflight, h, ctx.run)) for h in servers]
         if any(e is None for e in entries):
             say("preflight wrote no plan for " + ", ".join(h for h, e in zip(servers, entries) if e is None)
                 + ": no host was changed")
@@ -128,10 +128,10 @@ class Rollout:
         ctx = s.ctx("batch", batch=str(n), record_probe=self.args.record_probe and n == 0)
         rc = self.timed(f"batch-{n}", batch + self.gateways, ctx, label=what)
         log = s.run_dir / f"batch-{n}.log"
-        records = {h: outcome.read(s.run_dir, h, ctx.run) for h in batch}
-        for r in rolling.batch_results(n, batch, records, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)
-                                                                   else log)):
-            if it.forced and r.status == "failed" and records.get(r.host) is None:
+        got = {h: s.records.read(records.Outcome, h, ctx.run) for h in batch}
+        for r in rolling.batch_results(n, batch, got, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)
+                                                               else log)):
+            if it.forced and r.status == "failed" and got.get(r.host) is None:
                 r.status, r.detail = "interrupted", (f"its pyinfra run was stopped ({it.why_forced()}) before its "
                                                      "outcome: instances may be out of rotation until the next run")
             self.results[r.host] = r

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from voltafleet import profile, refs, runctx
+from voltafleet import profile, records, refs, runctx
 from voltafleet import tune as tunemod
 
 from rollout.fleet import Fleet, run_directory
@@ -86,15 +86,15 @@ class Tune:
         over.write_text(yaml.safe_dump({"tune_profile_hours": hours}))
         ctx = replace(self.base, phase="profile", run=runctx.new_id(), vars_file=str(over))
         rc = self.pyinfra(ctx, "profile", "profile")
-        got = {h: self.records.read("profile", h, run=ctx.run) for h in [host] + gateways}
-        missing = [h for h, r in got.items() if r is None or not r["ok"]]
+        got = {h: self.records.read(records.Profile, h, ctx.run) for h in [host] + gateways}
+        missing = [h for h, r in got.items() if r is None or not r.ok]
         if missing:
             say(f"--tune: could not read the logs of {', '.join(missing)} (pyinfra exit {rc}; see "
                 f"{self.run_dir / 'profile.log'}): no profile, nothing changed")
             return False
         try:
-            values, source = profile.workload(profile.requests(got[host]["lines"]),
-                                              profile.in_flight([ln for g in gateways for ln in got[g]["lines"]], host),
+            values, source = profile.workload(profile.requests(got[host].lines),
+                                              profile.in_flight([ln for g in gateways for ln in got[g].lines], host),
                                               hours)
         except profile.ProfileError as e:
             say(f"--tune: {host}: {e}")
@@ -127,24 +127,17 @@ class Tune:
         ctx = replace(self.base, phase="tune", run=runctx.new_id(), batch=f"trial-{n}", vars_file=str(over))
         t1 = time.time()
         rc = self.pyinfra(ctx, f"trial-{n}", setting.name)
-        rec = self.records.read("tune", self.host, run=ctx.run)
-        trial = self.trials[-1] = tunemod.Trial.of(setting, rec or {}, seconds=round(time.time() - t1, 1))
+        rec = self.records.read(records.Tune, self.host, ctx.run)
+        trial = self.trials[-1] = tunemod.Trial.of(setting, rec, seconds=round(time.time() - t1, 1))
         if rec is not None:
-            self.gpu = rec.get("gpu") or self.gpu
-        else:
-            trial.status, trial.reason = self.unmeasured(rc, over.with_suffix(".log"))
+            self.gpu = rec.gpu or self.gpu
+        else:  # refused (its preflight record says why) or failed: never read from the run's output
+            trial.status, trial.reason = tunemod.unmeasured(self.records.read(records.Preflight, self.host, ctx.run),
+                                                            rc, over.with_suffix(".log"))
         f = trial.figures()
         say(f"trial {n + 1}: {trial.status}" + (f" ({trial.reason})" if trial.reason else "")
             + (f": {f['throughput_tps']} tok/s, TTFT p50 {f['ttft_p50_ms']} / p99 {f['ttft_p99_ms']} ms"
                if trial.status == "measured" else "") + f" in {trial.seconds} s")
-
-    def unmeasured(self, rc: int, log: Path) -> tuple[str, str]:
-        """(status, reason) of a trial that left no tune record."""
-        out = log.read_text(errors="replace") if log.exists() else ""
-        if "preflight refused" in out:
-            return "refused", next((ln.strip() for ln in out.splitlines() if self.host + ":" in ln and "Fix" not in ln),
-                                   "preflight refused it")[:200]
-        return "failed", f"no tune record (pyinfra exit {rc}; see {log})"
 
     def restore(self) -> int:
         say(f"restoring {self.host}: its group's values, back in rotation")

@@ -3,11 +3,12 @@ and measured seconds side by side, and the `plan_*` values the rollout measured.
 
     python -m voltafleet.calibrate reports/rollout-<plan id>/plan.json reports/rollout-<id>.json
 
-Where each measured value comes from (the rollout's run directory, reports/rollout-<id>/):
+Where each measured value comes from (the records in the rollout's run directory,
+reports/rollout-<id>/: voltafleet.records, never the text of the pyinfra logs):
 
-- plan_compile_s: "voltafleet: release <fp> built in N s" (vf-build-release, batch-N.log)
-- plan_model_mib_s: "voltafleet: downloading <file>: N MiB, M MiB/s" (vf-fetch-model, every 30 s)
-- plan_drain_s, plan_restart_s, plan_smoke_s: the "timings" of smoke-<host>.json (the activation role
+- plan_compile_s: each compile's seconds (build-<host>.json, `built`: vf-build-release's configure and build)
+- plan_model_mib_s: each model download's bytes over curl's seconds (fetch-<host>.json, from vf-fetch-model)
+- plan_drain_s, plan_restart_s, plan_smoke_s: the timings of smoke-<host>.json (the activation role
   times each drain, each restart until /health answers, and the smoke test)
 - plan_run_s: the preflight run's seconds (a run that only reads facts), and each batch's
   seconds minus the steps the timeline counted for it (what is left is the run's own cost)
@@ -17,35 +18,29 @@ The figures print as medians; paste them into group_vars (all.yml, or the group'
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
 
+from voltafleet.records import Build, Fetch, Smoke
 from voltafleet.runctx import RunDir
 
-BUILT = re.compile(r"voltafleet: release \S+ built in (\d+) s")
-DOWNLOAD = re.compile(r"voltafleet: downloading .*: \d+ MiB, (\d+) MiB/s")
 
-
-def log_figures(run_dir: Path) -> dict[str, list[float]]:
-    """Compile seconds and download MiB/s printed in the run's pyinfra logs."""
-    out: dict[str, list[float]] = {"compile_s": [], "model_mib_s": []}
-    for log in sorted(Path(run_dir).glob("*.log")):
-        text = log.read_text(errors="replace")
-        out["compile_s"] += [float(m) for m in BUILT.findall(text)]
-        out["model_mib_s"] += [float(m) for m in DOWNLOAD.findall(text) if int(m) > 0]
-    return out
+def build_figures(run_dir: Path) -> dict[str, list[float]]:
+    """Each compile's seconds (build records) and each model download's MiB/s (fetch records)."""
+    d = RunDir(run_dir)
+    return {"compile_s": [b.seconds for b in d.all(Build) if b.built and b.seconds is not None],
+            "model_mib_s": [round(x.mib_s, 1) for f in d.all(Fetch) for x in f.downloads if x.mib_s is not None]}
 
 
 def smoke_timings(run_dir: Path) -> dict[str, list[float]]:
     """Every drain, restart and smoke test the activation role timed (smoke-<host>.json)."""
     out: dict[str, list[float]] = {"drain_s": [], "restart_s": [], "smoke_s": []}
-    for record in RunDir(run_dir).all("smoke"):
-        t = record.get("timings") or {}
-        out["drain_s"] += t.get("drain_s") or []
-        out["restart_s"] += t.get("restart_s") or []
-        out["smoke_s"] += [t["smoke_s"]] if t.get("smoke_s") is not None else []
+    for record in RunDir(run_dir).all(Smoke):
+        t = record.timings
+        out["drain_s"] += t.drain_s
+        out["restart_s"] += t.restart_s
+        out["smoke_s"] += [t.smoke_s] if t.smoke_s is not None else []
     return out
 
 
@@ -72,7 +67,7 @@ def run_residuals(plan: dict, report: dict) -> list[float]:
 
 def suggestions(plan: dict, report: dict, run_dir: Path) -> dict[str, tuple[float, int]]:
     """{plan variable: (median, how many measurements)} of what this rollout measured."""
-    found = {**log_figures(run_dir), **smoke_timings(run_dir)}
+    found = {**build_figures(run_dir), **smoke_timings(run_dir)}
     pre = (report.get("runs") or {}).get("preflight")
     found["run_s"] = run_residuals(plan, report) + ([pre] if pre is not None else [])
     return {f"plan_{k}": (round(statistics.median(v), 1), len(v)) for k, v in found.items() if v}

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from voltafleet import timeline
 from voltafleet.hostplan import HostPlan
 from voltafleet.modelstate import is_verified
+from voltafleet.records import Plan
 from voltafleet.restarts import restart_set
 from voltafleet.runctx import RunDir
 
@@ -47,68 +48,22 @@ class Observed:
     driver: dict | None = None         # voltafleet.nvidia.driver_plan (None: cpu, or manage_driver false)
 
 
-@dataclass
-class HostChange:
-    """One host's plan record (reports/rollout-<id>/plan-<host>.json)."""
-
-    host: str
-    refusals: list = field(default_factory=list)   # preflight's refusals: the rollout would not start
-    warnings: list = field(default_factory=list)
-    fingerprint: str | None = None     # the release it should run (None: known after the toolchain)
-    release_key: str | None = None     # the fingerprint, or a stand-in of the build inputs
-    current: str | None = None         # the release it runs now
-    present: bool = False              # the release it should run is on the host
-    shared: bool = True                # llama_cpp_build_strategy: shared
-    toolchain: list = field(default_factory=list)  # installed first: "build tools", "CUDA toolkit 12.9"
-    flags: dict = field(default_factory=dict)      # {instance: ["-t 1 -> 2", ...]} of changed env files
-    unit: bool = False                 # the systemd unit changes
-    downloads: list = field(default_factory=list)  # [{"dest", "bytes"}]: model files to fetch
-    driver: str | None = None          # None: unchanged; "install", "upgrade" or "reboot"
-    driver_why: str = ""
-    driver_managed: bool = False       # a CUDA host whose driver voltafleet manages
-    restart: list = field(default_factory=list)    # instances restarted (drained, one at a time)
-    restart_why: list = field(default_factory=list)
-    retire: list = field(default_factory=list)     # instances stopped and removed
-    instances: int = 0
-    smoke: bool = True                 # smoke_enabled
-    probe: bool = True                 # smoke_probe: a converged host is probed
-    constants: dict = field(default_factory=dict)  # voltafleet.timeline.Constants of this host
-    resources: list = field(default_factory=list)  # HostPlan.resource_lines: host memory, per instance, CPU
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["flags"] = {str(k): v for k, v in self.flags.items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "HostChange":
-        known = {f.name for f in fields(cls)}
-        out = cls(**{k: v for k, v in d.items() if k in known})
-        out.flags = {int(k): v for k, v in out.flags.items()}
-        return out
+HostChange = Plan  # one host's plan record (plan-<host>.json): voltafleet.records.Plan
 
 
 def refused(host: str, reasons: list[str], resources: list[str] = ()) -> HostChange:
     return HostChange(host=host, refusals=list(reasons), resources=list(resources))
 
 
-def record_path(directory: Path, host: str) -> Path:
-    """plan-<host>.json in the run directory (a "/" of a host name such as @fake/x as "_")."""
-    return RunDir(directory).file("plan", host)
-
-
 def write(directory: Path, change: HostChange) -> Path:
     """Write a host's record atomically (the driver never reads half of one)."""
-    return RunDir(directory).write("plan", change.host, change.to_dict())
+    return RunDir(directory).write(change)
 
 
-def read(directory: Path, host: str) -> HostChange | None:
-    """The host's record, or None (missing or unreadable: the plan run did not reach it)."""
-    data = RunDir(directory).read("plan", host)
-    try:
-        return HostChange.from_dict(data) if data is not None else None
-    except (ValueError, TypeError):
-        return None
+def read(directory: Path, host: str, run: str | None = None) -> HostChange | None:
+    """The host's record (of run `run`, when given), or None (missing, unreadable or malformed:
+    the plan run did not reach it)."""
+    return RunDir(directory).read(Plan, host, run)
 
 
 # ---------------------------------------------------------------- flags

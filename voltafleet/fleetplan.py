@@ -33,8 +33,9 @@ class ServerEntry:
 
     @classmethod
     def of(cls, record: dict | None) -> "ServerEntry | None":
-        """The preflight record (RunDir "preflight") as an entry; None when there is none."""
-        if record is None:
+        """A preflight record's raw mapping (RunDir "preflight") as an entry; None when there is
+        none, or preflight refused the host. Typed: voltafleet.records.Preflight.entry."""
+        if record is None or record.get("refusals"):
             return None
         known = {f.name for f in fields(cls)}
         d = {k: v for k, v in record.items() if k in known}

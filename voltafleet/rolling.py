@@ -1,17 +1,18 @@
 """Rolling rollouts, the pure part: which hosts go in which batch, when to stop, and the
 fleet report. The driver (rollout/) runs pyinfra once per batch and feeds this module
-each host's outcome record of that run (voltafleet.outcome) and pyinfra's exit code.
+each host's outcome record of that run (voltafleet.records.Outcome) and pyinfra's exit code.
 
     >>> batches(["a", "b", "c", "d", "e"], canary=["a"], batch="50%")
     [['a'], ['b', 'c'], ['d', 'e']]
 """
 from __future__ import annotations
 
+import copy
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
-from voltafleet.outcome import NOT_FAILED, STATUSES
+from voltafleet.records import NOT_FAILED, STATUSES, Outcome
 
 
 class RollingError(ValueError):
@@ -59,46 +60,56 @@ def should_stop(results: dict[str, str], fail_percent: float, canary: list[str])
     return None
 
 
+# the fleet report's columns that come from a host's outcome record: {column: Outcome's field}
+FROM_OUTCOME = {"fingerprint": "release", "flags": "flags", "ttft_ms": "ttft_ms",
+                "ttft_p50_ms": "ttft_p50_ms",  # N concurrent streams
+                "ttft_p99_ms": "ttft_p99_ms", "single_tps": "single_tps", "aggregate_tps": "aggregate_tps",
+                "probe": "probe",  # "match", "diverged: ...", "recorded", "not run", or None
+                "restarted": "restarted",  # instances this run restarted
+                "streams_cut": "streams_cut"}  # streams a drain had to cut
+NO_OUTCOME = {"flags": [], "restarted": [], "streams_cut": 0}  # the columns of a host without a record (else None)
+
+
 @dataclass
 class HostResult:
+    """A host's row of the fleet report: its status and detail (the driver's verdict: its outcome
+    record's, unless the run says otherwise), and its outcome record of the run (None: none),
+    whose figures are the row's columns (FROM_OUTCOME), read from it, never copied."""
+
     host: str
     batch: int
     status: str = "not_run"              # one of STATUSES
-    fingerprint: str | None = None
-    flags: list = field(default_factory=list)
-    ttft_ms: float | None = None
-    ttft_p50_ms: float | None = None     # N concurrent streams
-    ttft_p99_ms: float | None = None
-    single_tps: float | None = None
-    aggregate_tps: float | None = None
-    probe: str | None = None             # "match", "diverged: ...", "recorded", "not run", or None
-    restarted: list = field(default_factory=list)  # instances this run restarted
-    streams_cut: int = 0                 # streams a drain had to cut
     detail: str = ""
+    outcome: Outcome | None = None
+
+    def __getattr__(self, name: str):
+        if name not in FROM_OUTCOME:
+            raise AttributeError(name)
+        rec = self.__dict__.get("outcome")
+        if rec is None:
+            return copy.copy(NO_OUTCOME.get(name))
+        return copy.copy(getattr(rec, FROM_OUTCOME[name]))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"host": self.host, "batch": self.batch, "status": self.status,
+                **{k: getattr(self, k) for k in FROM_OUTCOME}, "detail": self.detail}
 
 
 def batch_results(batch_no: int, hosts: list[str], records: dict, rc: int, log: str) -> list[HostResult]:
-    """Each host's verdict from its own outcome record of this run (voltafleet.outcome),
+    """Each host's verdict from its own outcome record of this run (voltafleet.records.Outcome),
     never from a default: a missing record is a failure; so is a "passed" record when
     pyinfra's exit code is non-zero and no host of the batch explains it with a failure."""
     explained = any(r is not None and r.status not in NOT_FAILED for r in records.values())
     out = []
     for name in hosts:
         rec = records.get(name)
-        r = HostResult(name, batch_no)
+        r = HostResult(name, batch_no, outcome=rec)
         if rec is None:
             r.status = "failed"
             r.detail = (f"no outcome record from this run (pyinfra exited {rc}: stopped before its smoke test, "
                         f"or unreachable; see {log})")
         else:
             r.status, r.detail = rec.status, rec.reason
-            r.fingerprint, r.flags, r.probe = rec.release, rec.flags, rec.probe
-            r.ttft_ms, r.single_tps, r.aggregate_tps = rec.ttft_ms, rec.single_tps, rec.aggregate_tps
-            r.ttft_p50_ms, r.ttft_p99_ms = rec.ttft_p50_ms, rec.ttft_p99_ms
-            r.restarted, r.streams_cut = list(rec.restarted), rec.streams_cut
             if rec.status in NOT_FAILED and rc != 0 and not explained:
                 r.status = "failed"
                 r.detail = f"pyinfra exited {rc} and no host of the batch recorded why (see {log})"

@@ -90,46 +90,54 @@ class RunDir:
     """A run directory: the only place the names of the records a run leaves are spelled.
 
     Each kind is `<kind>-<host>.json` (a "/" of a host name as "_"), written atomically with
-    the run id inside; `read` returns None for a missing, unreadable or other run's record."""
+    the run id inside. The records are typed (voltafleet.records: a kind's class has KIND, host,
+    run, to_dict and of): `write(record)`; `read(Kind, host, run)` returns the record, or None
+    for a missing, unreadable, other run's or malformed one. `read("kind", host, run)` gives the
+    raw mapping, for a reader not on the typed records yet."""
 
-    KINDS = ("preflight", "outcome", "smoke", "plan", "tune", "profile")
+    KINDS = ("preflight", "outcome", "smoke", "plan", "tune", "profile", "build", "fetch")
     FLEET_PLAN = "fleet-plan.json"
     PLAN = "plan.json"
 
     def __init__(self, path):
         self.path = Path(path)
 
-    def file(self, kind: str, host: str) -> Path:
+    def file(self, kind, host: str) -> Path:
+        kind = kind if isinstance(kind, str) else kind.KIND
         if kind not in self.KINDS:
             raise ValueError(f"no record kind {kind!r}: one of {', '.join(self.KINDS)}")
         return self.path / f"{kind}-{host.replace('/', '_')}.json"
 
-    def write(self, kind: str, host: str, data: dict, indent: int | None = 1) -> Path:
-        p = self.file(kind, host)
+    def write(self, record) -> Path:
+        """The record (voltafleet.records), atomically: a reader never sees half of one. A record
+        that would not read back (a field not of its type) is not written: RecordError, naming it."""
+        p = self.file(record.KIND, record.host)
+        data = record.to_dict()
+        record.make(data)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=indent) + "\n")
+        tmp.write_text(json.dumps(data, indent=record.INDENT) + "\n")
         tmp.replace(p)
         return p
 
-    def read(self, kind: str, host: str, run: str | None = None) -> dict | None:
-        """The record, or None: missing, unreadable, not a mapping, or (with `run`) another run's."""
+    def read(self, kind, host: str, run: str | None = None):
+        """The host's record of `kind` (a record class, or a kind's name for the raw mapping), or
+        None: missing, unreadable, not a mapping, not the kind's fields, or (with `run`) another run's."""
+        return self._load(self.file(kind, host), kind, run)
+
+    def all(self, kind) -> list:
+        """Every readable record of a kind (a class: its records; a name: mappings), in file-name order."""
+        name = kind if isinstance(kind, str) else kind.KIND
+        self.file(name, "x")  # a known kind
+        found = (self._load(p, kind, None) for p in sorted(self.path.glob(f"{name}-*.json")))
+        return [r for r in found if r is not None]
+
+    @staticmethod
+    def _load(path: Path, kind, run: str | None):
         try:
-            data = json.loads(self.file(kind, host).read_text())
+            data = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
         if not isinstance(data, dict) or (run is not None and data.get("run") != run):
             return None
-        return data
-
-    def all(self, kind: str) -> list[dict]:
-        """Every readable record of a kind, in file-name order."""
-        out = []
-        for p in sorted(self.path.glob(f"{kind}-*.json")):
-            try:
-                data = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict):
-                out.append(data)
-        return out
+        return data if isinstance(kind, str) else kind.of(data)

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import yaml
 
 from voltafleet.config import SCHEMA
+from voltafleet.records import Preflight, Tune
 from voltafleet.vram import N_UBATCH  # llama.cpp's -ub when server_ubatch is null
 
 SUFFIX = ".tuned.yml"  # group_vars/<group>.tuned.yml, read after group_vars/<group>.yml
@@ -138,9 +139,11 @@ class Trial:
     seconds: float | None = None
 
     @classmethod
-    def of(cls, setting: Setting, record: dict, **over) -> "Trial":
-        """The trial a measurement record describes (roles/tune's tune-<host>.json, or the GPU
-        proof's tune29 record); `over` replaces what the caller knows better."""
+    def of(cls, setting: Setting, record, **over) -> "Trial":
+        """The trial a measurement record describes (roles/tune's record, voltafleet.records.Tune,
+        or the GPU proof's tune29 mapping; None: no record, a failed trial); `over` replaces what
+        the caller knows better."""
+        record = record.to_dict() if isinstance(record, Tune) else record or {}
         fields = {"status": record.get("status", "failed"), "reason": record.get("reason") or "",
                   "reps": record.get("reps") or [], "probe": record.get("probe"),
                   "loaded_mib": record.get("loaded_mib"), "after_load_mib": record.get("after_load_mib"),
@@ -161,6 +164,15 @@ class Trial:
 
     def errors(self) -> list[str]:
         return [e for r in self.reps for e in r.get("errors", [])]
+
+
+def unmeasured(preflight: Preflight | None, rc: int, log) -> tuple[str, str]:
+    """(status, reason) of a trial that left no tune record, from its run's preflight record:
+    "refused" with preflight's first refusal (the setting does not fit: never measured), else
+    "failed" (pyinfra's exit code and the trial's log)."""
+    if preflight is not None and preflight.refusals:
+        return "refused", preflight.refusals[0][:200]
+    return "failed", f"no tune record (pyinfra exit {rc}; see {log})"
 
 
 def judge(t: Trial, cfg: dict, vram_mib: float | None) -> str | None:

@@ -12,7 +12,7 @@ from pyinfra.facts.files import Sha1File
 
 from roles.factcache import host_fingerprint, model_size
 
-from roles.run import report_dir
+from roles.run import report_dir, run_context
 from roles.facts import EnvFiles, FileState, HostBasics, NvccVersion, Releases, ServerInstances
 from roles.driver_facts import NvidiaPci, driver_plan
 from voltafleet import dryrun, nvidia
@@ -64,6 +64,7 @@ def dry_run(plan: HostPlan) -> dryrun.HostChange:
         change = dryrun.refused(host.name, list(plan.refusals), plan.resource_lines())
     else:
         change = dryrun.host_change(plan, observed(plan), plan_unit(plan))
+    change.run = run_context().run
     dryrun.write(report_dir(plan.cfg), change)
     return change
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import time
 from pathlib import Path
 
 from gevent.lock import Semaphore
@@ -23,13 +24,15 @@ from roles.factcache import host_fact, host_fingerprint
 
 from roles.gateway_api import is_server
 
-from roles.run import fleet_plan, once_per_run
+from roles.run import fleet_plan, once_per_run, report_dir, run_context
 
 from roles.shell import bin_path, connector_args, live, sh
 from roles.facts import HostBasics, NvccVersion, Releases
 from voltafleet import hostplan
 from voltafleet.fleetplan import release_cache, release_cached
 from voltafleet.hostplan import HostPlan
+from voltafleet.records import Build
+from voltafleet.runctx import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_CACHE = release_cache(REPO)
@@ -92,8 +95,22 @@ def compiled(plan: HostPlan, strategy: str):
         return  # shipped: from the controller's cache, or from the host that compiles it now
     toolkit = host_fact(host, NvccVersion, path=f"{plan.build.cuda_bin}/nvcc") if plan.build.cuda_bin else None
     yield live(build_command(plan, fp, toolkit, host_fact(host, HostBasics)["cxx"]))
+    yield FunctionCommand(_built, (plan, fp), {})
     if strategy == "shared":  # later batches of a rolling rollout install it without compiling again
         yield FunctionCommand(lambda state, host: _archive_from(host, plan.root, fp), (), {})
+
+
+def _built(state, host, plan: HostPlan, fp: str) -> bool:
+    """build-<host>.json: release fp compiled here, in the seconds vf-build-release kept
+    (build/<fp>.seconds: configure and build; None when it cannot be read)."""
+    ok, out = sh(host, "cat -- " + shlex.quote(f"{plan.root}/build/{fp}.seconds"))
+    try:
+        seconds = float(out.stdout.strip()) if ok else None
+    except ValueError:
+        seconds = None
+    RunDir(report_dir(plan.cfg)).write(Build(host=host.name, run=run_context().run, fingerprint=fp, built=True,
+                                             seconds=seconds))
+    return True
 
 
 def cached(fp: str) -> bool:
@@ -174,7 +191,17 @@ def shipped(plan: HostPlan):
         return
     if builder_of(fp) == host.name and not cached(fp):
         return
-    yield FunctionCommand(_ship, (plan, fp), {})
+    yield FunctionCommand(_installed, (plan, fp), {})
+
+
+def _installed(state, host, plan: HostPlan, fp: str) -> bool:
+    """_ship, then build-<host>.json: release fp installed here from its builder's archive (no compile)."""
+    t0 = time.monotonic()
+    if not _ship(state, host, plan, fp):
+        return False
+    RunDir(report_dir(plan.cfg)).write(Build(host=host.name, run=run_context().run, fingerprint=fp, built=False,
+                                             seconds=round(time.monotonic() - t0, 1), source=builder_of(fp)))
+    return True
 
 
 @deploy("llama.cpp")

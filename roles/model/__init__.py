@@ -14,15 +14,18 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import FunctionCommand, deploy, operation
 
 from roles.gateway_api import fleet_mirrors
 
-from roles.shell import bin_path, live
+from roles.run import config, report_dir, run_context
+from roles.shell import bin_path, live, q, sh
 from roles.facts import FileState
 from voltafleet.hostplan import HostPlan, ModelFile
 from voltafleet.mirror import fetch_url
 from voltafleet.modelstate import is_verified
+from voltafleet.records import Download, Fetch
+from voltafleet.runctx import RunDir
 
 
 def fetch_command(fetcher: str, url: str, dest: str, sha256: str | None) -> str:
@@ -47,6 +50,23 @@ def fetched(fetcher: str, url: str, dest: str, sha256: str | None):
     if is_verified(host.get_fact(FileState, path=dest, sidecar=dest + ".verified"), sha256):
         return
     yield live(fetch_command(fetcher, url, dest, sha256))
+    yield FunctionCommand(_downloaded, (dest,), {})
+
+
+def _downloaded(state, host, dest: str) -> bool:
+    """fetch-<host>.json: this download (the bytes this run fetched, curl's seconds: the
+    <dest>.fetched vf-fetch-model leaves, read and removed here) added to the run's record."""
+    stats = q(f"{dest}.fetched")
+    ok, out = sh(host, f"if [ -f {stats} ]; then cat -- {stats}; rm -f -- {stats}; fi")
+    try:
+        size, micros = (int(v) for v in out.stdout.split())
+    except ValueError:  # no download (the file was whole, verified only), or no figures
+        return True
+    records, run = RunDir(report_dir(config())), run_context().run
+    before = records.read(Fetch, host.name, run)
+    records.write(Fetch(host=host.name, run=run, downloads=(before.downloads if before else ())
+                        + (Download(dest=dest, bytes=size, seconds=round(micros / 1e6, 3)),)))
+    return True
 
 
 @deploy("Model")

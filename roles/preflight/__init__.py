@@ -2,7 +2,7 @@
 refuse, before anything changes, a host that cannot serve."""
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -16,8 +16,8 @@ from roles.run import config, hold_fleet_lock, once_per_run, report_dir, run_con
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
 from voltafleet import gguf_header, hostcpu
 from voltafleet import probe as probemod
-from voltafleet.fleetplan import ServerEntry
 from voltafleet.hostplan import HostFacts, HostPlan, make_plan, model_files
+from voltafleet.records import Preflight
 from voltafleet.runctx import RunDir
 
 
@@ -86,15 +86,17 @@ def run_refusals(cfg: dict) -> list[str]:
     return errors
 
 
-def preflight_record(plan: HostPlan) -> None:
-    """What the rolling driver's fleet plan needs from this host: its instances and ports,
-    its slots, its release fingerprint when its compiler is known."""
+def preflight_record(plan: HostPlan, refusals: list[str] = ()) -> None:
+    """What the rolling driver needs from this host: its instances and ports, its slots, its
+    release fingerprint when its compiler is known; or why preflight refused it (`refusals`:
+    the driver learns a refusal from this record, never from pyinfra's output)."""
     cfg = plan.cfg
-    entry = ServerEntry(host=host.name, address=cfg["server_address"] or host.data.get("ssh_hostname") or host.name,
-                        ports=tuple(i.port for i in plan.instances), slots=int(cfg["server_parallel"] or 1),
-                        tier=cfg["server_tier"],
-                        fingerprint=host_fingerprint(host, plan.build) if plan.build else None)
-    RunDir(report_dir(cfg)).write("preflight", host.name, {**asdict(entry), "run": run_context().run})
+    fp = host_fingerprint(host, plan.build) if plan.build and not refusals else None
+    RunDir(report_dir(cfg)).write(Preflight(
+        host=host.name, run=run_context().run,
+        address=cfg["server_address"] or host.data.get("ssh_hostname") or host.name,
+        ports=tuple(i.port for i in plan.instances), slots=int(cfg["server_parallel"] or 1), tier=cfg["server_tier"],
+        fingerprint=fp, refusals=tuple(refusals)))
 
 
 @deploy("Preflight")
@@ -117,6 +119,8 @@ def preflight() -> HostPlan:
     if refusals and run_context().phase == "plan":
         return replace(plan, refusals=tuple(refusals))  # recorded by the plan role, per host
     if refusals:
+        if run_context().phase != "all":  # the driver's run (a plain run prints them: nobody reads a record)
+            preflight_record(plan, refusals)
         raise PreflightError("preflight refused the rollout, nothing was changed:\n  " + "\n  ".join(refusals))
     for line in plan.warnings:
         logger.warning(f"warning: {line}")

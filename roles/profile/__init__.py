@@ -13,6 +13,7 @@ from roles.run import config, report_dir, run_context
 from roles.shell import q, sh
 from voltafleet import profile
 from voltafleet.gateway import backend_name
+from voltafleet.records import Profile
 from voltafleet.runctx import RunDir
 
 MAX_LINES = 200000  # the newest lines of the window, enough for a busy day of one host
@@ -47,9 +48,9 @@ def lines(kind: str, hours: float):
         got = out.stdout.splitlines() if ok else []
         if kind == "gateway":  # no client address, request line or team on the controller
             got = [f for f in map(profile.gateway_fields, got) if f]
-        RunDir(report_dir(config())).write("profile", host.name, {
-            "host": host.name, "run": run_context().run, "kind": kind, "ok": ok, "lines": got,
-            "reason": "" if ok else ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]}, indent=None)
+        RunDir(report_dir(config())).write(Profile(
+            host=host.name, run=run_context().run, kind=kind, ok=ok, lines=got,
+            reason="" if ok else ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]))
         return True
     yield FunctionCommand(run, (), {})
 

@@ -23,6 +23,7 @@ from voltafleet import gpuhealth
 from voltafleet import probe as probemod
 from voltafleet import smoke as smokemod
 from voltafleet.hostplan import API_KEY_PATH, HostPlan
+from voltafleet.records import Smoke
 from voltafleet.rollback import StepFailed
 from voltafleet.runctx import RunDir
 
@@ -162,7 +163,8 @@ class Judge:
         return smokemod.table(name, report)
 
     def write(self, name: str, report: dict) -> None:
-        RunDir(report_dir(self.plan.cfg)).write("smoke", name, {**report, "run": run_context().run}, indent=2)
+        """smoke-<host>.json: the report as a typed record (voltafleet.records.Smoke)."""
+        RunDir(report_dir(self.plan.cfg)).write(Smoke.make({**report, "host": name, "run": run_context().run}))
 
     def textfile(self, host, report: dict) -> None:
         """voltafleet.prom for node_exporter, after a pass and after a failure alike (the

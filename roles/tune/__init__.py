@@ -24,8 +24,8 @@ from roles.run import report_dir, run_context
 
 from roles.shell import bin_path, q, restart_command, sh, WORKLOAD_CLIENT
 from roles.facts import Gpus
-from voltafleet import outcome
 from voltafleet.hostplan import API_KEY_PATH, HostPlan
+from voltafleet.records import Outcome, Tune
 from voltafleet.runctx import RunDir
 from voltafleet.tune import Workload, gpu_used_command, gpu_used_mib
 
@@ -73,7 +73,7 @@ def measured(plan: HostPlan):
     """
     def run(state, host):  # pyinfra passes state and host only to these two names
         cfg, ctx = plan.cfg, run_context()
-        rec = outcome.read(report_dir(cfg), host.name, ctx.run)
+        rec = RunDir(report_dir(cfg)).read(Outcome, host.name, ctx.run)
         doc = {"host": host.name, "run": ctx.run, "status": "failed", "reason": "no outcome record",
                "probe": None, "reps": [], "loaded_mib": None, "after_load_mib": None,
                "planned_mib": round(plan.vram.needed / 2**20, 1) if plan.vram is not None else None,
@@ -96,7 +96,7 @@ def measured(plan: HostPlan):
                 doc.update(status="measured", reason="", reps=got["reps"], after_load_mib=got["after_load_mib"])
             else:
                 doc["reason"] = "the workload failed: " + ((out.stderr.strip().splitlines() or ["no output"])[-1])[:300]
-        RunDir(report_dir(cfg)).write("tune", host.name, doc)
+        RunDir(report_dir(cfg)).write(Tune.make(doc))
         return True
     yield FunctionCommand(run, (), {})
 

@@ -71,7 +71,7 @@ def host_with(facts=None):
 
 def test_compile_runs_the_build_script_with_quoted_arguments(plan):
     cmds = commands(compiled, host_with(), plan, strategy="per_host")
-    assert len(cmds) == 1
+    assert len(cmds) == 2 and cmds[1] == "<function _built>"  # then its record (build-<host>.json)
     assert cmds[0].startswith("/opt/voltafleet/bin/vf-build-release /opt/voltafleet ")
     assert f" git://" not in cmds[0] and f" {COMMIT} auto - " in cmds[0]
     assert "'{\"fingerprint\"" in cmds[0]  # the JSON build info is one quoted argument
@@ -87,7 +87,7 @@ def test_compile_skips_a_release_the_host_has(plan):
 def test_model_fetch_only_when_not_verified():
     args = dict(fetcher="/opt/voltafleet/bin/vf-fetch-model", url="http://m/a b.gguf", dest="/m/a.gguf", sha256="c" * 64)
     assert commands(fetched, FakeHost({F.FileState: None}), **args) == [
-        f"/opt/voltafleet/bin/vf-fetch-model 'http://m/a b.gguf' /m/a.gguf {'c' * 64}"]
+        f"/opt/voltafleet/bin/vf-fetch-model 'http://m/a b.gguf' /m/a.gguf {'c' * 64}", "<function _downloaded>"]
     ok = {"size": 5, "mtime": 9, "sidecar": [f"{'c' * 64} 5 9"]}
     assert commands(fetched, FakeHost({F.FileState: ok}), **args) == []
 
@@ -178,12 +178,12 @@ def test_shared_release_in_the_controller_cache_is_shipped_not_compiled(plan, tm
     monkeypatch.setattr(lc, "RELEASE_CACHE", tmp_path)
     monkeypatch.setattr(lc, "builder_of", lambda fp: "gpu-01")  # this host would be the builder
     fake = host_with()
-    assert len(commands(compiled, fake, plan, strategy="shared")) == 2  # compile, then cache the archive
+    assert len(commands(compiled, fake, plan, strategy="shared")) == 3  # compile, its record, then cache the archive
     assert commands(shipped, fake, plan) == []
     (tmp_path / f"{fp}.tar.gz").write_bytes(b"x")
     (tmp_path / f"{fp}.tar.sha256").write_text("y\n")
     assert commands(compiled, fake, plan, strategy="shared") == []
-    assert commands(shipped, fake, plan) == ["<function _ship>"]
+    assert commands(shipped, fake, plan) == ["<function _installed>"]
 
 
 def test_a_toolkit_upgrade_changes_the_fingerprint_and_a_driver_upgrade_does_not(cfg):

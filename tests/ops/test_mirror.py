@@ -135,14 +135,14 @@ def test_an_invalid_configuration_is_put_back_and_nothing_reloads(tmp_path):
     assert r.returncode == 1 and not list(live.parent.iterdir())
 
 
-def test_a_plain_run_configures_the_mirror_before_any_server_host_fetches():
+def test_a_plain_run_configures_the_mirror_before_any_server_host_fetches(tmp_path):
     """deploy.py itself on a lab-like fleet (a host both mirror and gateway, a CPU server): pyinfra
     runs each operation on every host before the next, and the mirror's steps come before the
     server host's fetch (the smoke test fails here: no llama-server answers the fake connector)."""
     both = mirror_host("gw", "10.0.0.9")
     proc = subprocess.run(
         [PYINFRA, "--debug", "-y", "tests/ops/inventory.py", "deploy.py"], cwd=REPO, capture_output=True, text=True,
-        timeout=300, env={**os.environ, "VOLTAFLEET_FAKE": json.dumps({"groups": {
+        timeout=300, env={**os.environ, "VOLTAFLEET_REPORT_DIR": str(tmp_path), "VOLTAFLEET_FAKE": json.dumps({"groups": {
             "mirror": [both], "gateway": [both],
             # per_host: the fake connector's get_file brings no release archive back to ship
             "lab": [host("srv-1", os_id="debian-12", extra=[["vf-fetch-model", ""], ["uname -s", "Linux"]],

@@ -13,10 +13,12 @@ import pytest
 
 from tests.ops.fakes import FAKE_OVERRIDES
 from voltafleet.config import validate_values
-from voltafleet.dryrun import record_path, sha1
+from voltafleet.dryrun import sha1
 from voltafleet.fleetplan import FleetPlan
 from voltafleet.groupvars import load_or_exit
 from voltafleet.hostplan import UNIT_PATH, HostFacts, make_plan
+from voltafleet.records import Plan
+from voltafleet.runctx import RunDir
 from voltafleet.unitfile import render_unit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,8 +82,8 @@ def run_plan(hosts: list[dict], tmp_path: Path, group: str = GROUP):
     cmds = {f"@fake/{h['name']}": [] for h in hosts}
     for m in CMD.finditer(out):
         cmds.setdefault(m.group(1), []).append(m.group(2))
-    records = {h["name"]: json.loads(record_path(tmp_path, f"@fake/{h['name']}").read_text())
-               for h in hosts if record_path(tmp_path, f"@fake/{h['name']}").exists()}
+    files = {h["name"]: RunDir(tmp_path).file(Plan, f"@fake/{h['name']}") for h in hosts}
+    records = {h: json.loads(f.read_text()) for h, f in files.items() if f.exists()}
     return proc.returncode, cmds, records, out
 
 

@@ -84,3 +84,30 @@ def test_unset_ctx_and_slots_come_from_the_ladder(mirror):
     assert rc == 0, out
     # v100_16gb counts the H200's 610 MiB CUDA overhead: 8K x 8 slots no longer fits, 4K x 8 does
     assert "VRAM plan: -c 4096 -np 8 K q8_0 V q8_0" in out and ": fits" in out
+
+
+@pytest.mark.parametrize("phase", ["preflight", "tune"])
+def test_a_refusal_is_recorded_for_the_driver_not_only_printed(mirror, tmp_path, monkeypatch, phase):
+    """The driver's runs (a rollout's preflight, a --tune trial) learn a refusal from the host's
+    preflight record of the run (voltafleet.records.Preflight), never from pyinfra's output."""
+    from voltafleet.records import Preflight
+    from voltafleet.runctx import RunDir
+
+    for k, v in {"VOLTAFLEET_PHASE": phase, "VOLTAFLEET_REPORT_DIR": str(tmp_path), "VOLTAFLEET_RUN": "t1"}.items():
+        monkeypatch.setenv(k, v)
+    rc, _, out = run("v100-q8", vars={"model_url": f"{mirror}/qwen-27b-Q8_0.gguf"})
+    assert rc != 0 and "preflight refused the rollout" in out
+    rec = RunDir(tmp_path).read(Preflight, "@fake/v100-q8", "t1")
+    assert rec.refusals and "the model does not fit one GPU" in rec.refusals[0] and rec.entry() is None
+    assert rec.refusals[0] in out  # the same words as printed
+    if phase == "preflight":  # a host that fits: its fleet plan entry, no refusal
+        rc, _, out = run("v100-q4k", vars={"model_url": f"{mirror}/qwen-27b-Q4_K.gguf", "server_ctx": None,
+                                           "server_parallel": None})
+        ok = RunDir(tmp_path).read(Preflight, "@fake/v100-q4k", "t1")
+        assert ok.refusals == () and ok.entry().ports == (8080, 8081) and ok.entry().slots == 8
+
+
+def test_a_plain_run_prints_its_refusals_and_records_none(mirror, tmp_path, monkeypatch):
+    monkeypatch.setenv("VOLTAFLEET_REPORT_DIR", str(tmp_path))
+    rc, _, out = run("v100-q8", vars={"model_url": f"{mirror}/qwen-27b-Q8_0.gguf"})
+    assert rc != 0 and "the model does not fit one GPU" in out and not list(tmp_path.iterdir())

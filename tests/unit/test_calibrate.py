@@ -2,7 +2,8 @@
 rollout leaves in its run directory, and the plan's estimate beside each run's wall time."""
 import json
 
-from voltafleet import calibrate
+from voltafleet import calibrate, records
+from voltafleet.runctx import RunDir
 from voltafleet.timeline import Constants, Work, estimate
 
 
@@ -13,18 +14,22 @@ def fixture(tmp_path):
     plan = {"estimate": estimate([["a"], ["b"]], work, gateway=True).to_dict()}
     report = {"runs": {"preflight": 2.5, "gateway": 2.0, "batch-0": 8.0, "batch-1": 9.0}}
     run_dir = tmp_path / "rollout-x"
-    run_dir.mkdir()
-    (run_dir / "batch-0.log").write_text(
-        "    voltafleet: compiling 3f2a: 30 s elapsed [ 50%] Building CXX\n"
-        "    voltafleet: release 3f2a built in 228 s\n"
-        "    voltafleet: downloading m.gguf: 3000 MiB, 100 MiB/s\n    voltafleet: downloading m.gguf: 6000 MiB, 120 MiB/s\n")
+    d = RunDir(run_dir)
+    (run_dir / "batch-0.log").parent.mkdir(parents=True)  # the logs' progress lines are for people: not read
+    (run_dir / "batch-0.log").write_text("    voltafleet: release 3f2a built in 999 s\n"
+                                         "    voltafleet: downloading m.gguf: 3000 MiB, 999 MiB/s\n")
+    d.write(records.Build(host="a", run="b0", fingerprint="3f2a", built=True, seconds=228))
+    d.write(records.Build(host="b", run="b1", fingerprint="3f2a", built=False, seconds=4.0, source="a"))  # no compile
+    d.write(records.Fetch(host="a", run="b0", downloads=(records.Download("/m/m.gguf", 3000 * 2**20, 30.0),)))
+    d.write(records.Fetch(host="b", run="b1", downloads=(records.Download("/m/m.gguf", 6000 * 2**20, 50.0),
+                                                         records.Download("/m/d.gguf", 0, 0.1))))  # whole: no rate
     for host, restarts in (("a", [1.0, 1.2]), ("b", [0.8, 1.4])):
-        (run_dir / f"smoke-{host}.json").write_text(json.dumps(
-            {"timings": {"drain_s": [0.1, 0.3], "restart_s": restarts, "smoke_s": 2.4}}))
+        d.write(records.Smoke(host=host, run=f"r-{host}", passed=True, failures=[],
+                              timings=records.Timings(drain_s=[0.1, 0.3], restart_s=restarts, smoke_s=2.4)))
     return plan, report, run_dir
 
 
-def test_measured_figures_come_from_logs_and_smoke_reports(tmp_path):
+def test_measured_figures_come_from_the_records_never_the_logs(tmp_path):
     plan, report, run_dir = fixture(tmp_path)
     s = calibrate.suggestions(plan, report, run_dir)
     assert s["plan_compile_s"] == (228, 1) and s["plan_model_mib_s"] == (110, 2)

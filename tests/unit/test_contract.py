@@ -8,32 +8,33 @@ import time
 
 import pytest
 
-from voltafleet import fleetplan, outcome, probe, rollback
+from voltafleet import fleetplan, probe, records, rollback
 from voltafleet.gateway import configured_servers, fleet_backends
 from voltafleet.lock import FleetLock, LockHeld
-from voltafleet.runctx import RunContext, new_id
+from voltafleet.runctx import RunContext, RunDir, new_id
 
 
 # ---------------------------------------------------------------- records
 
 
 def test_a_record_round_trips_and_only_its_own_run_counts(tmp_path):
-    r = outcome.HostOutcome(host="h1", run="run-a", status="rolled_back", reason="line one\n  line two",
-                            release="fp1", restarted=[0])
-    outcome.write(tmp_path, r)
-    back = outcome.read(tmp_path, "h1", "run-a")
-    assert back.status == "rolled_back" and back.reason == "line one line two" and back.restarted == [0]
-    assert outcome.read(tmp_path, "h1", "run-b") is None          # another run's record is not this run's
-    assert outcome.read(tmp_path, "h2", "run-a") is None          # no record
+    d = RunDir(tmp_path)
+    r = records.Outcome(host="h1", run="run-a", status="rolled_back", reason="line one\n  line two",
+                        release="fp1", restarted=[0])
+    d.write(r)
+    back = d.read(records.Outcome, "h1", "run-a")
+    assert back == r and back.status == "rolled_back" and back.reason == "line one line two" and back.restarted == [0]
+    assert d.read(records.Outcome, "h1", "run-b") is None          # another run's record is not this run's
+    assert d.read(records.Outcome, "h2", "run-a") is None          # no record
     (tmp_path / "outcome-h3.json").write_text("{not json")
-    assert outcome.read(tmp_path, "h3", "run-a") is None          # unreadable
+    assert d.read(records.Outcome, "h3", "run-a") is None          # unreadable
     with pytest.raises(ValueError, match="status"):
-        outcome.HostOutcome(host="h", run="r", status="ok")
+        records.Outcome(host="h", run="r", status="ok")
 
 
 def test_reasons_are_one_line_and_bounded():
-    assert outcome.one_line("a\nb\tc") == "a b c"
-    assert len(outcome.one_line("x" * 1000)) == 300
+    assert records.one_line("a\nb\tc") == "a b c"
+    assert len(records.one_line("x" * 1000)) == 300
 
 
 def test_run_ids_are_unique_within_one_second():
@@ -315,16 +316,127 @@ def test_the_contract_round_trips_and_its_records_are_atomic_and_run_checked(tmp
     assert RunContext.from_env(ctx.to_env()) == ctx and ctx.holds_drained
     assert "VOLTAFLEET_NO_GATEWAY" not in replace(ctx, no_gateway=False).to_env()  # the driver's own env stays
     d = RunDir(tmp_path)
-    d.write("preflight", "gpu/01", {"host": "gpu/01", "address": "a", "ports": [8080, 8081], "slots": 4, "run": "r2"})
-    assert d.file("preflight", "gpu/01").name == "preflight-gpu_01.json"
-    assert ServerEntry.of(d.read("preflight", "gpu/01", run="r2")).ports == (8080, 8081)
-    assert d.read("preflight", "gpu/01", run="r1") is None and ServerEntry.of(None) is None  # another run's: none
+    d.write(records.Preflight(host="gpu/01", run="r2", address="a", ports=(8080, 8081), slots=4))
+    assert d.file("preflight", "gpu/01").name == "preflight-gpu_01.json" == d.file(records.Preflight, "gpu/01").name
+    assert records.entry(d.read(records.Preflight, "gpu/01", "r2")) == ServerEntry("gpu/01", "a", (8080, 8081), 4)
+    assert ServerEntry.of(d.read("preflight", "gpu/01", run="r2")).ports == (8080, 8081)  # the raw mapping too
+    assert d.read(records.Preflight, "gpu/01", "r1") is None and records.entry(None) is None  # another run's: none
+    assert ServerEntry.of(None) is None
     (tmp_path / "smoke-bad.json").write_text("{half")
-    assert d.read("smoke", "bad") is None and [r["host"] for r in d.all("preflight")] == ["gpu/01"]
+    assert d.read(records.Smoke, "bad") is None and [r.host for r in d.all(records.Preflight)] == ["gpu/01"]
+    assert [r["host"] for r in d.all("preflight")] == ["gpu/01"]
     assert not list(tmp_path.glob(".*.tmp"))
     import pytest
     with pytest.raises(ValueError):
         d.file("secrets", "h")
+
+
+# every record kind's fields and their types: what a reader may rely on (docs/records.md). A change
+# here is a change of the contract between deploy.py's roles and their readers.
+FIELDS = {
+    "preflight": {"host": str, "run": str, "address": str, "ports": tuple[int, ...], "slots": int,
+                  "fingerprint": str | None, "tier": str, "refusals": tuple[str, ...]},
+    "smoke": {"host": str, "run": str, "passed": bool, "failures": list[str], "instances": list[dict],
+              "timings": records.Timings, "fingerprint": str | None, "batch": str | None, "time": str, "epoch": float,
+              "flags": list[str], "thresholds": dict, "judged": dict, "disagreements": list[str],
+              "probe_only_failures": bool, "probe_diverged": str | None, "gpu_health": dict | None, "rolled_back": bool,
+              "after_rollback": dict | None},
+    "outcome": {"host": str, "run": str, "status": str, "reason": str, "rollout": str | None, "batch": str | None,
+                "release": str | None, "flags": list, "model_sha256": str | None, "probe": str | None,
+                "ttft_ms": float | None, "ttft_p50_ms": float | None, "ttft_p99_ms": float | None,
+                "single_tps": float | None, "aggregate_tps": float | None, "restarted": list, "streams_cut": int,
+                "converged": bool, "time": float},
+    "tune": {"host": str, "run": str, "status": str, "reason": str, "probe": str | None, "reps": list[dict],
+             "loaded_mib": float | None, "after_load_mib": float | None, "planned_mib": float | None,
+             "planned_static_mib": float | None, "gpu": dict | None},
+    "profile": {"host": str, "run": str, "kind": str, "ok": bool, "lines": list[str], "reason": str},
+    "build": {"host": str, "run": str, "fingerprint": str, "built": bool, "seconds": float | None, "source": str},
+    "fetch": {"host": str, "run": str, "downloads": tuple[records.Download, ...]},
+    "plan": {"host": str, "refusals": list, "warnings": list, "fingerprint": str | None, "release_key": str | None,
+             "current": str | None, "present": bool, "shared": bool, "toolchain": list, "flags": dict, "unit": bool,
+             "downloads": list, "driver": str | None, "driver_why": str, "driver_managed": bool, "restart": list,
+             "restart_why": list, "retire": list, "instances": int, "smoke": bool, "probe": bool, "constants": dict,
+             "resources": list, "run": str},
+}
+NESTED = {records.Timings: {"drain_s": list[float], "restart_s": list[float], "smoke_s": float | None},
+          records.Download: {"dest": str, "bytes": int, "seconds": float}}
+# a value of each type that is not of the field's type
+WRONG = {str: 5, int: "5", float: "5", bool: "yes", list: "x", dict: ["x"], tuple: "x"}
+
+
+def wrong(tp):
+    """A JSON value that a field of type `tp` must refuse."""
+    import typing
+    from dataclasses import is_dataclass
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if args and type(None) in args:  # X | None: a wrong X
+        return wrong(next(a for a in args if a is not type(None)))
+    if origin in (list, tuple) and args and args[0] is not dict:
+        return [wrong(args[0])]  # a list of the wrong items
+    if is_dataclass(tp):
+        return {f: wrong(t) for f, t in NESTED[tp].items()}
+    return WRONG[origin or tp]
+
+
+def example(kind) -> dict:
+    """A record of `kind` with every field set, as JSON has it."""
+    from dataclasses import asdict
+
+    out = {"host": "gpu/01", "run": "r1"}
+    extra = {"preflight": dict(address="10.0.0.1", ports=[8080, 8081], slots=4, fingerprint="fp", tier="latency",
+                               refusals=["gpu/01: does not fit. Fix: a smaller model"]),
+             "smoke": dict(passed=False, failures=["instance 0: TTFT 9000 ms"], instances=[{"port": 8080, "instance": 0}],
+                           timings={"drain_s": [0.5], "restart_s": [3.1, 2], "smoke_s": 12.5}, fingerprint="fp",
+                           batch="0", time="2026-01-01T00:00:00+0000", epoch=1.5, flags=["-c", "8192"],
+                           thresholds={"smoke_max_ttft_ms": 2000}, judged={"0": {"single_tps": 30.0}},
+                           disagreements=["instance 0: ..."], probe_only_failures=False, probe_diverged=None,
+                           gpu_health={"gpus": []}, rolled_back=True, after_rollback={"passed": True}),
+             "outcome": dict(status="rolled_back", reason="why", rollout="x", batch="1", release="fp", flags=["-c"],
+                             model_sha256="a" * 64, probe="match", ttft_ms=10.5, ttft_p50_ms=11, ttft_p99_ms=12,
+                             single_tps=30.0, aggregate_tps=80.0, restarted=[0], streams_cut=1, converged=False,
+                             time=1.5),
+             "tune": dict(status="measured", reason="", probe="match", reps=[{"throughput_tps": 80.0}], loaded_mib=1000,
+                          after_load_mib=1100.5, planned_mib=1200.0, planned_static_mib=900.0, gpu={"name": "H200"}),
+             "profile": dict(kind="server", ok=True, lines=["a", "b"], reason=""),
+             "build": dict(fingerprint="fp", built=True, seconds=228, source=""),
+             "fetch": dict(downloads=[{"dest": "/m/a.gguf", "bytes": 3 * 2**20, "seconds": 1.5}]),
+             "plan": {**asdict(records.Plan(host="x", refusals=["r"], flags={0: ["-t 1 -> 2"]}, restart=[0])),
+                      "flags": {"0": ["-t 1 -> 2"]}}}
+    return {**out, **extra[kind], **({"host": "gpu/01", "run": "r1"})}
+
+
+def test_every_record_kind_is_typed_with_its_contracts_fields_and_types(tmp_path):
+    """Each RunDir kind has its record class, whose fields and types are the contract's
+    (FIELDS); a record of every field reads back equal; a field of another type, or a missing
+    required one, makes no record (None), never a record with a default in its place."""
+    from dataclasses import MISSING, fields
+
+    assert {k.KIND for k in records.KINDS} == set(RunDir.KINDS) == set(FIELDS)
+    for kind in records.KINDS:
+        assert records.field_types(kind) == FIELDS[kind.KIND], kind.KIND
+        data = example(kind.KIND)
+        assert set(data) == set(FIELDS[kind.KIND]), kind.KIND
+        rec = kind.of(data)
+        assert rec is not None and kind.of(rec.to_dict()) == rec, kind.KIND
+        RunDir(tmp_path).write(rec)
+        assert RunDir(tmp_path).read(kind, "gpu/01", "r1") == rec and RunDir(tmp_path).read(kind, "gpu/01", "r2") is None
+        for name, tp in FIELDS[kind.KIND].items():
+            assert kind.of({**data, name: wrong(tp)}) is None, f"{kind.KIND}.{name} took {wrong(tp)!r}"
+            with pytest.raises(records.RecordError, match=name):
+                kind.make({**data, name: wrong(tp)})
+        for f in fields(kind):
+            if f.default is MISSING and f.default_factory is MISSING:
+                assert kind.of({k: v for k, v in data.items() if k != f.name}) is None, f"{kind.KIND} without {f.name}"
+    for cls, want in NESTED.items():
+        assert records.field_types(cls) == want
+
+
+def test_the_records_keep_the_keys_their_readers_read():
+    """On disk, the keys the lab tests and people read are the records' (smoke: passed, failures,
+    instances, timings; outcome: status, rollout, probe)."""
+    assert {"passed", "failures", "instances", "timings"} <= set(FIELDS["smoke"])
+    assert {"status", "rollout", "probe", "reason", "release"} <= set(FIELDS["outcome"])
 
 
 def test_no_role_imports_another_role():

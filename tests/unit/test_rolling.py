@@ -1,6 +1,6 @@
 import pytest
 
-from voltafleet.outcome import HostOutcome
+from voltafleet.records import STATUSES, Outcome
 from voltafleet.rolling import HostResult, RollingError, batch_results, batch_size, batches, should_stop, summary, table
 
 
@@ -33,7 +33,13 @@ def test_fail_percent_counts_every_host_tried():
 
 
 def rec(host, status, reason="", **kw):
-    return HostOutcome(host=host, run="r1", status=status, reason=reason, **kw)
+    return Outcome(host=host, run="r1", status=status, reason=reason, **kw)
+
+
+def row(host, batch, status="not_run", fingerprint=None, detail="", **figures):
+    """A fleet report row whose figures are its outcome record's."""
+    return HostResult(host, batch, status, detail, Outcome(host=host, run="r1", status=status, reason=detail,
+                                                           release=fingerprint, **figures))
 
 
 def test_batch_results_come_from_each_hosts_own_record():
@@ -60,8 +66,8 @@ def test_a_pass_with_an_unexplained_nonzero_exit_is_a_failure():
 
 
 def test_table_and_summary_name_every_host():
-    rs = [HostResult("a", 0, "passed", "f1", ttft_ms=5, single_tps=300, aggregate_tps=700, probe="reference"),
-          HostResult("b", 1, "rolled_back", detail="single-stream 3 tok/s < 5"), HostResult("c", 2)]
+    rs = [row("a", 0, "passed", "f1", ttft_ms=5, single_tps=300, aggregate_tps=700, probe="reference"),
+          row("b", 1, "rolled_back", detail="single-stream 3 tok/s < 5"), HostResult("c", 2)]
     text = table(rs)
     assert text.splitlines()[1].split()[:4] == ["a", "0", "passed", "f1"]
     assert "rolled_back" in text and "single-stream 3 tok/s" in text and "not_run" in text
@@ -70,37 +76,53 @@ def test_table_and_summary_name_every_host():
 
 
 def test_the_table_and_the_json_agree_for_every_status():
-    from voltafleet.outcome import STATUSES
-
-    rs = [HostResult(f"h{i}", i, s, f"fp{i}" if i % 2 else None, ttft_ms=10.0 * i, single_tps=1.5 * i,
-                     probe="match" if i % 2 else None, detail=f"why {s}") for i, s in enumerate(STATUSES)]
+    rs = [row(f"h{i}", i, s, f"fp{i}" if i % 2 else None, ttft_ms=10.0 * i, single_tps=1.5 * i,
+              probe="match" if i % 2 else None, detail=f"why {s}") for i, s in enumerate(STATUSES)]
     rows = table(rs).splitlines()[1:]
     assert len(rows) == len(STATUSES)
-    for row, r in zip(rows, rs):
+    for line, r in zip(rows, rs):
         d = r.to_dict()
-        cols = row.split()
+        cols = line.split()
         assert cols[:4] == [d["host"], str(d["batch"]), d["status"], d["fingerprint"] or "-"]
-        assert row.endswith(d["detail"])
+        assert line.endswith(d["detail"])
 
 
 def test_the_table_shows_n_client_ttft_p50_and_p99_beside_the_single_stream():
-    rs = [HostResult("a", 0, "passed", "f1", ttft_ms=41, ttft_p50_ms=120.4, ttft_p99_ms=388.6, single_tps=30,
-                     aggregate_tps=80), HostResult("b", 1)]
+    rs = [row("a", 0, "passed", "f1", ttft_ms=41, ttft_p50_ms=120.4, ttft_p99_ms=388.6, single_tps=30,
+              aggregate_tps=80), HostResult("b", 1)]
     head, a, b = table(rs).splitlines()
     assert head.split()[4:8] == ["TTFT", "ms", "N", "p50/p99"]
     assert a.split()[4:6] == ["41", "120/389"] and b.split()[4:6] == ["-", "-"]
     rec = {"status": "passed", "reason": "", "ttft_ms": 41.0, "ttft_p50_ms": 120.4, "ttft_p99_ms": 388.6}
-    from voltafleet.outcome import HostOutcome
-    (r,) = batch_results(0, ["a"], {"a": HostOutcome(host="a", run="r", **rec)}, 0, "x.log")
+    (r,) = batch_results(0, ["a"], {"a": Outcome(host="a", run="r", **rec)}, 0, "x.log")
     assert (r.ttft_p50_ms, r.ttft_p99_ms) == (120.4, 388.6)
+
+
+def test_a_rows_keys_are_the_fleet_reports_and_its_figures_are_its_records():
+    """The fleet report's JSON keys (tests/lab, monitoring read them) are unchanged; the figures
+    are read from the host's outcome record, not copied from it."""
+    keys = ["host", "batch", "status", "fingerprint", "flags", "ttft_ms", "ttft_p50_ms", "ttft_p99_ms", "single_tps",
+            "aggregate_tps", "probe", "restarted", "streams_cut", "detail"]
+    bare = HostResult("a", 3, detail="not tried: the rollout stopped").to_dict()
+    assert list(bare) == keys
+    assert bare == {**dict.fromkeys(keys), "host": "a", "batch": 3, "status": "not_run", "flags": [], "restarted": [],
+                    "streams_cut": 0, "detail": "not tried: the rollout stopped"}
+    (r,) = batch_results(2, ["a"], {"a": rec("a", "passed", release="f1", flags=["-c", "8"], restarted=[1], streams_cut=3,
+                                             ttft_ms=9.5, probe="match")}, 0, "x.log")
+    d = r.to_dict()
+    assert list(d) == keys and (d["fingerprint"], d["flags"], d["restarted"], d["streams_cut"], d["ttft_ms"]) == \
+        ("f1", ["-c", "8"], [1], 3, 9.5)
+    d["flags"].append("x")  # the report's copy, never the record's
+    assert r.outcome.flags == ["-c", "8"]
+    r.status, r.detail = "interrupted", "stopped"  # the driver's verdict over the record's
+    assert (r.to_dict()["status"], r.outcome.status) == ("interrupted", "passed")
 
 
 def test_an_unmeasured_host_is_neither_passed_nor_failed():
     # smoke_enabled: false: the host restarted and serves, nothing judged it; the record says so
     assert should_stop({"a": "unmeasured", "b": "unmeasured"}, 0, ["a"]) is None
     assert should_stop({"a": "unmeasured", "b": "failed"}, 10, ["a"]).startswith("1 of 2 hosts failed")
-    from voltafleet.outcome import HostOutcome
-    rec = HostOutcome(host="a", run="r", status="unmeasured", reason="not measured: smoke_enabled is false",
+    rec = Outcome(host="a", run="r", status="unmeasured", reason="not measured: smoke_enabled is false",
                       probe="not run", restarted=[0, 1], streams_cut=2)
     (r,) = batch_results(0, ["a"], {"a": rec}, 0, "x.log")
     assert (r.status, r.probe, r.restarted, r.streams_cut) == ("unmeasured", "not run", [0, 1], 2)

@@ -10,7 +10,7 @@ from voltafleet.runctx import RunContext, RunDir
 import rollout.fleet
 import rollout.main as driver
 from rollout.runner import Runner
-from voltafleet import outcome
+from voltafleet.records import Outcome, Preflight
 
 INVENTORY = """
 from voltafleet.groupvars import build_inventory
@@ -36,11 +36,10 @@ def runs(tmp_path, monkeypatch):
         run_dir = RunDir(ctx.report_dir)
         if phase == "preflight":
             for h in ("gpu-1", "gpu-2", "gpu-3"):
-                run_dir.write("preflight", h, {"host": h, "address": h, "ports": [8080], "slots": 2,
-                                               "fingerprint": "fp", "run": ctx.run})
+                run_dir.write(Preflight(host=h, run=ctx.run, address=h, ports=(8080,), slots=2, fingerprint="fp"))
         if phase == "batch":
             for h in limit:
-                outcome.write(run_dir.path, outcome.HostOutcome(host=h, run=ctx.run, status="passed"))
+                run_dir.write(Outcome(host=h, run=ctx.run, status="passed"))
         return 0
 
     monkeypatch.setattr(Runner, "run", fake_pyinfra)

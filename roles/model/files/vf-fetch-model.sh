@@ -3,7 +3,8 @@
 #   vf-fetch-model URL DEST [SHA256]
 # The download goes to DEST.part (kept on a broken transfer, so the next run resumes it);
 # a wrong checksum removes the download and leaves DEST alone. DEST.verified records
-# `sha256 size mtime` so later runs need not re-hash 15 GB.
+# `sha256 size mtime` so later runs need not re-hash 15 GB. After a download, DEST.fetched holds
+# `BYTES MICROSECONDS`: what this run downloaded and curl's time (roles/model reads and removes it).
 set -euo pipefail
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: vf-fetch-model URL DEST [SHA256]" >&2; exit 2; }
 url=$1 dest=$2 want=${3:-}
@@ -24,9 +25,12 @@ if [ -z "$want" ] || [ "$got" != "$want" ]; then
     done ) &
   ticker=$!
   trap 'kill "$ticker" 2>/dev/null || true' EXIT
+  start=$(stat -c %s -- "$part" 2>/dev/null || echo 0)
+  t0=$(date +%s%N)
   rc=0
   curl -fsSL --retry 5 --retry-delay 2 --connect-timeout 20 -C - -o "$part" -- "$url" || rc=$?
   kill "$ticker" 2>/dev/null || true
+  took=$(( ($(date +%s%N) - t0) / 1000 ))  # microseconds
   if [ $rc -ne 0 ]; then
     # 22/33: the server refused the resume (e.g. 416, the partial is already whole): verify it below.
     if { [ $rc -ne 22 ] && [ $rc -ne 33 ]; } || [ ! -s "$part" ]; then
@@ -42,6 +46,7 @@ if [ -z "$want" ] || [ "$got" != "$want" ]; then
   fi
   chmod 644 -- "$part"
   mv -f -- "$part" "$dest"
+  echo "$(( $(stat -c %s -- "$dest") - start )) $took" > "$dest.fetched"
 fi
 echo "$got $(stat -c '%s %Y' -- "$dest")" > "$dest.verified.tmp"
 mv -f -- "$dest.verified.tmp" "$dest.verified"

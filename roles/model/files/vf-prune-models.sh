@@ -1,7 +1,7 @@
 #!/bin/bash
 # Remove model files that rollback no longer needs: every *.gguf under MODEL_DIR (files are
 # kept by content, MODEL_DIR/<sha256 prefix>/NAME.gguf; the flat layout of older releases
-# too), with its .verified and .part, except the KEEP files (the current model, which is
+# too), with its .verified, .part and .fetched, except the KEEP files (the current model, which is
 # also the last good); then the directories left empty.
 #   vf-prune-models MODEL_DIR KEEP...
 set -euo pipefail
@@ -13,6 +13,6 @@ for f in "$dir"/*.gguf "$dir"/*.gguf.part "$dir"/*/*.gguf "$dir"/*/*.gguf.part; 
   base=${f%.part}
   for keep in "$@"; do [ "$base" = "$keep" ] && continue 2; done
   echo "voltafleet: removing $base (no longer current nor last good)" >&2
-  rm -f -- "$base" "$base.verified" "$base.part"
+  rm -f -- "$base" "$base.verified" "$base.part" "$base.fetched"
 done
 find "$dir" -mindepth 1 -maxdepth 1 -type d -empty -delete
