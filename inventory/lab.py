@@ -6,7 +6,7 @@ import os
 import yaml
 
 from lab.fleet import MIRROR_ENV, load_state
-from voltafleet.groupvars import load_or_exit
+from voltafleet.inputs.groupvars import load_or_exit
 
 # VOLTAFLEET_LAB_MIRROR=1: the gateway host (vf-lab-gw) is also in the `mirror` group (roles/mirror).
 # Per-host variables for one run, e.g. to change a flag on one lab host only:

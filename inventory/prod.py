@@ -2,7 +2,7 @@
 
     pyinfra -y inventory/prod.py deploy.py
 """
-from voltafleet.groupvars import load_or_exit
+from voltafleet.inputs.groupvars import load_or_exit
 
 _connect = {"ssh_user": "deploy", "_sudo": True, "ssh_strict_host_key_checking": "yes"}
 

@@ -259,7 +259,7 @@ http {{
         location / {{ autoindex on; }}
         # the same files at 2 MB/s, for tests that break a transfer half way
         location /slow/ {{ alias {root}/; limit_rate 2m; }}
-        # what Hugging Face's resolve answer carries for an LFS file (python -m voltafleet.pin_model)
+        # what Hugging Face's resolve answer carries for an LFS file (python -m voltafleet.inputs.pin_model)
         location = /models/{model} {{ add_header X-Linked-Etag "{model_sha256}"; }}
     }}
 }}

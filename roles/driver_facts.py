@@ -9,9 +9,9 @@ from __future__ import annotations
 from pyinfra.api import FactBase
 
 from roles.factcache import host_fact
-from voltafleet import nvidia
+from voltafleet.gpu import nvidia
 
-# Package name globs handed to dpkg-query; voltafleet.nvidia.driver_set keeps the driver ones.
+# Package name globs handed to dpkg-query; voltafleet.gpu.nvidia.driver_set keeps the driver ones.
 DRIVER_GLOBS = ("nvidia-*", "libnvidia-*", "cuda-drivers*", "libcuda1", "libnvcuvid*", "libnvoptix*",
                 "xserver-xorg-video-nvidia*", "libxnvctrl*", "firmware-nvidia-*", "linux-modules-nvidia-*",
                 "linux-objects-nvidia-*", "linux-signatures-nvidia-*")
@@ -124,7 +124,7 @@ class DriverDiagnostics(FactBase):
 
 
 def driver_plan(h, os_id: str, source: str, branch: int, flavour: str, target: str | None, nvswitch: bool) -> dict:
-    """voltafleet.nvidia.driver_plan from host h's live facts (packages, loaded module, and the
+    """voltafleet.gpu.nvidia.driver_plan from host h's live facts (packages, loaded module, and the
     candidate apt would install when the target is "latest")."""
     key = nvidia.driver_packages(os_id, source, branch, flavour)["install"][0]
     candidate = h.get_fact(AptCandidate, package=key) if target == "latest" else None

@@ -10,9 +10,10 @@ from pyinfra.context import ContextObject
 
 from roles.facts import Gpus, HostBasics, NvccVersion
 from roles.run import RefError, fleet_plan, host_config, once_per_run
-from voltafleet import hostplan, refs
-from voltafleet.hostplan import BuildSpec
-from voltafleet.modelmeta import remote_size
+from voltafleet.planning import hostplan
+from voltafleet.state import refs
+from voltafleet.planning.hostplan import BuildSpec
+from voltafleet.models.modelmeta import remote_size
 
 
 # ---------------------------------------------------------------- releases

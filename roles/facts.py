@@ -10,9 +10,10 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from voltafleet import gateway as gw
-from voltafleet import gpuhealth, mirror
-from voltafleet.nvidia import gpus_from_lspci
+from voltafleet.front import gateway as gw
+from voltafleet.gpu import gpuhealth
+from voltafleet.models import mirror
+from voltafleet.gpu.nvidia import gpus_from_lspci
 
 
 class Gpus(FactBase):
@@ -52,7 +53,7 @@ def parse_gpus(lines) -> list[dict]:
 class GpuHealth(FactBase):
     """The boards' health: `nvidia-smi -q` (ECC, page retirement, throttle reasons, clocks,
     temperature, power, PCIe link), `nvidia-smi nvlink -e` and the kernel log's Xid lines
-    since boot, parsed by voltafleet.gpuhealth.parse_fact; "error" says why none could be read.
+    since boot, parsed by voltafleet.gpu.gpuhealth.parse_fact; "error" says why none could be read.
 
     .. code:: python
 
@@ -103,7 +104,7 @@ def parse_nvcc(lines) -> str | None:
 
 class HostBasics(FactBase):
     """OS id and version, CPU count, RAM and the C++ compiler of a host; for the host plan
-    (voltafleet.hostmem, voltafleet.hostcpu) also MemAvailable, the NUMA nodes' CPU lists and each
+    (voltafleet.planning.hostmem, voltafleet.planning.hostcpu) also MemAvailable, the NUMA nodes' CPU lists and each
     NVIDIA GPU's NUMA node (sysfs, by PCI address: read before any driver is installed).
 
     .. code:: python

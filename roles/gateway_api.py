@@ -11,8 +11,8 @@ from pyinfra.api import OperationError, operation
 from roles.facts import HAProxyServers
 from roles.run import fleet_plan, host_config, once_per_run, run_context
 from roles.shell import sh
-from voltafleet import gateway as gw
-from voltafleet import mirror
+from voltafleet.front import gateway as gw
+from voltafleet.models import mirror
 
 
 GATEWAY_GROUP = "gateway"
@@ -45,7 +45,7 @@ def server_address(h) -> str:
 
 
 def fleet_mirrors(state) -> tuple:
-    """The fleet's model mirrors (voltafleet.mirror.Mirror): the fleet plan's in a rollout
+    """The fleet's model mirrors (voltafleet.models.mirror.Mirror): the fleet plan's in a rollout
     (decided once), else every `mirror` host of the inventory, reachable in this run or not
     (a server host fetches through its own mirror whatever --limit says)."""
     plan = fleet_plan()
@@ -103,7 +103,7 @@ def drain(state, server_name: str, index: int, timeout_s: float) -> int:
     name = gw.backend_name(server_name, index)
     gateways = gateway_hosts(state)
     for g in gateways:
-        # the instance's tier's backend (voltafleet/tiers.py), as the running gateway lists it
+        # the instance's tier's backend (voltafleet/front/tiers.py), as the running gateway lists it
         backend = gw.server_backend(_run(g, gw.runtime("show stat"), "show stat"), name)
         if backend is None:
             raise DrainError(f"gateway {g.name} does not list backend {name}: it cannot be drained, so it is "

@@ -1,4 +1,4 @@
-"""The run, as the roles see it: the rollout <-> deploy context (voltafleet/runctx.py), the fleet plan,
+"""The run, as the roles see it: the rollout <-> deploy context (voltafleet/state/runctx.py), the fleet plan,
 the fleet lock, this host's validated variables, change tracking, and the per-host outcome record
 the rolling driver reads."""
 
@@ -14,13 +14,13 @@ from gevent.lock import Semaphore
 from pyinfra import host, inventory, logger
 from pyinfra.api.exceptions import PyinfraError
 
-from voltafleet.config import SCHEMA, ConfigError, cli_sources, validate_values
-from voltafleet.fleetplan import FleetPlan
-from voltafleet.groupvars import SOURCES_KEY
-from voltafleet.lock import FleetLock, LockHeld
-from voltafleet.once import Once
-from voltafleet.records import Outcome
-from voltafleet.runctx import RunContext, RunDir
+from voltafleet.inputs.config import SCHEMA, ConfigError, cli_sources, validate_values
+from voltafleet.state.fleetplan import FleetPlan
+from voltafleet.inputs.groupvars import SOURCES_KEY
+from voltafleet.state.lock import FleetLock, LockHeld
+from voltafleet.state.once import Once
+from voltafleet.state.records import Outcome
+from voltafleet.state.runctx import RunContext, RunDir
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ class RefError(PyinfraError):
 
 def once_per_run(fn):
     """fn(*key) computed once per run and key, however many host greenlets ask at once
-    (voltafleet.once.Once with a gevent lock); `.calls` counts the real calls."""
+    (voltafleet.state.once.Once with a gevent lock); `.calls` counts the real calls."""
     return Once(fn, Semaphore)
 
 

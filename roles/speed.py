@@ -33,7 +33,7 @@ from copy import copy
 
 import pyinfra
 
-from voltafleet.pyinfra_version import CHECKED_VERSION, installed
+from voltafleet.state.pyinfra_version import CHECKED_VERSION, installed
 
 _util = importlib.import_module("pyinfra.api.util")
 _operation = importlib.import_module("pyinfra.api.operation")

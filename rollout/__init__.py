@@ -24,11 +24,11 @@
 With --plan nothing changes on any host: one pyinfra run reads every host's facts
 (VOLTAFLEET_PHASE=plan: preflight and the plan role, no operation) and the driver prints what
 each batch would change (release, flags, model, driver, restarts), the hosts preflight refuses
-and why, and the estimated time of each batch and in total (voltafleet.timeline); plan.json
+and why, and the estimated time of each batch and in total (voltafleet.planning.timeline); plan.json
 in the run directory. Exit 0 when the rollout would start and find every release, else 2.
 
 The driver's modules, one job each: main (the command line, the lock, which run), fleet (the
 inventory, the canary, the run's session and first fleet plan), runner (pyinfra runs and the
 signals), rolling (preflight, gateway, batches, the fleet report), plan (--plan), tune (--tune).
-It imports no role: what deploy.py's runs leave for it are records (voltafleet.runctx.RunDir).
+It imports no role: what deploy.py's runs leave for it are records (voltafleet.state.runctx.RunDir).
 """

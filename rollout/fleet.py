@@ -7,7 +7,7 @@
 The inventory file is read as pyinfra reads it (every public list of hosts is a group; our
 loader validates and fills every host's variables). What is resolved once a rollout, before
 preflight (each llama.cpp ref's commit, each model's size, the mirrors), is the first fleet
-plan; preflight's records then add every server host's instances (voltafleet.fleetplan).
+plan; preflight's records then add every server host's instances (voltafleet.state.fleetplan).
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import runpy
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from voltafleet import fleetplan, mirror, refs, runctx
-from voltafleet.modelmeta import remote_size
+from voltafleet.state import fleetplan, refs, runctx
+from voltafleet.models import mirror
+from voltafleet.models.modelmeta import remote_size
 
 from rollout.runner import REPO
 

@@ -9,8 +9,8 @@ import os
 import sys
 
 import rollout
-from voltafleet import pyinfra_version, rolling
-from voltafleet.lock import FleetLock, LockHeld
+from voltafleet.state import pyinfra_version, rolling
+from voltafleet.state.lock import FleetLock, LockHeld
 
 from rollout.fleet import Fleet
 from rollout.plan import dry_run

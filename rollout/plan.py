@@ -1,7 +1,7 @@
 """--plan: nothing changes on any host. One read-only pyinfra run (VOLTAFLEET_PHASE=plan:
 preflight and the plan role, no operation) records what each host would change; the
 batches, the hosts preflight refuses and why, and the estimated time of each batch
-(voltafleet.timeline) are printed and written to plan.json in the run directory.
+(voltafleet.planning.timeline) are printed and written to plan.json in the run directory.
 
     rc = dry_run(args, fleet, runner, batches, canary)   # 0: the rollout would start, else 2
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from voltafleet import dryrun, fleetplan, records, refs, runctx
+from voltafleet.planning import dryrun
+from voltafleet.state import fleetplan, records, refs, runctx
 
 from rollout.fleet import Fleet, Session
 from rollout.runner import REPO, Runner, say

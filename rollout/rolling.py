@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voltafleet import fleetplan, metrics, records, refs, rolling
+from voltafleet.state import fleetplan, metrics, records, refs, rolling
 
 from rollout.fleet import Fleet, Session
 from rollout.runner import REPO, Runner, say
@@ -26,8 +26,8 @@ class Rollout:
     batches: list
     canary: list
     session: Session | None = None
-    seconds: dict = field(default_factory=dict)   # each pyinfra run's wall time (python -m voltafleet.calibrate)
-    results: dict = field(default_factory=dict)   # {host: voltafleet.rolling.HostResult}
+    seconds: dict = field(default_factory=dict)   # each pyinfra run's wall time (python -m voltafleet.state.calibrate)
+    results: dict = field(default_factory=dict)   # {host: voltafleet.state.rolling.HostResult}
 
     @property
     def gateways(self) -> list[str]:

@@ -6,8 +6,8 @@
 Each run is `pyinfra -y INVENTORY deploy.py` limited to its hosts, in its own process group
 (a terminal's Ctrl-C reaches the driver only), with the run context in its environment and the
 fleet lock's descriptor passed on (the lock stays held while it runs, even if the driver is
-killed). Its output goes to its log, and to the terminal condensed (voltafleet.screen), or
-whole with -v. A run's verdicts are its records (voltafleet.runctx.RunDir), never its text.
+killed). Its output goes to its log, and to the terminal condensed (voltafleet.state.screen), or
+whole with -v. A run's verdicts are its records (voltafleet.state.runctx.RunDir), never its text.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voltafleet import runctx
-from voltafleet.screen import Condenser
+from voltafleet.state import runctx
+from voltafleet.state.screen import Condenser
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

@@ -1,4 +1,4 @@
-"""--tune: each setting of voltafleet.tune.candidates rolled onto the drained canary and
+"""--tune: each setting of voltafleet.measure.tune.candidates rolled onto the drained canary and
 measured (VOLTAFLEET_PHASE=tune), within the budget; the winner written to
 group_vars/<group>.tuned.yml; the canary restored (its group's values, back in rotation).
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from voltafleet import profile, records, refs, runctx
-from voltafleet import tune as tunemod
+from voltafleet.measure import profile
+from voltafleet.state import records, refs, runctx
+from voltafleet.measure import tune as tunemod
 
 from rollout.fleet import Fleet, run_directory
 from rollout.runner import REPO, Runner, say
@@ -76,7 +77,7 @@ class Tune:
 
     def profiled(self, hours: float) -> bool:
         """The tune's workload from the last `hours` of the gateway's log and the canary's servers'
-        journals (VOLTAFLEET_PHASE=profile reads them; voltafleet/profile.py makes them tune_*)."""
+        journals (VOLTAFLEET_PHASE=profile reads them; voltafleet/measure/profile.py makes them tune_*)."""
         host, gateways = self.host, self.fleet.gateways
         if not gateways:
             say("--tune: --profile-hours reads the gateway's log: this inventory has no gateway "

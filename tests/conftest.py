@@ -1,7 +1,7 @@
 import pytest
 
 from tests.fixture_vars import prod_host_vars
-from voltafleet.flags import pinned_help
+from voltafleet.planning.flags import pinned_help
 
 
 @pytest.fixture

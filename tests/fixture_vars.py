@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from voltafleet.groupvars import GROUP_VARS
+from voltafleet.inputs.groupvars import GROUP_VARS
 
 PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 FIXED = {

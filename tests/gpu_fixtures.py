@@ -7,7 +7,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from voltafleet import gpuhealth
+from voltafleet.gpu import gpuhealth
 
 DIR = Path(__file__).resolve().parent / "fixtures" / "gpu"
 

@@ -182,8 +182,8 @@ def run_once(n: int, compilers: int, mirror: Mirror, header: Path, parallel: int
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         counts = json.loads(out.read_text()) if out.exists() else {}
         sys.path.insert(0, str(REPO))
-        from voltafleet.records import Outcome  # the fake hosts' names are "@fake/NAME": outcome-@fake_NAME.json
-        from voltafleet.runctx import RunDir
+        from voltafleet.state.records import Outcome  # the fake hosts' names are "@fake/NAME": outcome-@fake_NAME.json
+        from voltafleet.state.runctx import RunDir
 
         passed = sum(r.status == "passed" for r in RunDir(Path(tmp) / "reports").all(Outcome))
     if proc.returncode != 0 or not counts:

@@ -20,11 +20,12 @@ import time
 from io import StringIO
 from pathlib import Path
 
-from voltafleet import gguf_header, gpuhealth  # noqa: F401  (gpuhealth: the fact's markers)
-from voltafleet import gateway as gw
-from voltafleet.flags import pinned_help
-from voltafleet.groupvars import load_or_exit
-from voltafleet.hostplan import HostFacts, make_plan, model_files
+from voltafleet.models import gguf_header  # noqa: F401  (gpuhealth: the fact's markers)
+from voltafleet.gpu import gpuhealth
+from voltafleet.front import gateway as gw
+from voltafleet.planning.flags import pinned_help
+from voltafleet.inputs.groupvars import load_or_exit
+from voltafleet.planning.hostplan import HostFacts, make_plan, model_files
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "v100_16gb"

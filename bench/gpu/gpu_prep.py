@@ -3,7 +3,7 @@ without network. The current proof is bench/gpu/gpu_proof.py; this keeps the old
 
 Carries: llama.cpp at the pin, gguf-py and the Qwen2 vocab from the same tree (bench/gpu/gpu_proof.py's
 pack_sources), voltafleet's build script with its argv (build.sh), the fact commands of
-roles/facts.py, the server flags of voltafleet.flags, the smoke client and the model writer.
+roles/facts.py, the server flags of voltafleet.planning.flags, the smoke client and the model writer.
 
     .venv/bin/python -m bench.gpu.gpu_prep    # then: device run with carry [".device"]
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from bench.gpu.gpu_proof import COMMIT, TOOLKIT, build_script_line, group_cfg, pack_sources
 from roles import facts
-from voltafleet import fingerprint as fpmod
-from voltafleet.flags import server_args
+from voltafleet.planning import fingerprint as fpmod
+from voltafleet.planning.flags import server_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ CONFIGS = [("c2k-f16-np1", 2048, 1, "f16", "f16"), ("c4k-f16", 4096, 1, "f16", "
 def main():
     pack_sources(OUT, vocabs=("qwen2",))
     shutil.copy(REPO / "lab/tinymodel.py", OUT)
-    shutil.copy(REPO / "voltafleet/smoke_client.py", OUT / "voltafleet-smoke")
+    shutil.copy(REPO / "voltafleet/measure/smoke_client.py", OUT / "voltafleet-smoke")
     line, fp = build_script_line("/DEVICE_REPO/.device", ["llama-server", "llama-quantize", "llama-bench"])
     (OUT / "build.sh").write_text(line + "\n")
     (OUT / "fingerprint").write_text(fp + "\n")

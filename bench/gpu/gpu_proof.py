@@ -10,8 +10,8 @@ The pack holds llama.cpp at the pinned commit (a one-commit bare git repository 
 llama-cpp-python sdist's vendor/llama.cpp: `pip download`, sha256 pinned in lab/fleet.py),
 its gguf-py and qwen35 vocabulary (for lab/qwen35gen.py, which writes the shape-exact
 Qwen3.6-27B Q4_K_S file on the GPU machine in seconds), voltafleet's own build script
-(roles/llama_cpp/files/vf-build-release.sh) with the argv voltafleet.hostplan renders for it,
-and every llama-server argv of the run rendered by voltafleet.flags.server_args from
+(roles/llama_cpp/files/vf-build-release.sh) with the argv voltafleet.planning.hostplan renders for it,
+and every llama-server argv of the run rendered by voltafleet.planning.flags.server_args from
 group_vars. On a lent machine where a command may run 10 minutes, `gpu_proof.sh` detaches
 the run and each call waits for it again (the results stay in $RES).
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from bench.gpu.groups import group_cfg
 from lab.fleet import SDIST_NAME, SDIST_SHA256, SDIST_VERSION
-from voltafleet import hostplan
-from voltafleet.flags import server_args
+from voltafleet.planning import hostplan
+from voltafleet.planning.flags import server_args
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
@@ -220,7 +220,7 @@ def plan_tune29(**kw) -> dict:
     """Issue 29: the v100_32gb group's tune settings (bench/gpu/tune29.py), planned for a V100-32GB
     from the 27B's header (tests/fixtures/gguf: the shape-exact file's); kw: plan29's workload, names."""
     from bench.gpu.tune29 import plan29
-    from voltafleet.gguf_header import from_json
+    from voltafleet.models.gguf_header import from_json
 
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
     return plan29(group_cfg, lambda c: server_args({**c, "server_host": "127.0.0.1"}, "MODEL", port=PORT,
@@ -461,8 +461,9 @@ def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT,
 # What the GPU machine runs with python3 (stdlib only), each at its repository path so that it imports
 # there as here: `PYTHONPATH=DEST python3 -m bench.gpu.proof_bench`.
 MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py",
-                   "bench/gpu/voltarule.py", "voltafleet/__init__.py", "voltafleet/smoke_client.py",
-                   "voltafleet/workload.py")
+                   "bench/gpu/voltarule.py", "voltafleet/__init__.py", "voltafleet/measure/__init__.py",
+                   "voltafleet/measure/smoke_client.py",
+                   "voltafleet/measure/workload.py")
 
 
 def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict:

@@ -4,7 +4,7 @@
 
 Every figure is the median of the 3 runs of one session with min-max; each ratio's two sides
 come from the same session. TTFT percentiles: nearest rank over the streams of a round
-(voltafleet.smoke.percentile); a round of 16 streams has p99 = its slowest stream.
+(voltafleet.measure.smoke.percentile); a round of 16 streams has p99 = its slowest stream.
 Aggregates of a round: `wall` = tokens / (first request sent .. last token), prompts included;
 `decode` = tokens that arrived while every stream was decoding / that window (steady state,
 the figure llama-batched-bench's S_TG measures).
@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from voltafleet.smoke_client import percentile
+from voltafleet.measure.smoke_client import percentile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,7 +120,7 @@ def vram_table(vram: list) -> dict:
 
 def splits(serve_or_vram: list) -> set:
     """Every `splits = S` figure the loads logged (sched_reserve at -lv 4)."""
-    from voltafleet.smoke_client import graph_splits
+    from voltafleet.measure.smoke_client import graph_splits
     return {s for r in serve_or_vram for s in graph_splits("\n".join(r.get("log", [])))}
 
 

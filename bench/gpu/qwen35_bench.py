@@ -2,7 +2,7 @@
 
 Runs where llama-server runs (the H200 box via bench/gpu/qwen35_gpu.sh, or any host with a
 llama-server for a dry run on a small model). Python stdlib only. Every llama-server
-argv comes from plan.json (rendered by voltafleet.flags.server_args in bench/gpu/qwen35_prep.py);
+argv comes from plan.json (rendered by voltafleet.planning.flags.server_args in bench/gpu/qwen35_prep.py);
 MODEL in an argv is replaced by the model file. Results go to RES/results.json after
 every step, so a run cut short still leaves what it measured.
 

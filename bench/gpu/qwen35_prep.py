@@ -3,7 +3,7 @@
 The GPU box has no network: it gets llama.cpp at the pinned commit (bench/gpu/gpu_proof.py packs it from the
 llama-cpp-python sdist), gguf-py and models/ggml-vocab-qwen35.gguf from the same tree, the model
 generator (lab/qwen35gen.py), voltafleet's own build script, and every llama-server argv
-to run, rendered by voltafleet.flags.server_args from group_vars (all.yml + the V100
+to run, rendered by voltafleet.planning.flags.server_args from group_vars (all.yml + the V100
 group files) with only ctx / slots / KV types changed along the ladder.
 
     .venv/bin/python -m bench.gpu.qwen35_prep [DEST]   # default /work/main/.gpuwork

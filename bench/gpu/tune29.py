@@ -1,6 +1,6 @@
 """Issue 29 on the H200: the tune of the v100_32gb group through the GPU proof.
 
-The controller side (`plan29`, in the pack's plan.json): voltafleet.tune.candidates of the
+The controller side (`plan29`, in the pack's plan.json): voltafleet.measure.tune.candidates of the
 v100_32gb group's variables, each setting's llama-server argv rendered as a host of the group
 gets it and its VRAM plan for a V100-32GB (32,768 MiB; a setting that does not fit is kept,
 refused, never run), and the build it runs on: the shipped FORCE_MMQ release (`mmq`), or for the
@@ -8,9 +8,9 @@ build-variant setting the Volta-rule release (`volta`).
 
 The GPU side (phase tune29 of proof_bench.py, Proof29.tune29): each setting's server, its GPU's memory
 once loaded (`loaded_mib`, since issue 38: runs 1 and 2 have only the workload's `after_load_mib`,
-read after the golden probe's request), then the group's workload (voltafleet/workload.py, as
+read after the golden probe's request), then the group's workload (voltafleet/measure/workload.py, as
 shipped to hosts: tune_* of group_vars/all.yml) on it, tune_repetitions times; the records go to
-results.json["tune29"]. `report` judges them with voltafleet.tune (the winner against the
+results.json["tune29"]. `report` judges them with voltafleet.measure.tune (the winner against the
 shipped setting, one session) from the records alone.
 """
 from __future__ import annotations
@@ -36,7 +36,8 @@ FOLLOWUP_SETTINGS = ("shipped", "no checkpoints")
 
 def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD, names=None) -> dict:
     """Every setting of the tune (or those `names`): name, values, argv (MODEL for the model), build, plan."""
-    from voltafleet import tune, vram
+    from voltafleet.measure import tune
+    from voltafleet.planning import vram
 
     cfg = {**group_cfg(GROUP), "voltafleet_backend": "cuda", **workload}
     out = []
@@ -57,11 +58,11 @@ def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD
 
 
 def trials(records: list[dict], followups_sent: bool = True):
-    """voltafleet.tune.Trial of each record; its probe: its greedy tokens against the shipped
+    """voltafleet.measure.tune.Trial of each record; its probe: its greedy tokens against the shipped
     setting's (the first record), as the fleet compares every host with the golden probe.
     followups_sent False (run 1): the records' `followups` are the workload's draws, none of which
     could be sent (no client had a conversation yet): left out rather than quoted."""
-    from voltafleet import tune
+    from voltafleet.measure import tune
 
     out = []
     gold = records[0].get("probe_tokens") if records else None
@@ -76,7 +77,7 @@ def trials(records: list[dict], followups_sent: bool = True):
 
 
 def report(records: list[dict], cfg: dict) -> str:
-    from voltafleet import tune
+    from voltafleet.measure import tune
 
     ts = trials(records, False)
     best = tune.winner(ts, cfg, V100_32GB_MIB)
@@ -98,7 +99,7 @@ def machine(run: Path) -> dict:
 
 def document(records: list[dict], cfg: dict, meta: dict, followups_sent: bool = True) -> str:
     """The group_vars/v100_32gb.tuned.yml a canary would write from these trials."""
-    from voltafleet import tune
+    from voltafleet.measure import tune
 
     ts = trials(records, followups_sent)
     return tune.document(GROUP, tune.winner(ts, cfg, V100_32GB_MIB), ts, cfg, meta, V100_32GB_MIB)

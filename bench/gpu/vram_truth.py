@@ -1,7 +1,7 @@
 """Planner vs. measured VRAM on the H200 (the table in bench/VRAM_TRUTH.md).
 
 Measured: llama-server's own process memory (nvidia-smi --query-compute-apps) after load,
-from bench/records/gpu-loads-run*.json (bench/gpu/gpu_run.sh). Predicted: voltafleet.vram from the
+from bench/records/gpu-loads-run*.json (bench/gpu/gpu_run.sh). Predicted: voltafleet.planning.vram from the
 same model's GGUF header (tests/fixtures/gguf/). Overhead: 610 MiB (CUDA context + cuBLAS).
 Second table: the Qwen3.6-27B shape (hybrid qwen35, bench/records/qwen35-h200-run1.json), each
 term against llama.cpp's own CUDA0 buffer and the total against nvidia-smi's process memory
@@ -12,8 +12,8 @@ after the first request.
 import json
 from pathlib import Path
 
-from voltafleet.gguf_header import from_json
-from voltafleet.vram import MIB, ModelShape, plan
+from voltafleet.models.gguf_header import from_json
+from voltafleet.planning.vram import MIB, ModelShape, plan
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -37,7 +37,7 @@ import httpx
 import yaml
 
 from lab.fleet import load_state
-from voltafleet import gateway
+from voltafleet.front import gateway
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -105,7 +105,7 @@ def local_targets(tmp: Path, streams: int):
     import subprocess
 
     from tests.gateway_local import harness
-    from voltafleet import teams
+    from voltafleet.front import teams
 
     why = harness.missing()
     if why:

@@ -1,7 +1,7 @@
 """Activation, the last step of a host's rollout: restart what changed (each instance out of
 the gateway's rotation first, its drain confirmed), have the smoke role's Judge measure and
 judge it, and on any failure after the host's first change (drain, restart, health, smoke,
-probe) roll it back (voltafleet.rollback decides the steps): the last good release, flags,
+probe) roll it back (voltafleet.state.rollback decides the steps): the last good release, flags,
 unit and model (files are kept by content) come back, restart and are judged again. On
 success: record `good`, prune what rollback no longer needs, write the Prometheus textfile and
 put the instances back in the gateway. Either way the host's outcome record of this run says
@@ -23,10 +23,10 @@ from roles.factcache import host_fact
 from roles.gateway_api import DrainError, drain, drain_timeout, gateway_hosts, out_of_rotation, ready
 from roles.run import changes, record, run_context
 from roles.shell import bin_path, q, restart_command, sh
-from voltafleet import rollback
-from voltafleet.hostplan import ENV_DIR, GOOD_DIR, UNIT_PATH, HostPlan
-from voltafleet.restarts import restart_set
-from voltafleet.rollback import StepFailed as Failed
+from voltafleet.state import rollback
+from voltafleet.planning.hostplan import ENV_DIR, GOOD_DIR, UNIT_PATH, HostPlan
+from voltafleet.planning.restarts import restart_set
+from voltafleet.state.rollback import StepFailed as Failed
 
 def _good(plan: HostPlan, action: str) -> str:
     return q(bin_path(plan, "vf-good"), action, plan.root, ENV_DIR, GOOD_DIR, UNIT_PATH)

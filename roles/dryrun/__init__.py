@@ -1,7 +1,7 @@
 """Dry run (`python -m rollout INVENTORY --plan`, VOLTAFLEET_PHASE=plan): what a batch would change
 on this host. The facts a batch reads (release, environment files, unit, model files, driver
-packages, running instances) are compared with the host plan (voltafleet.hostplan) by
-voltafleet.dryrun; the
+packages, running instances) are compared with the host plan (voltafleet.planning.hostplan) by
+voltafleet.planning.dryrun; the
 record goes to the controller (reports/rollout-<id>/plan-<host>.json). Nothing is changed:
 this role reads facts and runs no operation.
 """
@@ -15,10 +15,11 @@ from roles.factcache import host_fingerprint, model_size
 from roles.run import report_dir, run_context
 from roles.facts import EnvFiles, FileState, HostBasics, NvccVersion, Releases, ServerInstances
 from roles.driver_facts import NvidiaPci, driver_plan
-from voltafleet import dryrun, nvidia
-from voltafleet.hostplan import ENV_DIR, UNIT_PATH, HostPlan
-from voltafleet.modelstate import is_verified
-from voltafleet.unitfile import plan_unit
+from voltafleet.planning import dryrun
+from voltafleet.gpu import nvidia
+from voltafleet.planning.hostplan import ENV_DIR, UNIT_PATH, HostPlan
+from voltafleet.models.modelstate import is_verified
+from voltafleet.planning.unitfile import plan_unit
 
 
 def _toolkit(plan: HostPlan) -> bool | None:
@@ -29,7 +30,7 @@ def _toolkit(plan: HostPlan) -> bool | None:
 
 
 def _driver(plan: HostPlan) -> dict | None:
-    """voltafleet.nvidia.driver_plan of this host (None: cpu, or a driver managed elsewhere)."""
+    """voltafleet.gpu.nvidia.driver_plan of this host (None: cpu, or a driver managed elsewhere)."""
     cfg = plan.cfg
     if not plan.cuda or not cfg["manage_driver"]:
         return None

@@ -10,9 +10,9 @@ leaves the running gateway untouched.
 With gateway_teams, the gateway checks a key per team (the sha256 of the Bearer token in a
 map), limits each team (requests in flight, per minute: 429 with Retry-After), counts its
 usage (/metrics/teams on the metrics bind), refuses a team over its token budget (per UTC
-day and month, counted in files that survive reloads: voltafleet/budgets.py), and sends the
+day and month, counted in files that survive reloads: voltafleet/front/budgets.py), and sends the
 servers their own key instead
-(voltafleet/teams.py). A key or limit change brings the maps of the running process to
+(voltafleet/front/teams.py). A key or limit change brings the maps of the running process to
 the files, then reads them back (a mismatch fails the run): no reload, no server touched.
 
 The rolling rollout drains instances through the runtime API (roles/gateway_api: drain, ready).
@@ -35,9 +35,10 @@ from roles.gateway_api import is_server, server_address
 from roles.run import ConfigRefused, changes, config, fleet_plan, host_config, sources
 from roles.shell import sh
 from roles.facts import Gpus, HAProxyBackends
-from voltafleet import gateway as gw
-from voltafleet.errors import format_errors
-from voltafleet import budgets, hostplan, teams, tiers
+from voltafleet.front import gateway as gw
+from voltafleet.inputs.errors import format_errors
+from voltafleet.front import budgets, teams, tiers
+from voltafleet.planning import hostplan
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "haproxy.cfg.j2"
 LIVE = "/etc/haproxy/haproxy.cfg"

@@ -11,7 +11,7 @@ from pyinfra.api import deploy
 
 from roles.shell import bin_path, SMOKE_CLIENT, WORKLOAD_CLIENT
 from roles.filesync import Wanted, synced
-from voltafleet.hostplan import HostPlan
+from voltafleet.planning.hostplan import HostPlan
 
 ROLES = Path(__file__).resolve().parents[1]
 REPO = ROLES.parent
@@ -25,8 +25,8 @@ def scripts() -> dict[str, Path]:
 @lru_cache(maxsize=1)
 def _scripts() -> tuple[tuple[str, Path], ...]:  # looked up once per run, not once per host
     found = {p.stem: p for p in sorted(ROLES.glob("*/files/*.sh"))}
-    found[SMOKE_CLIENT] = REPO / "voltafleet" / "smoke_client.py"
-    found[WORKLOAD_CLIENT] = REPO / "voltafleet" / "workload.py"  # the tune's workload (python -m rollout --tune)
+    found[SMOKE_CLIENT] = REPO / "voltafleet" / "measure" / "smoke_client.py"
+    found[WORKLOAD_CLIENT] = REPO / "voltafleet" / "measure" / "workload.py"  # the tune's workload (python -m rollout --tune)
     return tuple(found.items())
 
 

@@ -28,11 +28,11 @@ from roles.run import fleet_plan, once_per_run, report_dir, run_context
 
 from roles.shell import bin_path, connector_args, live, sh
 from roles.facts import HostBasics, NvccVersion, Releases
-from voltafleet import hostplan
-from voltafleet.fleetplan import release_cache, release_cached
-from voltafleet.hostplan import HostPlan
-from voltafleet.records import Build
-from voltafleet.runctx import RunDir
+from voltafleet.planning import hostplan
+from voltafleet.state.fleetplan import release_cache, release_cached
+from voltafleet.planning.hostplan import HostPlan
+from voltafleet.state.records import Build
+from voltafleet.state.runctx import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_CACHE = release_cache(REPO)

@@ -3,7 +3,7 @@
 (templates/nginx-mirror.conf.j2): the slice module fetches and caches the file in
 mirror_slice_mb pieces, so Range requests and resumed downloads work through it, and one
 host fetches each piece while the others wait for it (proxy_cache_lock). Server hosts fetch
-through it (voltafleet.mirror.fetch_url) and still verify the sha256.
+through it (voltafleet.models.mirror.fetch_url) and still verify the sha256.
 
 Debian 12's `nginx` package has the slice module built in (nginx-light, -core and -full are
 only sets of extra modules on top of it). A new configuration goes live only once `nginx -t`
@@ -23,7 +23,7 @@ from roles.gateway_api import is_server, server_address
 
 from roles.run import changes, config, fleet_plan
 from roles.facts import Nameservers
-from voltafleet.mirror import allow_list, nginx_vars
+from voltafleet.models.mirror import allow_list, nginx_vars
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "nginx-mirror.conf.j2"
 LIVE = "/etc/nginx/conf.d/voltafleet-mirror.conf"

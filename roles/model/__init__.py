@@ -2,7 +2,7 @@
 (roles/model/files/vf-fetch-model.sh).
 
 With a `mirror` group in the inventory, every file of the mirrors' origin comes through the
-mirror that voltafleet.mirror picks for the host (roles/mirror: nginx caching it once).
+mirror that voltafleet.models.mirror picks for the host (roles/mirror: nginx caching it once).
 
 A wrong checksum, a 404 or a broken transfer never replaces a good file and never leaves
 a half file where the server reads: downloads go to <file>.part (kept for resuming a
@@ -21,11 +21,11 @@ from roles.gateway_api import fleet_mirrors
 from roles.run import config, report_dir, run_context
 from roles.shell import bin_path, live, q, sh
 from roles.facts import FileState
-from voltafleet.hostplan import HostPlan, ModelFile
-from voltafleet.mirror import fetch_url
-from voltafleet.modelstate import is_verified
-from voltafleet.records import Download, Fetch
-from voltafleet.runctx import RunDir
+from voltafleet.planning.hostplan import HostPlan, ModelFile
+from voltafleet.models.mirror import fetch_url
+from voltafleet.models.modelstate import is_verified
+from voltafleet.state.records import Download, Fetch
+from voltafleet.state.runctx import RunDir
 
 
 def fetch_command(fetcher: str, url: str, dest: str, sha256: str | None) -> str:

@@ -1,4 +1,4 @@
-"""Preflight: read the host's facts, make its plan (voltafleet.hostplan.make_plan) and
+"""Preflight: read the host's facts, make its plan (voltafleet.planning.hostplan.make_plan) and
 refuse, before anything changes, a host that cannot serve."""
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from roles.gateway_api import is_gateway, missing_gateways
 
 from roles.run import config, hold_fleet_lock, once_per_run, report_dir, run_context, sources
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
-from voltafleet import gguf_header, hostcpu
-from voltafleet import probe as probemod
-from voltafleet.hostplan import HostFacts, HostPlan, make_plan, model_files
-from voltafleet.records import Preflight
-from voltafleet.runctx import RunDir
+from voltafleet.models import gguf_header
+from voltafleet.planning import hostcpu
+from voltafleet.models import probe as probemod
+from voltafleet.planning.hostplan import HostFacts, HostPlan, make_plan, model_files
+from voltafleet.state.records import Preflight
+from voltafleet.state.runctx import RunDir
 
 
 class PreflightError(PyinfraError):
@@ -107,7 +108,7 @@ def preflight() -> HostPlan:
 
     .. code:: python
 
-        plan = preflight()   # a voltafleet.hostplan.HostPlan
+        plan = preflight()   # a voltafleet.planning.hostplan.HostPlan
     """
     hold_fleet_lock(host.state)
     cfg = config()

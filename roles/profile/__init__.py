@@ -1,7 +1,7 @@
 """Profile: the log lines the tune's workload is recorded from (VOLTAFLEET_PHASE=profile; reads
 only). The gateway's HAProxy log (requests in flight on the canary's instances) and the canary's
 llama-server journals (each request's prompt, cached prefix and answer) of the last
-`tune_profile_hours` go to profile-<host>.json in the run directory; voltafleet/profile.py makes
+`tune_profile_hours` go to profile-<host>.json in the run directory; voltafleet/measure/profile.py makes
 them into the tune_* values (`python -m rollout INVENTORY --tune --profile-hours N`).
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from roles.gateway_api import is_server
 from roles.run import config, report_dir, run_context
 from roles.shell import q, sh
-from voltafleet import profile
-from voltafleet.gateway import backend_name
-from voltafleet.records import Profile
-from voltafleet.runctx import RunDir
+from voltafleet.measure import profile
+from voltafleet.front.gateway import backend_name
+from voltafleet.state.records import Profile
+from voltafleet.state.runctx import RunDir
 
 MAX_LINES = 200000  # the newest lines of the window, enough for a busy day of one host
 SOURCES = {  # what is read on each kind of host: journalctl's selection, the lines kept

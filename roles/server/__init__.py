@@ -22,11 +22,11 @@ from roles.run import sources
 from roles.shell import bin_path
 from roles.filesync import ChangeLog, FileChange, FilesState, Wanted, synced
 from roles.facts import HelpText, Releases, ServerInstances, ServiceAccount
-from voltafleet import flags as flagmod
-from voltafleet.errors import format_errors
-from voltafleet.fingerprint import releases_to_prune
-from voltafleet.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
-from voltafleet.unitfile import (MEMORY_PLAN_PATH, MEMORY_UNIT, MEMORY_UNIT_PATHS, memory_plan_file, memory_units,
+from voltafleet.planning import flags as flagmod
+from voltafleet.inputs.errors import format_errors
+from voltafleet.planning.fingerprint import releases_to_prune
+from voltafleet.planning.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
+from voltafleet.planning.unitfile import (MEMORY_PLAN_PATH, MEMORY_UNIT, MEMORY_UNIT_PATHS, memory_plan_file, memory_units,
                                  plan_unit)
 
 
@@ -176,7 +176,7 @@ def env_files(plan: HostPlan) -> tuple[dict[int, Wanted], list[tuple[str, str]]]
 
 
 def unit_file(plan: HostPlan) -> Wanted:
-    """llama-server@.service as files.template rendered it (voltafleet.unitfile, once per distinct
+    """llama-server@.service as files.template rendered it (voltafleet.planning.unitfile, once per distinct
     input), with the host-memory plan's MemoryHigh/MemoryMax and server_oom_score_adjust."""
     return Wanted(UNIT_PATH, "644", text=plan_unit(plan))
 

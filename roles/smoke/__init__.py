@@ -1,8 +1,8 @@
 """Smoke test: measure and judge a host's instances. Health, all layers offloaded, time to
 first token, single-stream (judged on the lowest of client, server and /metrics figures) and
 N-way tok/s against thresholds, and every instance's quality probe against the golden one
-kept in the repository (probes/). The smoke client (voltafleet/smoke_client.py) runs on the
-host; the verdict (voltafleet/smoke.py) on the controller.
+kept in the repository (probes/). The smoke client (voltafleet/measure/smoke_client.py) runs on the
+host; the verdict (voltafleet/measure/smoke.py) on the controller.
 
 The role installs the probes' prompts and returns a Judge; the activation role (restart,
 drain, ready, rollback) calls it after each restart. A converged host is probed only.
@@ -19,13 +19,13 @@ from roles.facts import GpuHealth
 from roles.filesync import Wanted, synced
 from roles.run import report_dir, run_context
 from roles.shell import SMOKE_CLIENT, bin_path, q, sh
-from voltafleet import gpuhealth
-from voltafleet import probe as probemod
-from voltafleet import smoke as smokemod
-from voltafleet.hostplan import API_KEY_PATH, HostPlan
-from voltafleet.records import Smoke
-from voltafleet.rollback import StepFailed
-from voltafleet.runctx import RunDir
+from voltafleet.gpu import gpuhealth
+from voltafleet.models import probe as probemod
+from voltafleet.measure import smoke as smokemod
+from voltafleet.planning.hostplan import API_KEY_PATH, HostPlan
+from voltafleet.state.records import Smoke
+from voltafleet.state.rollback import StepFailed
+from voltafleet.state.runctx import RunDir
 
 PROMPT_PATHS = {"probe": "smoke-probe-prompt.txt", "probe_long": "smoke-probe-long-prompt.txt"}  # under voltafleet_root
 PROMPT_FLAGS = {"probe": "--probe-prompt-file", "probe_long": "--probe-long-prompt-file"}
@@ -163,7 +163,7 @@ class Judge:
         return smokemod.table(name, report)
 
     def write(self, name: str, report: dict) -> None:
-        """smoke-<host>.json: the report as a typed record (voltafleet.records.Smoke)."""
+        """smoke-<host>.json: the report as a typed record (voltafleet.state.records.Smoke)."""
         RunDir(report_dir(self.plan.cfg)).write(Smoke.make({**report, "host": name, "run": run_context().run}))
 
     def textfile(self, host, report: dict) -> None:

@@ -3,7 +3,7 @@ smoke client) and, on CUDA hosts, NVIDIA's CUDA 12.x toolkit and the R580 driver
 proprietary kernel modules, held at its branch.
 
 The driver steps, in order (docs/UPGRADE.md tells the user's side):
-  1. decide from the installed packages (roles/driver_facts.py, voltafleet.nvidia.driver_plan)
+  1. decide from the installed packages (roles/driver_facts.py, voltafleet.gpu.nvidia.driver_plan)
      whether the driver changes: another branch or source to purge, packages missing, a newer
      release ("latest") or another exact release (nvidia_driver_version) to move to;
   2. only then: stop the host's llama-server instances (the rolling driver drains the host in
@@ -27,15 +27,15 @@ from roles.factcache import host_fact
 from roles.filesync import Wanted, synced
 from roles.facts import Gpus
 from roles.driver_facts import DriverDiagnostics, NvidiaPci, SmiBusIds, driver_plan
-from voltafleet import nvidia
-from voltafleet.hostplan import HostPlan
+from voltafleet.gpu import nvidia
+from voltafleet.planning.hostplan import HostPlan
 
 BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "python3", "curl", "ca-certificates"]
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf"
 APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'
 
 # GPUs on the PCI bus missing from nvidia-smi, read before the rollout, per host (for the
-# report): voltafleet.nvidia.gpu_health's dict.
+# report): voltafleet.gpu.nvidia.gpu_health's dict.
 GPU_HEALTH: dict[str, dict] = {}
 
 

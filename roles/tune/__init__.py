@@ -3,7 +3,7 @@
 The canary's instances are drained before anything changes and stay drained (roles.gateway_api.ready
 does nothing in a tune trial), the trial's setting is rolled and smoke-tested as any rollout
 does (a setting the VRAM plan refuses never starts; one that fails its smoke test or the golden
-probe is rolled back), then the group's workload runs on instance 0 (voltafleet/workload.py,
+probe is rolled back), then the group's workload runs on instance 0 (voltafleet/measure/workload.py,
 `tune_repetitions` times) and its figures go to tune-<host>.json beside the run's outcome record.
 On CUDA, instance 0 is restarted first and its GPU's memory read once /health answers: the CUDA
 context before any request, for the planner's calibration (the smoke test's requests, or the
@@ -24,10 +24,10 @@ from roles.run import report_dir, run_context
 
 from roles.shell import bin_path, q, restart_command, sh, WORKLOAD_CLIENT
 from roles.facts import Gpus
-from voltafleet.hostplan import API_KEY_PATH, HostPlan
-from voltafleet.records import Outcome, Tune
-from voltafleet.runctx import RunDir
-from voltafleet.tune import Workload, gpu_used_command, gpu_used_mib
+from voltafleet.planning.hostplan import API_KEY_PATH, HostPlan
+from voltafleet.state.records import Outcome, Tune
+from voltafleet.state.runctx import RunDir
+from voltafleet.measure.tune import Workload, gpu_used_command, gpu_used_mib
 
 @operation()
 def held(plan: HostPlan):

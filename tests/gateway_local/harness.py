@@ -3,7 +3,7 @@ llama-server of the pinned build: the proof that usage per team is exact without
 
 Everything runs as the current user on loopback ports (VOLTAFLEET_LOCAL_PORT, default 18961,
 and the next two); the configuration is templates/haproxy.cfg.j2 rendered by
-voltafleet.gateway.template_vars, with its /etc/haproxy paths moved into a temporary folder.
+voltafleet.front.gateway.template_vars, with its /etc/haproxy paths moved into a temporary folder.
 A machine without haproxy, a lab-built llama-server of the pinned commit or the lab's tiny
 model skips the tests (missing() says which)."""
 from __future__ import annotations
@@ -76,8 +76,8 @@ def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, 
     import jinja2
 
     from tests.fixture_vars import all_yml_vars
-    from voltafleet import budgets as budgets_mod
-    from voltafleet import gateway, teams, tiers
+    from voltafleet.front import budgets as budgets_mod
+    from voltafleet.front import gateway, teams, tiers
 
     team_list = [{"name": t, "key_sha256": sha(k), **(budgets or {}).get(t, {})} for t, k in keys.items()]
     cfg = {**all_yml_vars(), "gateway_teams": team_list,
@@ -153,7 +153,7 @@ class Local:
 
     @property
     def metrics(self) -> str:
-        from voltafleet import teams
+        from voltafleet.front import teams
         return f"http://127.0.0.1:{self.metrics_port}{teams.METRICS_PATH}"
 
     def start(self) -> "Local":

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.gateway_local import harness
-from voltafleet import budgets
+from voltafleet.front import budgets
 
 KEYS = {"web": "key-web", "tiny": "key-tiny", "pair": "key-pair"}
 BUDGETS = {"tiny": {"tokens_per_day": 60}, "pair": {"tokens_per_day": 50, "tokens_per_month": 10 ** 9},

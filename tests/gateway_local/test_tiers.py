@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from tests.gateway_local import harness
-from voltafleet import gateway
+from voltafleet.front import gateway
 
 KEYS = {"web": "key-web", "ide": "key-ide", "chat": "key-chat"}
 FIELDS = {"ide": {"tier": "latency"}, "chat": {"tiers": ["throughput", "latency"], "overflow": "refuse"}}
@@ -231,7 +231,7 @@ def test_a_teams_tier_changes_in_the_running_gateway_without_a_reload(tg):
     import subprocess
     from pathlib import Path
 
-    from voltafleet import teams, tiers
+    from voltafleet.front import teams, tiers
 
     if not shutil.which("socat"):
         pytest.skip("no socat (the runtime API's client)")

@@ -13,7 +13,7 @@ import testinfra
 import yaml
 
 from lab.fleet import load_state
-from voltafleet import gateway
+from voltafleet.front import gateway
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tests.lab.helpers import PYINFRA, REPO, deploy, env_file, lab, pids, rollout, run_env, ssh
-from voltafleet.lock import FleetLock
+from voltafleet.state.lock import FleetLock
 
 MODELS = "/var/lib/voltafleet/models"
 
@@ -108,7 +108,7 @@ def test_a_second_rollout_refuses_at_once_naming_the_holder(three, tmp_path):
     path = FleetLock.for_hosts(names, "x").path
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, %r)\n"
-        "from voltafleet.lock import FleetLock\n"
+        "from voltafleet.state.lock import FleetLock\n"
         "FleetLock(%r, 'python -m rollout inventory/lab.py (test holder)').acquire(); print('held', flush=True)\n"
         "time.sleep(120)") % (str(REPO), str(path))], stdout=subprocess.PIPE, text=True)
     before = pids(three)

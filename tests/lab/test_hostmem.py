@@ -3,7 +3,7 @@ containers cannot enforce a memory limit (their memory cgroup is read-only: `sys
 reads MemoryHigh=infinity there), so the lab shows what it can: each unit as rendered carries
 the plan's MemoryHigh/MemoryMax, each server's oom_score_adj is server_oom_score_adjust and
 above sshd's, and voltafleet-memory.timer's textfile holds each server's VmRSS and its plan.
-The expected numbers come from voltafleet.hostplan.make_plan (voltafleet.hostmem), from the
+The expected numbers come from voltafleet.planning.hostplan.make_plan (voltafleet.planning.hostmem), from the
 lab inventory's values, the lab model's header and each host's own memory, as preflight makes
 them. A few seconds: no deploy beyond the `converged` fixture's."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ import re
 import pytest
 
 from tests.lab.helpers import main_pid, ssh
-from voltafleet import gguf_header
-from voltafleet.config import SCHEMA, validate_values
-from voltafleet.hostplan import HostFacts, make_plan
-from voltafleet.unitfile import MEMORY_TEXTFILE
+from voltafleet.models import gguf_header
+from voltafleet.inputs.config import SCHEMA, validate_values
+from voltafleet.planning.hostplan import HostFacts, make_plan
+from voltafleet.planning.unitfile import MEMORY_TEXTFILE
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def memory_facts(h: dict) -> dict:
 
 
 def planned(h: dict):
-    """(the host's variables, its host-memory plan: voltafleet.hostmem.Plan) as a rollout plans it."""
+    """(the host's variables, its host-memory plan: voltafleet.planning.hostmem.Plan) as a rollout plans it."""
     cfg = host_cfg(h["name"])
     systemd = int(ssh(h, "systemctl --version | awk 'NR == 1 {print $2}'"))
     facts = HostFacts(os="debian-12", systemd=systemd, model_present=True, **memory_facts(h))

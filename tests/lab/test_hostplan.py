@@ -15,7 +15,7 @@ def plan_json(run) -> dict:
 def test_plan_shows_the_lab_hosts_memory_and_cpu_and_they_fit(converged, tmp_path):
     run, _ = rollout(["--plan"], tmp=tmp_path)
     assert run.rc == 0, run
-    assert "host resources (voltafleet/hostmem.py" in run.out and "group lab (" in run.out
+    assert "host resources (voltafleet/planning/hostmem.py" in run.out and "group lab (" in run.out
     records = plan_json(run)["records"]
     for h in lab()["hosts"]:
         lines = records[h["name"]]["resources"]

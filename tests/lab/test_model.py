@@ -8,7 +8,7 @@ import pytest
 
 from lab.fleet import STATE
 from tests.lab.helpers import REPO, lab, ssh, th
-from voltafleet.gguf_header import read_url
+from voltafleet.models.gguf_header import read_url
 
 DEST = "/var/tmp/vf-fetch-test/model.gguf"
 
@@ -101,7 +101,7 @@ def test_header_is_read_with_range_requests_only():
 
 def test_mirror_answers_with_the_lfs_sha256_and_pin_model_reads_it(tmp_path):
     """The lab mirror sends X-Linked-Etag like Hugging Face; pin_model records and checks it."""
-    from voltafleet import pin_model
+    from voltafleet.inputs import pin_model
 
     st = lab()
     sha, _ = pin_model.linked_sha256(st["model_url"])

@@ -16,7 +16,7 @@ import pytest
 
 from bench.lab.load import Load
 from tests.lab.helpers import deploy, lab, pids, ssh
-from voltafleet import gateway, teams
+from voltafleet.front import gateway, teams
 
 
 URL = "http://127.0.0.1:18800"
@@ -418,7 +418,7 @@ def wait_new_worker(old: int) -> int:
 
 def spent_budget_team(tmp) -> tuple[str, str, float]:
     """A new team with a daily budget of 60 tokens, spent by 40-token requests: (name, key, its use)."""
-    from voltafleet import budgets
+    from voltafleet.front import budgets
 
     name, key = "b" + secrets.token_hex(4), "vf-" + secrets.token_urlsafe(24)
     v = team_vars()
@@ -432,7 +432,7 @@ def spent_budget_team(tmp) -> tuple[str, str, float]:
 
 
 def test_a_team_over_its_daily_budget_gets_the_429_naming_it(team_fleet):
-    from voltafleet import budgets
+    from voltafleet.front import budgets
 
     name, key, used = spent_budget_team(team_fleet)
     assert 80 < used < 120 and usage()[("voltafleet_team_budget_tokens", f'team="{name}",period="day"')] == 60

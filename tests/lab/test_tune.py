@@ -18,7 +18,7 @@ import yaml
 
 from bench.lab.load import Load
 from tests.lab.helpers import REPO, env_file, gateway_stat, lab, rollout, run_env
-from voltafleet import tune
+from voltafleet.measure import tune
 
 
 TUNED = REPO / "group_vars" / f"lab{tune.SUFFIX}"

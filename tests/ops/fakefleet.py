@@ -14,7 +14,7 @@ import re
 import gevent
 
 from tests.ops.fakes import FAKE_OVERRIDES
-from voltafleet.groupvars import load_or_exit
+from voltafleet.inputs.groupvars import load_or_exit
 
 REBOOT = re.compile(r"&& reboot \)")
 
@@ -89,7 +89,7 @@ def no_reboot_wait(seconds):
 
 def fleet_of(scenario: dict, origin: str = "tests/ops/inventory.py") -> list[tuple[str, dict]]:
     """The inventory group of a scenario: [("@fake/NAME", data)], validated by
-    voltafleet.groupvars.load_or_exit as an inventory file's hosts are (a bad value prints
+    voltafleet.inputs.groupvars.load_or_exit as an inventory file's hosts are (a bad value prints
     its block and raises SystemExit(2))."""
     group = scenario.get("group", "v100_16gb")
     return load_or_exit({group: [_host(h) for h in scenario.get("hosts", [scenario])]}, origin=origin,

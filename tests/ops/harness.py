@@ -200,7 +200,7 @@ def _fresh_run():
 def _reset() -> None:
     import roles.run as run
     import roles.toolchain as toolchain
-    from voltafleet.once import Once
+    from voltafleet.state.once import Once
 
     for lock in run._LOCK:
         lock.release()

@@ -1,7 +1,7 @@
 """The build and the model download leave typed records on the controller (build-<host>.json,
-fetch-<host>.json: voltafleet.records.Build and Fetch), read from what the host's scripts kept
+fetch-<host>.json: voltafleet.state.records.Build and Fetch), read from what the host's scripts kept
 (vf-build-release's build/<fp>.seconds, vf-fetch-model's <dest>.fetched), never from the text
-they print: voltafleet/calibrate.py reads these records only."""
+they print: voltafleet/state/calibrate.py reads these records only."""
 import shutil
 import subprocess
 import threading
@@ -13,9 +13,9 @@ import pytest
 
 import roles.llama_cpp as lc
 import roles.model as model_role
-from voltafleet.hostplan import HostFacts, make_plan
-from voltafleet.records import Build, Download, Fetch
-from voltafleet.runctx import RunContext, RunDir
+from voltafleet.planning.hostplan import HostFacts, make_plan
+from voltafleet.state.records import Build, Download, Fetch
+from voltafleet.state.runctx import RunContext, RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"

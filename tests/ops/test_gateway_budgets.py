@@ -3,7 +3,7 @@ is written beside the other team maps (0640, HAProxy's group) and brought to the
 gateway the same way; the folder where HAProxy's worker keeps the counts is its own (user
 haproxy, 0750) and in place before the reload that starts the new configuration."""
 from tests.ops.harness import deploy
-from voltafleet import budgets, teams
+from voltafleet.front import budgets, teams
 
 TEAMS = [{"name": "web", "key_sha256": "a" * 64, "tokens_per_day": 1000}, {"name": "ops", "key_sha256": "b" * 64}]
 

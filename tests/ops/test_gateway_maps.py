@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from roles.gateway import RunningMap, maps_live, matches_running
 from tests.ops.fakes import FakeHost, commands
-from voltafleet import teams
+from voltafleet.front import teams
 
 LIMITS, KEYS = teams.LIMITS_MAP, teams.KEYS_MAP
 NEW = "batch 6 100000\nslow 64 3\n"

@@ -11,7 +11,7 @@ import pytest
 from roles.facts import GpuHealth
 from tests import gpu_fixtures as G
 from tests.ops.test_toolchain import changes, host, run_many
-from voltafleet import gpuhealth
+from voltafleet.gpu import gpuhealth
 
 
 def fact(query, **kw):

@@ -5,7 +5,8 @@ import json
 from pathlib import Path
 
 from roles.facts import FreeDisk, Gpus, HostBasics, NvccVersion
-from voltafleet import hostplan, nvidia
+from voltafleet.planning import hostplan
+from voltafleet.gpu import nvidia
 
 FACTS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "h200-facts.json").read_text())
 

@@ -12,7 +12,7 @@ from roles.smoke import Judge
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
 from tests.ops.fakes import FakeHost, FakeInventory, FakeOp, commands
-from voltafleet.hostplan import HostFacts, make_plan
+from voltafleet.planning.hostplan import HostFacts, make_plan
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 CXX = "12.2.0 x86_64-linux-gnu"

@@ -16,7 +16,7 @@ from roles import facts as F
 from roles.mirror import LIVE, STAGED, install_command, installed
 from tests.ops.fakes import FakeHost, FakeOp, commands
 from tests.ops.test_toolchain import APT_INSTALL, host
-from voltafleet import mirror
+from voltafleet.models import mirror
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

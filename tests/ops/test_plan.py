@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.ops.fakes import FAKE_OVERRIDES
-from voltafleet.config import validate_values
-from voltafleet.dryrun import sha1
-from voltafleet.fleetplan import FleetPlan
-from voltafleet.groupvars import load_or_exit
-from voltafleet.hostplan import UNIT_PATH, HostFacts, make_plan
-from voltafleet.records import Plan
-from voltafleet.runctx import RunDir
-from voltafleet.unitfile import render_unit
+from voltafleet.inputs.config import validate_values
+from voltafleet.planning.dryrun import sha1
+from voltafleet.state.fleetplan import FleetPlan
+from voltafleet.inputs.groupvars import load_or_exit
+from voltafleet.planning.hostplan import UNIT_PATH, HostFacts, make_plan
+from voltafleet.state.records import Plan
+from voltafleet.state.runctx import RunDir
+from voltafleet.planning.unitfile import render_unit
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

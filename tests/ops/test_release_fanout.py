@@ -6,7 +6,7 @@ import gevent
 import pytest
 
 import roles.llama_cpp as lc
-from voltafleet.hostplan import HostFacts, make_plan
+from voltafleet.planning.hostplan import HostFacts, make_plan
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 

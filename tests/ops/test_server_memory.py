@@ -20,12 +20,12 @@ from roles.shell import bin_path
 from tests.ops.fakes import FAKE_OVERRIDES, FakeHost, commands
 from tests.ops.harness import deploy
 from tests.ops.test_filesync import DIR, Disk, sha1
-from voltafleet import gguf_header
-from voltafleet.config import validate_values
-from voltafleet.flags import pinned_help
-from voltafleet.groupvars import load_or_exit
-from voltafleet.hostplan import UNIT_PATH, HostFacts, make_plan
-from voltafleet.unitfile import MEMORY_PLAN_PATH, MEMORY_UNIT_PATHS, render_unit
+from voltafleet.models import gguf_header
+from voltafleet.inputs.config import validate_values
+from voltafleet.planning.flags import pinned_help
+from voltafleet.inputs.groupvars import load_or_exit
+from voltafleet.planning.hostplan import UNIT_PATH, HostFacts, make_plan
+from voltafleet.planning.unitfile import MEMORY_PLAN_PATH, MEMORY_UNIT_PATHS, render_unit
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 CXX = "12.2.0 x86_64-linux-gnu"
@@ -38,7 +38,7 @@ FACTS = HostFacts(os="debian-12", systemd=252, mem_total=512 * GIB, mem_availabl
 
 
 def host_plan(name: str, cfg: dict, header=HEADER):
-    """A Debian 12 host's plan, its host-memory plan voltafleet.hostmem's from Qwen3.6-27B's header
+    """A Debian 12 host's plan, its host-memory plan voltafleet.planning.hostmem's from Qwen3.6-27B's header
     (without a header: a plan that leaves the model out, so no ceiling): tests/ops/server_deploy.py's."""
     return make_plan(name, cfg, FACTS, header, COMMIT)
 

@@ -89,9 +89,9 @@ def test_unset_ctx_and_slots_come_from_the_ladder(mirror):
 @pytest.mark.parametrize("phase", ["preflight", "tune"])
 def test_a_refusal_is_recorded_for_the_driver_not_only_printed(mirror, tmp_path, monkeypatch, phase):
     """The driver's runs (a rollout's preflight, a --tune trial) learn a refusal from the host's
-    preflight record of the run (voltafleet.records.Preflight), never from pyinfra's output."""
-    from voltafleet.records import Preflight
-    from voltafleet.runctx import RunDir
+    preflight record of the run (voltafleet.state.records.Preflight), never from pyinfra's output."""
+    from voltafleet.state.records import Preflight
+    from voltafleet.state.runctx import RunDir
 
     for k, v in {"VOLTAFLEET_PHASE": phase, "VOLTAFLEET_REPORT_DIR": str(tmp_path), "VOLTAFLEET_RUN": "t1"}.items():
         monkeypatch.setenv(k, v)

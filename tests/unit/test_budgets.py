@@ -1,6 +1,6 @@
 """Token budgets per team (issue 39 item 3): the UTC periods and their resets, the 429's body and
 Retry-After, the budgets' map, the files' format, the validation of gateway_teams' budget fields
-and the rendered gateway (voltafleet/budgets.py, voltafleet/teams.py, templates/haproxy.cfg.j2)."""
+and the rendered gateway (voltafleet/front/budgets.py, voltafleet/front/teams.py, templates/haproxy.cfg.j2)."""
 import calendar
 import hashlib
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from voltafleet import budgets, teams
+from voltafleet.front import budgets, teams
 
 A, B = (hashlib.sha256(k.encode()).hexdigest() for k in ("key-a", "key-b"))
 LUA = (Path(__file__).resolve().parents[2] / "roles/gateway/files/voltafleet-teams.lua").read_text()
@@ -78,7 +78,7 @@ def test_the_budgets_map_holds_only_teams_with_a_budget():
                                           ("tokens_per_day", True), ("tokens_per_month", "1M"),
                                           ("tokens_per_day", 10 ** 13)])
 def test_a_bad_budget_is_refused_naming_the_file_the_key_and_the_fix(cfg, field, value):
-    from voltafleet.config import ConfigError, validate_values
+    from voltafleet.inputs.config import ConfigError, validate_values
 
     with pytest.raises(ConfigError) as e:
         validate_values("gw1", {**cfg, "model_sha256": "a" * 64,

@@ -1,10 +1,10 @@
-"""Calibrating the plan's timeline from a real rollout (voltafleet.calibrate): the figures a
+"""Calibrating the plan's timeline from a real rollout (voltafleet.state.calibrate): the figures a
 rollout leaves in its run directory, and the plan's estimate beside each run's wall time."""
 import json
 
-from voltafleet import calibrate, records
-from voltafleet.runctx import RunDir
-from voltafleet.timeline import Constants, Work, estimate
+from voltafleet.state import calibrate, records
+from voltafleet.state.runctx import RunDir
+from voltafleet.planning.timeline import Constants, Work, estimate
 
 
 def fixture(tmp_path):

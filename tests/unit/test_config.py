@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from voltafleet.config import SCHEMA, ConfigError
+from voltafleet.inputs.config import SCHEMA, ConfigError
 from tests.fixture_vars import all_yml_vars
-from voltafleet.groupvars import GROUP_VARS, build_inventory
+from voltafleet.inputs.groupvars import GROUP_VARS, build_inventory
 
 SHA = "a" * 64
 

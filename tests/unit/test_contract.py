@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from voltafleet import fleetplan, probe, records, rollback
-from voltafleet.gateway import configured_servers, fleet_backends
-from voltafleet.lock import FleetLock, LockHeld
-from voltafleet.runctx import RunContext, RunDir, new_id
+from voltafleet.state import fleetplan, records, rollback
+from voltafleet.models import probe
+from voltafleet.front.gateway import configured_servers, fleet_backends
+from voltafleet.state.lock import FleetLock, LockHeld
+from voltafleet.state.runctx import RunContext, RunDir, new_id
 
 
 # ---------------------------------------------------------------- records
@@ -152,7 +153,7 @@ def test_the_long_probe_must_reach_the_64_token_path():
 HOLD = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from voltafleet.lock import FleetLock
+from voltafleet.state.lock import FleetLock
 lock = FleetLock({path!r}, "holder").acquire()
 print("held", flush=True)
 time.sleep(30)
@@ -185,7 +186,7 @@ def test_a_second_rollout_refuses_naming_the_holder(tmp_path):
 DRIVER = """
 import subprocess, sys, time
 sys.path.insert(0, {repo!r})
-from voltafleet.lock import FleetLock
+from voltafleet.state.lock import FleetLock
 lock = FleetLock({path!r}, "python -m rollout inventory/x.py").acquire()
 # as rollout/runner.py starts each pyinfra run: its own process group, the lock's descriptor passed on
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(lock.fd,),
@@ -284,16 +285,16 @@ def test_a_host_missing_from_a_run_keeps_its_tier():
 
 def test_the_driver_and_the_roles_spell_no_name_of_the_run_contract():
     """Every environment variable and record file between python -m rollout and deploy.py is
-    spelled in voltafleet/runctx.py only: the driver, deploy.py and the roles go through
+    spelled in voltafleet/state/runctx.py only: the driver, deploy.py and the roles go through
     RunContext.to_env/from_env and RunDir (a stray literal is a second spelling to drift)."""
     import re
     from pathlib import Path
 
-    from voltafleet.runctx import ENV, RunDir
+    from voltafleet.state.runctx import ENV, RunDir
 
     root = Path(__file__).resolve().parents[2]
     files = [root / "deploy.py", *sorted((root / "rollout").glob("*.py")), *sorted((root / "roles").rglob("*.py")),
-             *[p for p in sorted((root / "voltafleet").glob("*.py")) if p.name != "runctx.py"]]
+             *[p for p in sorted((root / "voltafleet").rglob("*.py")) if p.name != "runctx.py"]]
     env_literal = re.compile(r"""["'](%s)["']""" % "|".join(ENV.values()))
     record_literal = re.compile(r"""["'/](%s)-(\{|\*)""" % "|".join(RunDir.KINDS))
     found = []
@@ -308,8 +309,8 @@ def test_the_driver_and_the_roles_spell_no_name_of_the_run_contract():
 def test_the_contract_round_trips_and_its_records_are_atomic_and_run_checked(tmp_path):
     from dataclasses import replace
 
-    from voltafleet.fleetplan import ServerEntry
-    from voltafleet.runctx import RunContext, RunDir
+    from voltafleet.state.fleetplan import ServerEntry
+    from voltafleet.state.runctx import RunContext, RunDir
 
     ctx = RunContext(phase="tune", run="r2", rollout="x", batch="tune-1", report_dir=str(tmp_path),
                      smoke_always=True, no_gateway=True, record_probe=True, lock_owner=7, vars_file="/v.yml")

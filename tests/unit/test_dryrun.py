@@ -1,13 +1,13 @@
-"""What `python -m rollout --plan` says a batch would change (voltafleet.dryrun), decided from
+"""What `python -m rollout --plan` says a batch would change (voltafleet.planning.dryrun), decided from
 a host's facts the way the roles decide: release, flags, unit, model, driver, restarts."""
 import json
 
 import pytest
 
-from voltafleet import dryrun
-from voltafleet.dryrun import HostChange, Observed, flag_diff, fleet_report, host_change, sha1, table
-from voltafleet.hostplan import HostFacts, make_plan
-from voltafleet.unitfile import render_unit
+from voltafleet.planning import dryrun
+from voltafleet.planning.dryrun import HostChange, Observed, flag_diff, fleet_report, host_change, sha1, table
+from voltafleet.planning.hostplan import HostFacts, make_plan
+from voltafleet.planning.unitfile import render_unit
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 CXX = "12.2.0 x86_64-linux-gnu"

@@ -1,6 +1,6 @@
 import pytest
 
-from voltafleet.fingerprint import cmake_flags, fingerprint, releases_to_prune
+from voltafleet.planning.fingerprint import cmake_flags, fingerprint, releases_to_prune
 
 C = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 

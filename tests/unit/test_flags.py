@@ -1,6 +1,6 @@
 import pytest
 
-from voltafleet.flags import check_against_help, env_file, parse_help, server_args
+from voltafleet.planning.flags import check_against_help, env_file, parse_help, server_args
 
 
 def test_seed_stage3_flags_with_explicit_defaults(cfg):
@@ -87,7 +87,7 @@ def test_ngram_speculation_is_one_spec_type_list_and_passes_the_pinned_binary(cf
 
 
 def test_an_unknown_ngram_type_is_refused_naming_the_choices():
-    from voltafleet.config import ConfigError, check_value
+    from voltafleet.inputs.config import ConfigError, check_value
 
     check_value("server_spec_ngram", "ngram-map-k", "group_vars/v100_32gb.yml")
     check_value("server_spec_ngram", None, "group_vars/v100_32gb.yml")

@@ -1,7 +1,7 @@
 import json
 import pytest
 
-from voltafleet.gateway import backend_name, backends, current_sessions, runtime, server_states, set_state
+from voltafleet.front.gateway import backend_name, backends, current_sessions, runtime, server_states, set_state
 
 STAT = """# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,weight
 llama,FRONTEND,,,0,1,4096,3,,,,,,,,,,OPEN,
@@ -41,7 +41,7 @@ def render(cfg_over: dict | None = None, **over):
     cfg_over = cfg_over or {}
     import jinja2
 
-    from voltafleet.gateway import backends, template_vars
+    from voltafleet.front.gateway import backends, template_vars
     from tests.fixture_vars import all_yml_vars
 
     cfg = all_yml_vars()
@@ -61,7 +61,7 @@ def test_an_instance_never_gets_more_requests_than_its_slots():
 
 
 def test_the_busy_answer_is_fast_and_says_when_to_retry():
-    from voltafleet.gateway import busy_page
+    from voltafleet.front.gateway import busy_page
 
     page = busy_page(7)
     head, body = page.split("\r\n\r\n", 1)
@@ -92,7 +92,7 @@ def test_stats_and_exporter_bind_to_loopback_by_default():
 
 
 def test_a_listening_server_without_a_key_is_refused_unless_said(cfg):
-    from voltafleet.config import ConfigError, validate_values
+    from voltafleet.inputs.config import ConfigError, validate_values
 
     base = {**cfg, "model_sha256": "a" * 64, "server_allow_unauthenticated": False, "server_api_key_file": None}
     with pytest.raises(ConfigError, match=r"(?s)server_host: is 0.0.0.0 without an API key.*Fix: set server_api_key_file"):
@@ -103,7 +103,7 @@ def test_a_listening_server_without_a_key_is_refused_unless_said(cfg):
 
 def test_a_public_gateway_in_front_of_keyless_servers_is_refused_unless_said(cfg):
     # issue 28: server_allow_unauthenticated with the default gateway_bind 0.0.0.0:8000 made the fleet's API public
-    from voltafleet.config import ConfigError, validate_values
+    from voltafleet.inputs.config import ConfigError, validate_values
 
     base = {**cfg, "model_sha256": "a" * 64, "server_allow_unauthenticated": True, "server_api_key_file": None,
             "gateway_allow_unauthenticated": False}
@@ -123,7 +123,7 @@ def test_a_public_gateway_in_front_of_keyless_servers_is_refused_unless_said(cfg
 
 @pytest.mark.parametrize("value", ["::%n&&id", "fe80::1%$(id)", "fe80::1%", "10.0.0.1%eth0", "fe80::1%{{x}}"])
 def test_an_ipv6_scope_id_is_an_interface_name_and_nothing_else(cfg, value):
-    from voltafleet.config import ConfigError, validate_values
+    from voltafleet.inputs.config import ConfigError, validate_values
 
     base = {**cfg, "model_sha256": "a" * 64}
     for key in ("server_host", "mirror_listen"):
@@ -133,7 +133,7 @@ def test_an_ipv6_scope_id_is_an_interface_name_and_nothing_else(cfg, value):
 
 
 def test_slots_endpoint_is_off_and_props_writes_cannot_be_turned_on(cfg):
-    from voltafleet.flags import extra_flag_errors, server_args
+    from voltafleet.planning.flags import extra_flag_errors, server_args
 
     args = server_args({**cfg, "server_ctx": 4096, "server_parallel": 2}, "/m.gguf", 8080, None)
     assert "--no-slots" in args

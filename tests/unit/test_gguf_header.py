@@ -2,7 +2,7 @@ import numpy as np
 import gguf
 import pytest
 
-from voltafleet.gguf_header import Truncated, parse, read_file
+from voltafleet.models.gguf_header import Truncated, parse, read_file
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ import pytest
 
 from tests import gpu_fixtures as G
 from tests.unit.test_smoke import inst
-from voltafleet import gpuhealth, smoke, smoke_client
-from voltafleet.config import ConfigError, validate_values
+from voltafleet.gpu import gpuhealth
+from voltafleet.measure import smoke, smoke_client
+from voltafleet.inputs.config import ConfigError, validate_values
 
 # One --query-gpu line per GPU as R580 prints it: index, serial, clocks.sm, clocks.mem,
 # temperature.gpu, power.draw, clocks_event_reasons.active (NVML's bitmask).

@@ -1,5 +1,5 @@
-"""The host plan (issue 38): host memory (voltafleet.hostmem), threads and NUMA placement
-(voltafleet.hostcpu), their refusals and fixes in the host's plan, the facts they read, and the
+"""The host plan (issue 38): host memory (voltafleet.planning.hostmem), threads and NUMA placement
+(voltafleet.planning.hostcpu), their refusals and fixes in the host's plan, the facts they read, and the
 --plan table."""
 import json
 from dataclasses import replace
@@ -10,12 +10,12 @@ import yaml
 
 from roles.facts import FreeDisk, HostBasics
 from tests.gpu_fixtures import health, host_query
-from voltafleet import dryrun, hostcpu, hostmem
-from voltafleet.config import validate_values
-from voltafleet.gguf_header import from_json
-from voltafleet.hostmem import GIB, MIB
-from voltafleet.hostplan import HostFacts, make_plan
-from voltafleet.vram import ModelShape, compute_bytes, kv_bytes
+from voltafleet.planning import dryrun, hostcpu, hostmem
+from voltafleet.inputs.config import validate_values
+from voltafleet.models.gguf_header import from_json
+from voltafleet.planning.hostmem import GIB, MIB
+from voltafleet.planning.hostplan import HostFacts, make_plan
+from voltafleet.planning.vram import ModelShape, compute_bytes, kv_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = from_json(json.loads((ROOT / "tests" / "fixtures" / "gguf" / "qwen35-27b-q4ks.json").read_text()))
@@ -295,7 +295,7 @@ def test_plan_table_shows_host_resources_per_group(cfg):
 
 @pytest.mark.parametrize("key", ["hostmem_process_mib", "hostmem_reserve_mib", "hostcpu_reserve", "preflight_release_mib"])
 def test_new_counts_refuse_a_negative_value(cfg, key):
-    from voltafleet.config import ConfigError
+    from voltafleet.inputs.config import ConfigError
 
     with pytest.raises(ConfigError, match=key):
         validate_values("h", {**cfg, "model_sha256": "a" * 64, key: -1})

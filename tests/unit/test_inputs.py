@@ -10,10 +10,11 @@ import pytest
 import yaml
 
 from tests.fixture_vars import PINNED_COMMIT, all_yml_vars, prod_host_vars
-from voltafleet import checks, flags, urls
-from voltafleet.config import CLI_SOURCE, SCHEMA, ConfigError, cli_sources, validate_values
-from voltafleet.errors import Problem, format_error, format_errors
-from voltafleet.groupvars import SOURCES_KEY, build_inventory
+from voltafleet.inputs import checks, urls
+from voltafleet.planning import flags
+from voltafleet.inputs.config import CLI_SOURCE, SCHEMA, ConfigError, cli_sources, validate_values
+from voltafleet.inputs.errors import Problem, format_error, format_errors
+from voltafleet.inputs.groupvars import SOURCES_KEY, build_inventory
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SRC = {k: "group_vars/test.yml" for k in SCHEMA}
@@ -431,7 +432,7 @@ def test_build_time_check_uses_the_binarys_own_aliases(cfg, help_text):
 
 def test_an_empty_extra_flag_is_refused():
     """Found by the property test: '' would be an argument the env file cannot carry."""
-    from voltafleet.flags import split_extra
+    from voltafleet.planning.flags import split_extra
 
     for item in ("''", "", '""'):
         args, errors = split_extra([item])

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from tests.fixture_vars import prod_host_vars
-from voltafleet import flags, hostplan as plan
-from voltafleet.config import SCHEMA, ConfigError, validate_values
+from voltafleet.planning import flags, hostplan as plan
+from voltafleet.inputs.config import SCHEMA, ConfigError, validate_values
 
 SRC = {k: "group_vars/prop.yml" for k in SCHEMA}
 
@@ -145,7 +145,7 @@ def test_free_text_never_reaches_a_shell(cfg):
     """The probe prompt is uploaded as a file and sent as JSON: the smoke command line
     names only the file."""
     from roles.smoke import PROMPT_PATHS, client_command
-    from voltafleet.hostplan import HostFacts, make_plan
+    from voltafleet.planning.hostplan import HostFacts, make_plan
 
     cfg.update(voltafleet_backend="cpu", server_instances=1, smoke_probe_prompt="$(touch /tmp/vf-canary)")
     cmd = client_command(make_plan("h", cfg, HostFacts(os="debian-12"), None, "0" * 40))

@@ -142,8 +142,8 @@ def test_the_memory_plan_sits_beside_the_env_dir_where_the_good_snapshot_keeps_i
     """vf-good records and restores ENV_DIR/../memory-plan with the env files: a rollback leaves it as it was."""
     import posixpath
 
-    from voltafleet.hostplan import ENV_DIR
-    from voltafleet.unitfile import MEMORY_PLAN_PATH
+    from voltafleet.planning.hostplan import ENV_DIR
+    from voltafleet.planning.unitfile import MEMORY_PLAN_PATH
 
     assert MEMORY_PLAN_PATH == posixpath.join(posixpath.dirname(ENV_DIR), "memory-plan")
     script = (Path(__file__).resolve().parents[2] / "roles/activation/files/vf-good.sh").read_text()

@@ -1,4 +1,4 @@
-"""The model mirror's pure logic (voltafleet/mirror.py), its variables' checks and its nginx
+"""The model mirror's pure logic (voltafleet/models/mirror.py), its variables' checks and its nginx
 template: rendered with jinja2, checked by the local nginx (`nginx -t`) where there is one,
 and served for real: a cold fetch reaches the upstream once, a second fetch, a Range and a
 resumed download come from the cache, and a redirecting upstream (Hugging Face's 302 to its
@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from tests.fixture_vars import all_yml_vars, prod_host_vars
-from voltafleet import mirror
-from voltafleet.config import ConfigError, validate_values
-from voltafleet.fleetplan import FleetPlan, with_servers
-from voltafleet.groupvars import build_inventory
+from voltafleet.models import mirror
+from voltafleet.inputs.config import ConfigError, validate_values
+from voltafleet.state.fleetplan import FleetPlan, with_servers
+from voltafleet.inputs.groupvars import build_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 HF = "https://huggingface.co/unsloth/Qwen3.6-27B-GGUF/resolve/main/Qwen3.6-27B-Q4_K_S.gguf"

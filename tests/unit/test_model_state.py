@@ -1,4 +1,4 @@
-from voltafleet.modelstate import is_verified
+from voltafleet.models.modelstate import is_verified
 
 SHA = "b" * 64
 

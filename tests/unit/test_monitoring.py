@@ -17,7 +17,9 @@ import pytest
 from tests import gpu_fixtures as G
 from tests.unit.test_memory_textfile import memory_textfile_text
 from tests.unit.test_smoke import inst
-from voltafleet import gpuhealth, metrics, smoke, smoke_client
+from voltafleet.gpu import gpuhealth
+from voltafleet.state import metrics
+from voltafleet.measure import smoke, smoke_client
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"

@@ -1,9 +1,9 @@
-"""Pure driver decisions (voltafleet/nvidia.py): which packages belong to which branch and
+"""Pure driver decisions (voltafleet/gpu/nvidia.py): which packages belong to which branch and
 source, what a branch move purges, when an upgrade happens, fabric manager, missing GPUs."""
 import pytest
 
-from voltafleet import nvidia
-from voltafleet.config import ConfigError, check_value
+from voltafleet.gpu import nvidia
+from voltafleet.inputs.config import ConfigError, check_value
 
 
 def pkg(name, version, held=False, status=None):

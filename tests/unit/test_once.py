@@ -1,12 +1,13 @@
-"""voltafleet.once: a value resolved once per run however many greenlets ask at once, and
+"""voltafleet.state.once: a value resolved once per run however many greenlets ask at once, and
 the other per-process caches of the controller (--help parsed once per text, group_vars
 files parsed once per process)."""
 import gevent
 import pytest
 from gevent.lock import Semaphore
 
-from voltafleet import flags, groupvars
-from voltafleet.once import Once
+from voltafleet.planning import flags
+from voltafleet.inputs import groupvars
+from voltafleet.state.once import Once
 
 
 def test_fifty_concurrent_greenlets_call_once():

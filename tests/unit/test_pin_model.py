@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from voltafleet import pin_model
+from voltafleet.inputs import pin_model
 
 SHA = "a" * 64
 OTHER = "b" * 64

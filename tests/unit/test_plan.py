@@ -1,6 +1,6 @@
 from tests.gpu_fixtures import health, host_query
-from voltafleet import hostplan as plan
-from voltafleet.hostplan import HostFacts
+from voltafleet.planning import hostplan as plan
+from voltafleet.planning.hostplan import HostFacts
 
 V100 = {"index": 0, "name": "Tesla V100-SXM2-16GB", "compute_cap": "7.0", "memory_mib": 16384,
         "driver_version": "580.95.05"}

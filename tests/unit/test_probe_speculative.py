@@ -3,7 +3,7 @@ log-probability for a token out of a speculative step (logprob 0.0, an empty top
 the lab's CPU build with --spec-type draft-mtp), so those steps are judged by their tokens."""
 import pytest
 
-from voltafleet import probe
+from voltafleet.models import probe
 
 GOLD = {"tokens": [7, 7, 7, 7], "logprobs": [-9.73, -1.41, -2.52, -1.61]}
 

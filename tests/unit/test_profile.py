@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from roles.profile import SOURCES, command
-from voltafleet import profile
+from voltafleet.measure import profile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profile"
 SERVER = (FIXTURES / "llama-server.journal").read_text().splitlines()

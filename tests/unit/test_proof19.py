@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from bench.gpu import proof_report as pr
-from voltafleet.gguf_header import from_json
-from voltafleet.vram import MIB, ModelShape, decide, plan, route
+from voltafleet.models.gguf_header import from_json
+from voltafleet.planning.vram import MIB, ModelShape, decide, plan, route
 
 ROOT = Path(__file__).resolve().parents[2]
 RES = json.loads((ROOT / "bench/records/proof19/results.json").read_text())

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from bench.gpu import voltarule
-from voltafleet.gguf_header import from_json
-from voltafleet.vram import MIB, NGRAM_DRAFT_MAX, ModelShape, plan, pool_bytes, routed, spec_rows
+from voltafleet.models.gguf_header import from_json
+from voltafleet.planning.vram import MIB, NGRAM_DRAFT_MAX, ModelShape, plan, pool_bytes, routed, spec_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN1 = ROOT / "bench/records/proof27/run1"
@@ -86,8 +86,8 @@ def test_the_voltarule_patch_is_the_one_the_gpu_ran():
 def test_both_v100_groups_build_one_release_and_a_toolkit_move_rebuilds_it_once():
     import yaml
 
-    from voltafleet import hostplan
-    from voltafleet.fleetplan import ServerEntry, builders
+    from voltafleet.planning import hostplan
+    from voltafleet.state.fleetplan import ServerEntry, builders
 
     def cfg(group, **over):
         c = yaml.safe_load((ROOT / "group_vars/all.yml").read_text())

@@ -12,7 +12,7 @@ import yaml
 
 from bench.gpu import tune29
 from bench.gpu.groups import group_cfg
-from voltafleet import tune
+from voltafleet.measure import tune
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN1 = ROOT / "bench/records/proof29/run1"

@@ -1,7 +1,7 @@
 """Issue 38 on the H200 (bench/records/proof38/run1): llama-server's host memory while 16 chats fill
 their slots' context checkpoints, v100_32gb's argv on the shipped build (FORCE_MMQ), recomputed from
 the raw progress log the run printed (every turn's VmRSS, each repetition's peak and the checkpoints
-its log shows) against voltafleet.hostmem's plan for the same argv."""
+its log shows) against voltafleet.planning.hostmem's plan for the same argv."""
 import json
 import statistics
 import re
@@ -11,8 +11,8 @@ import pytest
 
 from bench.gpu.gpu_proof import FILL38, plan38
 from bench.gpu.groups import group_cfg
-from voltafleet import hostmem, vram
-from voltafleet.gguf_header import from_json
+from voltafleet.planning import hostmem, vram
+from voltafleet.models.gguf_header import from_json
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "bench/records/proof38/run1"

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from lab import qwen35gen as gen
-from voltafleet.flags import check_against_help, server_args
-from voltafleet.gguf_header import from_json, read_file
-from voltafleet.vram import MIB, ModelShape, decide, plan
+from voltafleet.planning.flags import check_against_help, server_args
+from voltafleet.models.gguf_header import from_json, read_file
+from voltafleet.planning.vram import MIB, ModelShape, decide, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

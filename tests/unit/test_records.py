@@ -1,13 +1,14 @@
-"""The typed records of a run (voltafleet/records.py) through RunDir: they round-trip, a record of
+"""The typed records of a run (voltafleet/state/records.py) through RunDir: they round-trip, a record of
 another run, a malformed one or one of the wrong types reads as no record, a writer's mistake is
 refused before anything is written, and a refusal survives to the driver."""
 import json
 
 import pytest
 
-from voltafleet import records, tune
-from voltafleet.fleetplan import ServerEntry
-from voltafleet.runctx import RunDir
+from voltafleet.state import records
+from voltafleet.measure import tune
+from voltafleet.state.fleetplan import ServerEntry
+from voltafleet.state.runctx import RunDir
 
 
 def test_a_refusal_survives_the_round_trip_and_is_no_fleet_plan_entry(tmp_path):
@@ -101,7 +102,7 @@ def test_a_tune_record_is_its_trial(tmp_path):
 
 
 def test_a_plan_records_instances_are_numbers_again_after_json(tmp_path):
-    from voltafleet import dryrun
+    from voltafleet.planning import dryrun
 
     change = dryrun.HostChange(host="@fake/a", flags={1: ["-t 1 -> 2"]}, restart=[1], run="p1")
     dryrun.write(tmp_path, change)

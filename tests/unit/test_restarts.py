@@ -1,4 +1,4 @@
-from voltafleet.restarts import restart_set
+from voltafleet.planning.restarts import restart_set
 
 UP = {"active": "active", "enabled": "enabled"}
 

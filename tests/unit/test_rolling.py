@@ -1,7 +1,7 @@
 import pytest
 
-from voltafleet.records import STATUSES, Outcome
-from voltafleet.rolling import HostResult, RollingError, batch_results, batch_size, batches, should_stop, summary, table
+from voltafleet.state.records import STATUSES, Outcome
+from voltafleet.state.rolling import HostResult, RollingError, batch_results, batch_size, batches, should_stop, summary, table
 
 
 def test_batch_size_counts_and_percentages():

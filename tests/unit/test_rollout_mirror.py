@@ -5,15 +5,15 @@ import json
 
 import pytest
 
-from voltafleet.runctx import RunContext, RunDir
+from voltafleet.state.runctx import RunContext, RunDir
 
 import rollout.fleet
 import rollout.main as driver
 from rollout.runner import Runner
-from voltafleet.records import Outcome, Preflight
+from voltafleet.state.records import Outcome, Preflight
 
 INVENTORY = """
-from voltafleet.groupvars import build_inventory
+from voltafleet.inputs.groupvars import build_inventory
 _g = build_inventory({
     "v100_16gb": ["gpu-1", "gpu-2", "gpu-3"],
     "mirror": [("mirror-1", {"ssh_hostname": "10.0.0.5"}), ("mirror-2", {"mirror_address": "10.0.0.6"})],

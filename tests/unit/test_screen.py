@@ -1,10 +1,10 @@
-"""The rollout's screen (voltafleet.screen) on a real pyinfra run of the lab (tests/fixtures/pyinfra:
+"""The rollout's screen (voltafleet.state.screen) on a real pyinfra run of the lab (tests/fixtures/pyinfra:
 batch 1 of `make demo`, two hosts): one line per host and step, what voltafleet says, nothing else."""
 import itertools
 import re
 from pathlib import Path
 
-from voltafleet.screen import RESULT, Condenser
+from voltafleet.state.screen import RESULT, Condenser
 
 LOG = (Path(__file__).resolve().parents[1] / "fixtures" / "pyinfra" / "batch-1.log").read_text().splitlines()
 

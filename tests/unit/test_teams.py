@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from voltafleet import teams
+from voltafleet.front import teams
 
 A, B, C = (hashlib.sha256(k.encode()).hexdigest() for k in ("key-a", "key-b", "key-c"))
 
@@ -41,7 +41,7 @@ def test_a_share_of_the_slots_caps_a_teams_requests_in_flight():
     ({"web": A}, "(dict)", "a list of teams"),
 ])
 def test_bad_teams_are_refused_naming_the_file_the_key_and_the_fix(cfg, value, says, fix):
-    from voltafleet.config import ConfigError, validate_values
+    from voltafleet.inputs.config import ConfigError, validate_values
 
     with pytest.raises(ConfigError) as e:
         validate_values("gw1", {**cfg, "model_sha256": "a" * 64, "gateway_teams": value},

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from voltafleet import teams
+from voltafleet.front import teams
 
 LIMITS, KEYS, UPSTREAM = teams.LIMITS_MAP, teams.KEYS_MAP, teams.UPSTREAM_MAP
 FILE = "new 5 7\nslow 64 2\nweb 64 100000\n"

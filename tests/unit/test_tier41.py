@@ -9,9 +9,9 @@ import yaml
 from bench.gpu.gpu_proof import latency41, plan41
 from bench.gpu.groups import group_cfg
 from bench.gpu.tier41 import ACCEPTANCES, best_depth, report, table
-from voltafleet import hostmem, vram
-from voltafleet.flags import server_args
-from voltafleet.gguf_header import from_json
+from voltafleet.planning import hostmem, vram
+from voltafleet.planning.flags import server_args
+from voltafleet.models.gguf_header import from_json
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "bench/records/tier41"

@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from tests.fixture_vars import all_yml_vars
-from voltafleet import fleetplan, gateway, teams, tiers
-from voltafleet.config import ConfigError, validate_values
-from voltafleet.groupvars import build_inventory
+from voltafleet.state import fleetplan
+from voltafleet.front import gateway, teams, tiers
+from voltafleet.inputs.config import ConfigError, validate_values
+from voltafleet.inputs.groupvars import build_inventory
 
 A, B, C = (hashlib.sha256(k.encode()).hexdigest() for k in ("key-a", "key-b", "key-c"))
 SHA = "a" * 64

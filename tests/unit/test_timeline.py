@@ -1,9 +1,9 @@
-"""The timeline model of `python -m rollout --plan` (voltafleet.timeline): which host compiles,
+"""The timeline model of `python -m rollout --plan` (voltafleet.planning.timeline): which host compiles,
 which installs, and how the seconds add up (hosts of a batch in parallel, step by step;
 instances of a host one at a time; batches one after the other)."""
 import pytest
 
-from voltafleet.timeline import (COMPILE, INSTALL, KEEP, MIB, MISSING, SWITCH, Constants, Release, Work,
+from voltafleet.planning.timeline import (COMPILE, INSTALL, KEEP, MIB, MISSING, SWITCH, Constants, Release, Work,
                                  duration, estimate, host_steps, release_actions)
 
 C = Constants(run_s=10, toolchain_s=200, driver_s=300, compile_s=500, ship_s=20, model_mib_s=100, drain_s=4,

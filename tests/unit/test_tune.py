@@ -2,7 +2,7 @@
 import pytest
 import yaml
 
-from voltafleet import tune
+from voltafleet.measure import tune
 
 
 def cfg_of(cfg, **over):
@@ -127,8 +127,8 @@ def test_the_gpu_s_memory_is_read_as_the_workload_reads_its_peaks():
 
 
 def test_the_inventory_applies_a_tuned_file_after_its_group_file(tmp_path, cfg):
-    from voltafleet.config import ConfigError
-    from voltafleet.groupvars import build_inventory
+    from voltafleet.inputs.config import ConfigError
+    from voltafleet.inputs.groupvars import build_inventory
 
     gv = tmp_path / "group_vars"
     gv.mkdir()
@@ -160,7 +160,7 @@ def test_the_gpu_proof_tunes_the_v100_32gb_group_as_its_hosts_get_it():
 
 
 def test_tune_try_keeps_the_shipped_setting_and_only_the_kinds_named():
-    from voltafleet.tune import candidates, kind
+    from voltafleet.measure.tune import candidates, kind
 
     cfg = {"voltafleet_backend": "cuda", "server_parallel": 16, "server_ctx": 131072, "server_ctx_checkpoints": 4,
            "server_cache_ram": 0, "llama_cpp_cmake_extra": ["-DGGML_CUDA_FORCE_MMQ=ON"]}
@@ -174,7 +174,7 @@ def test_tune_try_keeps_the_shipped_setting_and_only_the_kinds_named():
 
 
 def test_an_unknown_kind_in_tune_try_is_refused_naming_the_kinds(cfg):
-    from voltafleet.config import ConfigError, validate_values
+    from voltafleet.inputs.config import ConfigError, validate_values
 
     with pytest.raises(ConfigError) as e:
         validate_values("h", {**cfg, "model_sha256": "a" * 64, "tune_try": ["slots", "threads"]})

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 from rollout.fleet import Fleet
 from rollout.tune import Tune
-from voltafleet import records
-from voltafleet import tune as tunemod
-from voltafleet.runctx import RunContext, RunDir
+from voltafleet.state import records
+from voltafleet.measure import tune as tunemod
+from voltafleet.state.runctx import RunContext, RunDir
 
 WHY = "gpu-01: the model does not fit one GPU: -c 16384 -np 8: short by 900 MiB. Fix: lower server_ctx"
 

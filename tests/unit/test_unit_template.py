@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from voltafleet import hostmem, vram
-from voltafleet.config import ConfigError, validate_values
-from voltafleet.gguf_header import from_json
-from voltafleet.unitfile import render_unit
+from voltafleet.planning import hostmem, vram
+from voltafleet.inputs.config import ConfigError, validate_values
+from voltafleet.models.gguf_header import from_json
+from voltafleet.planning.unitfile import render_unit
 
 
 def test_cuda_unit_allows_only_the_nvidia_nodes_and_backs_off(cfg):
@@ -28,7 +28,7 @@ def test_cpu_unit_has_no_devices_and_old_systemd_no_backoff_keys(cfg):
     assert "--api-key" not in unit
 
 
-# ---------------------------------------------------------------- host memory (voltafleet.hostmem)
+# ---------------------------------------------------------------- host memory (voltafleet.planning.hostmem)
 
 
 HEADER = from_json(json.loads((Path(__file__).resolve().parents[1] / "fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
@@ -53,7 +53,7 @@ def test_the_unit_carries_the_plans_ceiling_and_the_oom_preference(cfg):
     unit = render_unit(cfg, 252, plan)
     assert lines(unit, *KEYS) == ["OOMScoreAdjust=700", "OOMPolicy=stop", f"MemoryHigh={plan.memory_high}",
                                   f"MemoryMax={plan.memory_max}", "MemorySwapMax=0"]
-    assert "voltafleet.hostmem" in unit
+    assert "voltafleet.planning.hostmem" in unit
     # an OOM kill's result is "oom-kill": on-failure restarts it, on-abort would not
     assert lines(unit, "Restart") == ["Restart=on-failure"]
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from voltafleet.gguf_header import from_json
-from voltafleet.vram import MIB, ModelShape, choose, plan
+from voltafleet.models.gguf_header import from_json
+from voltafleet.planning.vram import MIB, ModelShape, choose, plan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "records"  # the raw benchmark records
@@ -66,7 +66,7 @@ def test_nothing_on_the_ladder_fits_returns_a_refusable_plan():
 
 
 def test_hybrid_attention_counts_only_attention_layers_and_adds_recurrent_state():
-    from voltafleet.gguf_header import Header, Tensor
+    from voltafleet.models.gguf_header import Header, Tensor
     meta = {"general.architecture": "qwen35", "qwen35.block_count": 64, "qwen35.embedding_length": 5120,
             "qwen35.feed_forward_length": 17408, "qwen35.attention.head_count": 24,
             "qwen35.attention.head_count_kv": 4, "qwen35.attention.key_length": 256,
@@ -110,7 +110,7 @@ def test_weights_match_llama_cpp_model_buffer():
 
 def test_the_ubatch_scales_the_compute_buffer_and_the_cublas_op():
     """-ub: one prompt step's activations, its KQ mask and, on a cuBLAS route, its F16 input rows."""
-    from voltafleet.vram import pool_bytes
+    from voltafleet.planning.vram import pool_bytes
     m = seed_27b(16.0)
     m = ModelShape(**{**m.__dict__, "n_vocab": 152064, "trunk_mat": (21760, 5120)})
     base = plan(m, 8192, 4, "q8_0", "q8_0", V100_16, how="volta")

@@ -4,7 +4,7 @@
 # writes TEXTFILE_DIR/voltafleet-memory.prom (through vf-atomic: never half a file, mode 0644) with,
 # per instance of PLAN_FILE (roles/server writes it: "host NAME", then "instance N BYTES|-"):
 #   voltafleet_instance_memory_rss_bytes     VmRSS of the unit's main process (/proc/PID/status)
-#   voltafleet_instance_memory_plan_bytes    the host-memory plan's bytes (voltafleet.hostmem)
+#   voltafleet_instance_memory_plan_bytes    the host-memory plan's bytes (voltafleet.planning.hostmem)
 #   voltafleet_instance_memory_cgroup_bytes  the unit's cgroup memory.current (v1: memory.usage_in_bytes)
 # A stopped instance has no rss, an unreadable cgroup no cgroup line, an instance without a plan
 # no plan line (never a made-up 0). voltafleet-memory.timer runs it every 30 s.
@@ -78,7 +78,7 @@ gauge() {  # NAME HELP LINES...: one gauge with its HELP and TYPE, nothing witho
 mkdir -p -- "$dir"
 {
   gauge voltafleet_instance_memory_rss_bytes "resident memory (VmRSS) of the instance's llama-server" "${rss[@]}"
-  gauge voltafleet_instance_memory_plan_bytes "the instance's planned host memory (voltafleet.hostmem)" \
+  gauge voltafleet_instance_memory_plan_bytes "the instance's planned host memory (voltafleet.planning.hostmem)" \
     "${planned[@]}"
   gauge voltafleet_instance_memory_cgroup_bytes "memory charged to the instance's cgroup (page cache included)" \
     "${charged[@]}"

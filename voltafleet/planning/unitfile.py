@@ -1,0 +1,95 @@
+"""The llama-server@.service unit as the server role installs it (templates/llama-server@.service.j2
+with files.template's jinja2 settings): rendered here too for the plan (is the unit on the host
+the one a rollout would install?), the tests and the benchmarks. Beside it, the memory textfile's
+timer and service (templates/voltafleet-memory.*.j2) and the plan file its script reads.
+
+    >>> plan_unit(plan)                # the unit with the host-memory plan's ceiling (plan.hostmem)
+    >>> memory_plan_file(plan)         # '# voltafleet ...\\nhost gpu-01\\ninstance 0 41234567890\\n...'
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from voltafleet.planning import hostmem
+from voltafleet.planning.hostplan import ENV_DIR, HostPlan
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+UNIT_TEMPLATE = TEMPLATES / "llama-server@.service.j2"
+JINJA = {"trim_blocks": True, "lstrip_blocks": True}
+START_TIMEOUT = 900  # seconds to load ~15 GB from disk into VRAM, with margin
+
+# The memory textfile (roles/server/files/vf-memory-textfile.sh, every MEMORY_PERIOD_S seconds)
+MEMORY_PLAN_PATH = "/etc/voltafleet/memory-plan"  # each instance's planned bytes, as the script reads them
+MEMORY_UNIT = "voltafleet-memory"
+MEMORY_UNIT_PATHS = {kind: f"/etc/systemd/system/{MEMORY_UNIT}.{kind}" for kind in ("service", "timer")}
+MEMORY_TEXTFILE = "voltafleet-memory.prom"
+MEMORY_PERIOD_S = 30
+
+
+def ceiling(memory: hostmem.Plan | None) -> hostmem.Plan | None:
+    """The host-memory plan (voltafleet.planning.hostmem.Plan) whose numbers the unit and the alert may
+    use, or None: no plan, a plan that leaves terms out (no GGUF header: model and checkpoints
+    count 0, a ceiling there would kill a healthy server) or an unbounded host cache (no number
+    bounds it)."""
+    if memory is None or memory.unplanned or memory.cache_unbounded:
+        return None
+    return memory
+
+
+def unit_vars(cfg: dict, systemd_version: int, memory: hostmem.Plan | None = None) -> dict:
+    """The template's inputs; `memory`: the host-memory plan (voltafleet.planning.hostmem.Plan) or None,
+    whose per-instance MemoryHigh=/MemoryMax= the unit carries (the same for every instance)."""
+    memory = ceiling(memory)
+    return dict(service_user=cfg["server_user"], root=cfg["voltafleet_root"], env_dir=ENV_DIR,
+                model_dir=cfg["model_dir"], cuda=cfg["voltafleet_backend"] == "cuda",
+                start_timeout=START_TIMEOUT, restart_backoff=systemd_version >= 254,
+                oom_score_adjust=cfg["server_oom_score_adjust"],
+                memory_high=None if memory is None else int(memory.memory_high),
+                memory_max=None if memory is None else int(memory.memory_max))
+
+
+def render_unit(cfg: dict, systemd_version: int, memory: hostmem.Plan | None = None) -> str:
+    """The unit as files.template renders it (same template, same jinja2 settings); rendered
+    once per distinct set of inputs (a fleet's hosts mostly share one)."""
+    return _render(UNIT_TEMPLATE.name, tuple(sorted(unit_vars(cfg, systemd_version, memory).items())))
+
+
+def plan_unit(plan: HostPlan) -> str:
+    """The unit of this host's plan: what the server role installs and the dry run compares
+    with the host's."""
+    return render_unit(plan.cfg, plan.facts.systemd, plan.hostmem)
+
+
+def memory_plan_file(plan: HostPlan) -> str:
+    """The plan file the memory textfile's script reads: the host's name (its `host` label, as
+    in voltafleet.prom) and each instance's planned bytes (voltafleet.planning.hostmem's per-instance
+    total, "-" without a usable host-memory plan: `ceiling`). Not read back from `systemctl show MemoryHigh`:
+    that reads "infinity" where the cgroup cannot be limited (the lab's containers)."""
+    memory = ceiling(plan.hostmem)
+    planned = "-" if memory is None else str(int(memory.instance.total))
+    lines = ["# voltafleet (roles/server): this host's memory plan (voltafleet.planning.hostmem), read by vf-memory-textfile",
+             f"host {plan.host}"]
+    return "\n".join(lines + [f"instance {i.index} {planned}" for i in plan.instances]) + "\n"
+
+
+def memory_units(cfg: dict) -> dict[str, str]:
+    """{path: text} of voltafleet-memory.service (the script, once, hardened) and its timer
+    (every MEMORY_PERIOD_S seconds)."""
+    values = tuple(sorted(dict(root=cfg["voltafleet_root"], textfile_dir=cfg["smoke_textfile_dir"],
+                               plan=MEMORY_PLAN_PATH, period=MEMORY_PERIOD_S, unit=MEMORY_UNIT).items()))
+    return {path: _render(f"{MEMORY_UNIT}.{kind}.j2", values) for kind, path in MEMORY_UNIT_PATHS.items()}
+
+
+@lru_cache(maxsize=64)
+def _render(name: str, items: tuple) -> str:
+    return _template(name).render(**dict(items))
+
+
+@lru_cache(maxsize=4)
+def _template(name: str) -> jinja2.Template:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined, **JINJA)
+    return env.get_template(name)
