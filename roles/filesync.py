@@ -1,6 +1,6 @@
 """Several files in place in one operation that reads one fact: what a files.directory
 and one files.put per file do (the same commands, in the same order), for a controller
-that pays pyinfra's cost per operation and per fact on every host (bench/scale.py): the
+that pays pyinfra's cost per operation and per fact on every host (bench/controller/scale.py): the
 helper scripts were eight operations reading 22 facts, the instances' environment files
 nine reading 25.
 
