@@ -41,9 +41,12 @@ class Rollout:
             return [h for h in self.fleet.mirrors if h not in self.fleet.gateways]
         return [h for h in self.fleet.groups if h in self.fleet.gateways or h in self.fleet.mirrors]
 
+    def log(self, name: str) -> Path:
+        return self.session.run_dir / f"{name}.log"
+
     def timed(self, name: str, limit, ctx, label: str = "") -> int:
         t = time.time()
-        rc = self.runner.run(limit, ctx, self.session.run_dir / f"{name}.log", label=label)
+        rc = self.runner.run(limit, ctx, self.log(name), label=label)
         self.seconds[name] = round(time.time() - t, 1)
         return rc
 
@@ -127,7 +130,7 @@ class Rollout:
         s, it = self.session, self.runner.interrupt
         ctx = s.ctx("batch", batch=str(n), record_probe=self.args.record_probe and n == 0)
         rc = self.timed(f"batch-{n}", batch + self.gateways, ctx, label=what)
-        log = s.run_dir / f"batch-{n}.log"
+        log = self.log(f"batch-{n}")
         got = {h: s.records.read(records.Outcome, h, ctx.run) for h in batch}
         for r in rolling.batch_results(n, batch, got, rc, str(log.relative_to(REPO) if log.is_relative_to(REPO)
                                                                else log)):

@@ -71,8 +71,7 @@ def run_refusals(cfg: dict) -> list[str]:
     """Reasons this run may not touch the host that are not the host's own: no golden
     probe to compare with; a gateway this run cannot reach (no drain is possible)."""
     errors = []
-    if cfg["smoke_enabled"] and cfg["smoke_probe"] and not run_context().record_probe \
-            and run_context().phase != "gateway":
+    if cfg["smoke_enabled"] and cfg["smoke_probe"] and not run_context().record_probe:
         sha = model_files(cfg)[0].sha256
         for p in probemod.probes(cfg):
             try:
