@@ -48,11 +48,17 @@ unit: setup
 # Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU figures: bench/gpu/gpu_proof.py,
 # their raw records checked by tests/unit/test_proof*.py).
 # The fast tests first, each suite in its own process (the in-process pyinfra harness of
-# tests/ops keeps nothing from the lab tests' session), then the lab fleet from fresh hosts, then
-# usage per team through this machine's HAProxy in front of the llama-server the lab built (tests/gateway_local).
+# tests/ops keeps nothing from the lab tests' session), while the lab's fresh hosts are made beside
+# them (copies and boots: disk, not the CPU the tests use; its output follows theirs), then the lab
+# fleet, then usage per team through this machine's HAProxy in front of the llama-server the lab
+# built (tests/gateway_local).
 test: setup
-	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops
-	$(PY) -m lab up --fresh --hosts 3 --gateway
+	@mkdir -p .voltafleet; echo "$(PY) -m lab up --fresh --hosts 3 --gateway  (beside the unit tests)"; \
+	$(PY) -m lab up --fresh --hosts 3 --gateway > .voltafleet/lab-up.log 2>&1 & up=$$!; \
+	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops; unit=$$?; \
+	wait $$up; lab=$$?; cat .voltafleet/lab-up.log; \
+	if [ $$lab -ne 0 ]; then echo "make test: lab up failed (exit $$lab), see above" >&2; fi; \
+	[ $$unit -eq 0 ] && [ $$lab -eq 0 ]
 	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=50 tests/lab
 	$(PY) -m pytest -v -rs tests/gateway_local
 

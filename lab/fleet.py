@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CACHE = Path(os.environ.get("VOLTAFLEET_CACHE", "/var/cache/voltafleet"))
@@ -166,13 +167,21 @@ def ensure_git_mirror() -> dict:
 
 def _current(model: Path) -> bool:
     """Whether the cached lab model was written by the lab/qwen35gen.py of today (its chat
-    template and added tokens)."""
+    template and added tokens). Reading the GGUF's fields takes seconds (its 248k-token
+    vocabulary), so a stamp beside it keeps the answer for this very file (size and mtime)."""
     import gguf
 
     from lab.qwen35gen import GENERATOR, GENERATOR_KEY
 
+    st = model.stat()
+    stamp, seen = model.with_name(model.name + ".generator"), f"{GENERATOR}\n{st.st_size} {st.st_mtime_ns}\n"
+    if stamp.exists() and stamp.read_text() == seen:
+        return True
     field = gguf.GGUFReader(str(model)).fields.get(GENERATOR_KEY)
-    return field is not None and bytes(field.parts[-1]).decode() == GENERATOR
+    ok = field is not None and bytes(field.parts[-1]).decode() == GENERATOR
+    if ok:
+        stamp.write_text(seen)
+    return ok
 
 
 def ensure_model() -> dict:
@@ -183,6 +192,7 @@ def ensure_model() -> dict:
         log(f"{model.name} was written by an older lab/qwen35gen.py (chat template, added tokens): writing it again")
         model.unlink()
         model.with_name(model.name + ".sha256").unlink(missing_ok=True)
+        model.with_name(model.name + ".generator").unlink(missing_ok=True)
     if not model.exists():
         models.mkdir(parents=True, exist_ok=True)
         log(f"writing {model.name} (qwen35: 3 Gated DeltaNet + 1 attention block and an MTP block, random "
@@ -266,11 +276,11 @@ http {{
 """
 
 
-def ensure_http_mirror() -> None:
+def ensure_http_mirror(model_sha256: str) -> None:
     pidfile = STATE / "nginx.pid"
     conf = STATE / "nginx.conf"
     text = NGINX_CONF.format(state=STATE, port=HTTP_PORT, root=CACHE / "mirror/http", model=MODEL_NAME,
-                             model_sha256=ensure_model()["sha256"])
+                             model_sha256=model_sha256)
     if pid_alive(pidfile) and port_open(HTTP_PORT):
         if conf.exists() and conf.read_text() == text:
             return
@@ -294,18 +304,30 @@ def ensure_git_daemon() -> None:
 
 
 def stop_pidfile(pidfile: Path, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
-    pid = pid_alive(pidfile)
-    if not pid:
-        return
-    os.kill(pid, sig)
+    stop_pidfiles([pidfile], sig, timeout)
+
+
+def stop_pidfiles(pidfiles: list[Path], sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Signal every process named by the pidfiles at once, then wait for all of them (SIGKILL
+    to any still alive at the timeout): hosts shut down side by side, not one after another."""
+    pids = [pid for pid in map(pid_alive, pidfiles) if pid]
+    for pid in pids:
+        os.kill(pid, sig)
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        time.sleep(0.3)
-    os.kill(pid, signal.SIGKILL)
+    while pids and time.time() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        if pids:
+            time.sleep(0.3)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
 
 
 def wait_for(check, timeout: float, what: str) -> None:
@@ -430,14 +452,16 @@ def up(n_hosts: int, gateway: bool = False) -> dict:
     model = ensure_model()
     gemma = ensure_gemma()
     ensure_git_daemon()
-    ensure_http_mirror()
+    ensure_http_mirror(model["sha256"])
     key = ensure_key()
     previous = load_state(required=False)
     kept = [int(h["name"].rsplit("-", 1)[1]) for h in (previous or {}).get("hosts", [])]
     gateway = gateway or bool((previous or {}).get("gateway"))
-    hosts = [make_host(i, rootfs, key) for i in sorted(set(range(1, n_hosts + 1)) | set(kept))]
-    gw = make_host(GATEWAY_INDEX, rootfs, key) if gateway else None
-    every = hosts + ([gw] if gw else [])
+    wanted = sorted(set(range(1, n_hosts + 1)) | set(kept)) + ([GATEWAY_INDEX] if gateway else [])
+    with ThreadPoolExecutor(len(wanted)) as pool:  # the rootfs copies side by side
+        made = list(pool.map(lambda i: make_host(i, rootfs, key), wanted))
+    hosts, gw = (made[:-1], made[-1]) if gateway else (made, None)
+    every = made
     known_hosts, ssh_config = write_access(every, key)
     start_hosts(every, key, known_hosts)
     state = {
@@ -484,9 +508,10 @@ def load_state(required: bool = True) -> dict:
 
 def down() -> None:
     hosts_dir = STATE / "hosts"
-    for hdir in sorted(hosts_dir.glob("*")) if hosts_dir.exists() else []:
+    hdirs = sorted(hosts_dir.glob("*")) if hosts_dir.exists() else []
+    for hdir in hdirs:
         log(f"{hdir.name}: shutting down")
-        stop_pidfile(hdir / "nspawn.pid")
+    stop_pidfiles([hdir / "nspawn.pid" for hdir in hdirs])
     stop_pidfile(STATE / "git-daemon.pid")
     stop_pidfile(STATE / "nginx.pid", signal.SIGQUIT)
     shutil.rmtree(STATE, ignore_errors=True)

@@ -195,11 +195,23 @@ class Load:
             t.join(timeout=timeout)
 
     def stop(self) -> dict:
+        """Stop sending: every request in flight is finished (the figures count it), then the pools close."""
         self.stopping.set()
         self.wait(timeout=150)
         for pool in self.pools:
             pool.close()
         return summary(self.results)
+
+    def abort(self) -> None:
+        """Stop now, for a load that only kept the fleet busy: the pools close under the requests
+        in flight (the gateway and the servers see their clients go, and stop generating), nothing
+        is counted. Not for a load whose figures a test judges: that is stop()."""
+        self.stopping.set()
+        with self.lock:
+            pools = list(self.pools)
+        for pool in pools:
+            pool.close()
+        self.wait(timeout=30)
 
 
 def summary(results: list[dict]) -> dict:

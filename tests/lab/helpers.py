@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import testinfra
@@ -56,6 +57,19 @@ class Run:
         return f"Run(rc={self.rc}):\n{self.out[-4000:]}"
 
 
+def timed(kind: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """subprocess.run, its wall time appended to reports/lab-timings.jsonl with the test that
+    ran it (where the lab suite's time goes: bench/lab/timings.py sums it)."""
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, **kw)
+    (REPO / "reports").mkdir(exist_ok=True)
+    with open(REPO / "reports" / "lab-timings.jsonl", "a") as f:
+        f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "kind": kind,
+                            "args": argv[3:], "rc": proc.returncode,
+                            "seconds": round(time.monotonic() - t0, 2)}) + "\n")
+    return proc
+
+
 def run_env(vars: dict | None, host_vars: dict | None, tmp: Path | None, env: dict | None = None) -> dict:
     """The environment of a run: `vars` for every host (VOLTAFLEET_VARS), `host_vars`
     {host: {...}} for single ones (VOLTAFLEET_LAB_HOST_VARS), each written to a YAML file."""
@@ -103,8 +117,8 @@ def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None =
     `limit`: only these hosts (pyinfra --limit), e.g. the gateway alone."""
     CONVERGED["state"] = None
     e = run_env(vars, host_vars, tmp, env)
-    proc = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploy.py", *(["--limit", limit] if limit else [])],
-                          cwd=REPO, env=e, capture_output=True, text=True, timeout=3000)
+    proc = timed("deploy", [PYINFRA, "-y", "inventory/lab.py", "deploy.py", *(["--limit", limit] if limit else [])],
+                 cwd=REPO, env=e, capture_output=True, text=True, timeout=3000)
     run = Run(proc)
     if run.rc == 0 and not (vars or host_vars or env or limit):
         CONVERGED["state"] = fleet_state()
@@ -140,8 +154,8 @@ def rollout(args: list[str] = (), vars: dict | None = None, host_vars: dict | No
     e = run_env(vars, host_vars, tmp, env)
     latest = REPO / "reports" / "rollout-latest.json"
     latest.unlink(missing_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "rollout", "inventory/lab.py", *args], cwd=REPO, env=e,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = timed("rollout", [sys.executable, "-m", "rollout", "inventory/lab.py", *args], cwd=REPO, env=e,
+                 capture_output=True, text=True, timeout=timeout)
     return Run(proc), (json.loads(latest.read_text()) if latest.exists() else {})
 
 

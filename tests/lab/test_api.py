@@ -49,7 +49,9 @@ def test_another_model_name_gets_openais_model_not_found_from_the_gateway(gw):
 
 def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_path):
     """2x the fleet's slots in other clients and a 1 s queue: the gateway answers 503 with an
-    OpenAI-shaped body and Retry-After; the SDK's own retry waits that long and is served."""
+    OpenAI-shaped body and Retry-After; the SDK's own retry waits that long and is served (the
+    other clients go at the first 503, so the fleet has room by the time the retry comes)."""
+    import threading
     import time
 
     import httpx
@@ -65,6 +67,8 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
         if r.status_code == 503:  # the gateway's own answer: OpenAI's error shape
             r.read()
             bodies.append(r.json()["error"])
+            if not load.stopping.is_set():  # the fleet was busy: its other clients go (the retry must find room)
+                threading.Thread(target=load.abort, daemon=True).start()
         seen.append((time.monotonic(), r.status_code, r.headers.get("retry-after")))
 
     http = httpx.Client(event_hooks={"response": [hook]})
@@ -89,7 +93,7 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
         nxt = [t for t, code, _ in seen if t > busy[0][0]]
         assert nxt and nxt[0] - busy[0][0] >= 4.5
     finally:
-        load.stop()
+        load.abort()  # its 400-token streams only kept the fleet busy: cut, not waited for
         http.close()
         assert deploy().rc == 0
 

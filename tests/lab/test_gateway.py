@@ -157,8 +157,11 @@ def test_a_killed_server_cuts_only_its_open_streams_leaves_rotation_and_returns(
     broken), told apart from failures; every other request, during and after, is served."""
     every = {f"{x['name']}-{n}": (x, n, main_pid(x, n)) for x in lab()["hosts"] for n in (0, 1)}
     # streams only (a request not yet answered is retried elsewhere by the gateway, never cut), long
-    # enough (256 tokens) that one picked open is still open when the kill lands
-    load = Load(URL, clients=8, tokens=256, seconds=120, max_requests=3000, streams_only=True).start()
+    # enough that one picked open is still open when the kill lands: 256 tokens with n_probs, which
+    # makes each of the tiny model's tokens slower (2-3 s a stream, not the 0.3-0.6 s in which one
+    # picked open had once ended before the kill's ssh round trip)
+    load = Load(URL, clients=8, tokens=256, seconds=120, max_requests=3000, streams_only=True,
+                body={"n_probs": 100}).start()
     victim, deadline = None, time.time() + 30
     while victim is None and time.time() < deadline:  # an instance serving a stream right now
         open_now = {k: int(v["scur"]) for k, v in gateway_stat(gw).items() if int(v["scur"])}

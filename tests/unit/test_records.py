@@ -17,7 +17,8 @@ def test_a_refusal_survives_the_round_trip_and_is_no_fleet_plan_entry(tmp_path):
     d.write(records.Preflight(host="gpu-01", run="t1", address="10.0.0.1", ports=(8080,), refusals=(why, "second")))
     rec = d.read(records.Preflight, "gpu-01", "t1")
     assert rec.refusals == (why, "second") and rec.entry() is None and records.entry(rec) is None
-    assert ServerEntry.of(d.read("preflight", "gpu-01", "t1")) is None  # the raw mapping's reader says the same
+    with pytest.raises(TypeError, match="typed records only"):  # no raw mapping to decode by hand
+        d.read("preflight", "gpu-01", "t1")
     assert tune.unmeasured(rec, 1, "trial-0.log") == ("refused", why)   # a tune trial's status, from the record
     assert tune.unmeasured(None, 1, "trial-0.log") == ("failed", "no tune record (pyinfra exit 1; see trial-0.log)")
     passed = records.Preflight(host="gpu-01", run="t2", address="10.0.0.1", ports=(8080,))

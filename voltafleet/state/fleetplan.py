@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from voltafleet.models.mirror import Mirror
@@ -30,16 +30,6 @@ class ServerEntry:
     slots: int = 1                    # each instance's -np
     fingerprint: str | None = None    # its release fingerprint, when its compiler is known
     tier: str = "throughput"          # its server_tier: the gateway backend its instances are in (voltafleet/front/tiers.py)
-
-    @classmethod
-    def of(cls, record: dict | None) -> "ServerEntry | None":
-        """A preflight record's raw mapping (RunDir "preflight") as an entry; None when there is
-        none, or preflight refused the host. Typed: voltafleet.state.records.Preflight.entry."""
-        if record is None or record.get("refusals"):
-            return None
-        known = {f.name for f in fields(cls)}
-        d = {k: v for k, v in record.items() if k in known}
-        return cls(**{**d, "ports": tuple(d["ports"])})
 
 
 @dataclass(frozen=True)

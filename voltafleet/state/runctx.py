@@ -92,8 +92,8 @@ class RunDir:
     Each kind is `<kind>-<host>.json` (a "/" of a host name as "_"), written atomically with
     the run id inside. The records are typed (voltafleet.state.records: a kind's class has KIND, host,
     run, to_dict and of): `write(record)`; `read(Kind, host, run)` returns the record, or None
-    for a missing, unreadable, other run's or malformed one. `read("kind", host, run)` gives the
-    raw mapping, for a reader not on the typed records yet."""
+    for a missing, unreadable, other run's or malformed one. Nothing reads a record as a raw
+    mapping: a kind's name is refused (TypeError)."""
 
     KINDS = ("preflight", "outcome", "smoke", "plan", "tune", "profile", "build", "fetch")
     FLEET_PLAN = "fleet-plan.json"
@@ -121,16 +121,22 @@ class RunDir:
         return p
 
     def read(self, kind, host: str, run: str | None = None):
-        """The host's record of `kind` (a record class, or a kind's name for the raw mapping), or
-        None: missing, unreadable, not a mapping, not the kind's fields, or (with `run`) another run's."""
-        return self._load(self.file(kind, host), kind, run)
+        """The host's record of `kind` (a record class), or None: missing, unreadable, not a
+        mapping, not the kind's fields, or (with `run`) another run's."""
+        return self._load(self.file(self._typed(kind), host), kind, run)
 
     def all(self, kind) -> list:
-        """Every readable record of a kind (a class: its records; a name: mappings), in file-name order."""
-        name = kind if isinstance(kind, str) else kind.KIND
-        self.file(name, "x")  # a known kind
-        found = (self._load(p, kind, None) for p in sorted(self.path.glob(f"{name}-*.json")))
+        """Every readable record of a kind (a record class), in file-name order."""
+        self.file(self._typed(kind), "x")  # a known kind
+        found = (self._load(p, kind, None) for p in sorted(self.path.glob(f"{kind.KIND}-*.json")))
         return [r for r in found if r is not None]
+
+    @staticmethod
+    def _typed(kind):
+        if isinstance(kind, str):
+            raise TypeError(f"RunDir reads typed records only: pass the record class of {kind!r} "
+                            "(voltafleet.state.records), not its name")
+        return kind
 
     @staticmethod
     def _load(path: Path, kind, run: str | None):
@@ -140,4 +146,4 @@ class RunDir:
             return None
         if not isinstance(data, dict) or (run is not None and data.get("run") != run):
             return None
-        return data if isinstance(kind, str) else kind.of(data)
+        return kind.of(data)
