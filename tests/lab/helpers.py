@@ -13,7 +13,7 @@ from pathlib import Path
 import testinfra
 import yaml
 
-from lab.fleet import load_state
+from lab.fleet import MIRROR_ENV, load_state
 from voltafleet.front import gateway
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,9 +84,17 @@ def run_env(vars: dict | None, host_vars: dict | None, tmp: Path | None, env: di
     return e
 
 
-# What the hosts showed (fleet_state) right after the last plain deploy() that succeeded: the
-# `converged` fixture skips its deploy when they still show exactly that. None: not known.
-CONVERGED: dict = {"state": None}
+# What the hosts showed (fleet_state) right after the last plain deploy() that succeeded ("state"),
+# or the last one with the gateway host as the model mirror too ("mirror", env MIRROR): the
+# `converged` and `mirrored` fixtures skip their deploy when they still show exactly that. None: not
+# known (any other run since, of any kind, forgets both: forget()).
+CONVERGED: dict = {"state": None, "mirror": None}
+MIRROR = {MIRROR_ENV: "1"}
+
+
+def forget() -> None:
+    """A run is about to change the fleet: no converged state is known any more."""
+    CONVERGED.update(state=None, mirror=None)
 
 # Everything a deploy of the repository's configuration manages or depends on, one line each:
 # the release, the flags, the unit, the model files, each instance's state and main pid, the
@@ -115,13 +123,13 @@ def deploy(vars: dict | None = None, tmp: Path | None = None, env: dict | None =
            host_vars: dict | None = None, limit: str | None = None) -> Run:
     """Run the lab rollout; `vars` apply to every host, `host_vars` {host: {...}} to one each;
     `limit`: only these hosts (pyinfra --limit), e.g. the gateway alone."""
-    CONVERGED["state"] = None
+    forget()
     e = run_env(vars, host_vars, tmp, env)
     proc = timed("deploy", [PYINFRA, "-y", "inventory/lab.py", "deploy.py", *(["--limit", limit] if limit else [])],
                  cwd=REPO, env=e, capture_output=True, text=True, timeout=3000)
     run = Run(proc)
-    if run.rc == 0 and not (vars or host_vars or env or limit):
-        CONVERGED["state"] = fleet_state()
+    if run.rc == 0 and not (vars or host_vars or limit) and (env or {}) in ({}, MIRROR):
+        CONVERGED["mirror" if env else "state"] = fleet_state()
     return run
 
 
@@ -150,7 +158,7 @@ def report(host: dict) -> dict:
 def rollout(args: list[str] = (), vars: dict | None = None, host_vars: dict | None = None,
             tmp: Path | None = None, timeout: int = 1800, env: dict | None = None) -> tuple[Run, dict]:
     """Run the rolling driver on the lab inventory; (its output, the fleet report)."""
-    CONVERGED["state"] = None
+    forget()
     e = run_env(vars, host_vars, tmp, env)
     latest = REPO / "reports" / "rollout-latest.json"
     latest.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bench.lab.load import Load
-from tests.lab.helpers import CONVERGED, REPO, deploy, gateway_stat, lab, main_pid, rollout, run_env, ssh, th
+from tests.lab.helpers import REPO, deploy, forget, gateway_stat, lab, main_pid, rollout, run_env, ssh, th
 
 
 URL = "http://127.0.0.1:18800"
@@ -110,7 +110,7 @@ def test_a_signal_mid_canary_stops_cleanly_under_pooled_keepalive_clients(gw, tm
     no instance stays in DRAIN or MAINT, the report says interrupted, the exit code is 128 + the
     signal, and the pooled keep-alive client loses nothing."""
     hosts = lab()["hosts"]
-    CONVERGED["state"] = None
+    forget()
     env = run_env({"server_ctx_checkpoints": 16, "smoke_min_single_tps": 0.5, "smoke_min_aggregate_tps": 0.5},
                   None, tmp_path)
     latest = REPO / "reports" / "rollout-latest.json"

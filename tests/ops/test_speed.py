@@ -18,6 +18,42 @@ def test_applied_to_the_pinned_pyinfra():
     assert speed.applied() == speed.ALL and speed.why_not() is None
     assert operation.get_operation_order_from_stack is speed.get_operation_order_from_stack
     assert all(m.pop_global_arguments is speed.pop_global_arguments for m in CALLERS)
+    assert importlib.import_module("pyinfra.connectors.ssh").SSHConnector._connect is speed._connect
+
+
+class _Client:
+    """A paramiko client's surface that nodelay reads: get_transport().sock."""
+    def __init__(self, sock):
+        self.transport = type("T", (), {"sock": sock})()
+
+    def get_transport(self):
+        return self.transport
+
+
+def test_the_connection_gets_tcp_nodelay_after_pyinfras_own_connect(monkeypatch):
+    """Replacement 4: pyinfra's _connect runs as it is, then its client's TCP socket has Nagle's
+    algorithm off (a remote command no longer waits ~40 ms for the remote's delayed ACK); a
+    connection through a jump host (a paramiko channel, no socket) is left as it is."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    sock = socket.create_connection(server.getsockname())
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0  # the kernel's default: Nagle on
+        calls = []
+
+        def pyinfras_connect(self):
+            calls.append(self)
+            self.client = _Client(sock)
+
+        monkeypatch.setitem(speed.ORIGINAL, "SSHConnector._connect", pyinfras_connect)
+        connector = type("Connector", (), {"client": None})()
+        speed._connect(connector)
+        assert calls == [connector] and sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert speed.nodelay(_Client(object())) is False and speed.nodelay(None) is False
+    finally:
+        sock.close()
+        server.close()
 
 
 def test_global_arguments_are_pyinfras():
@@ -109,6 +145,7 @@ def test_another_pyinfra_is_left_as_it_is_with_a_warning(monkeypatch):
     monkeypatch.setitem(speed.CHECKED, "all_global_arguments", "0" * 16)
     monkeypatch.setitem(speed.CHECKED, "get_operation_order_from_stack", "0" * 16)
     monkeypatch.setitem(speed.CHECKED, "pop_global_arguments", "0" * 16)
+    monkeypatch.setitem(speed.CHECKED, "SSHConnector._connect", "0" * 16)
     said = []
     assert speed.applied(warn=said.append) == [] and speed.applied(warn=said.append) == []
     assert len(said) == 1 and "left pyinfra" in said[0] and "Fix: pin pyinfra==3.10.0" in said[0]
@@ -123,4 +160,4 @@ def test_the_patches_offered_to_pyinfra_are_the_replacements_in_use():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "pyinfra-patches.md").read_text()
     assert doc == speed.patches()
-    assert doc.count("```diff") == 3 and "+    stack_items = list(reversed(inspect.getouterframes(sys._getframe(1), 0)))" in doc
+    assert doc.count("```diff") == 4 and "TCP_NODELAY, 1)" in doc and "+    stack_items = list(reversed(inspect.getouterframes(sys._getframe(1), 0)))" in doc
