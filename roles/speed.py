@@ -194,7 +194,7 @@ def _nodelay_this_host() -> None:
     whose deploy file runs now gets TCP_NODELAY on the connection it already has."""
     ctx = importlib.import_module("pyinfra.context")
     if ctx.ctx_host.isset():
-        nodelay(getattr(ctx.host.connector, "client", None))
+        nodelay(getattr(getattr(ctx.host, "connector", None), "client", None))  # a test's fake host has none
 
 
 def _digest(fn) -> str | None:
