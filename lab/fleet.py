@@ -76,12 +76,12 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def pid_alive(pidfile: Path) -> int | None:
+    """The pid in the file while that process runs (a zombie does not: _alive)."""
     try:
         pid = int(pidfile.read_text().strip())
-        os.kill(pid, 0)
-        return pid
     except (OSError, ValueError):
         return None
+    return pid if _alive(pid) else None
 
 
 # ---------------------------------------------------------------- caches
