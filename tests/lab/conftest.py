@@ -10,6 +10,13 @@ from lab.fleet import STATE_FILE
 os.environ.setdefault("VOLTAFLEET_RELEASE_CACHE", tempfile.mkdtemp(prefix="voltafleet-releases-"))
 
 
+def pytest_sessionstart(session):
+    """reports/lab-timings.jsonl holds this session's runs only (bench/lab/timings.py sums them)."""
+    from tests.lab.helpers import TIMINGS
+
+    TIMINGS.unlink(missing_ok=True)
+
+
 def pytest_collection_modifyitems(config, items):
     if STATE_FILE.exists():
         return
@@ -39,9 +46,9 @@ def converged(first_rollout):
     skipped when every host still shows exactly what it showed after the last plain deploy
     that succeeded (helpers.fleet_state: release, flags, unit, models, each instance's pid,
     the gateway's configuration and server states)."""
-    from tests.lab.helpers import CONVERGED, deploy, fleet_state, lab
+    from tests.lab.helpers import deploy, lab, still
 
-    if CONVERGED["state"] is not None and fleet_state() == CONVERGED["state"]:
+    if still():
         return lab()["hosts"]
     run = deploy()
     assert run.rc == 0, run

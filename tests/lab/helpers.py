@@ -57,13 +57,17 @@ class Run:
         return f"Run(rc={self.rc}):\n{self.out[-4000:]}"
 
 
+# every pyinfra run and driver of this lab test session, timed (the lab's conftest empties it first)
+TIMINGS = REPO / "reports" / "lab-timings.jsonl"
+
+
 def timed(kind: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
-    """subprocess.run, its wall time appended to reports/lab-timings.jsonl with the test that
-    ran it (where the lab suite's time goes: bench/lab/timings.py sums it)."""
+    """subprocess.run, its wall time appended to TIMINGS with the test that ran it (where the
+    lab suite's time goes: bench/lab/timings.py sums it)."""
     t0 = time.monotonic()
     proc = subprocess.run(argv, **kw)
-    (REPO / "reports").mkdir(exist_ok=True)
-    with open(REPO / "reports" / "lab-timings.jsonl", "a") as f:
+    TIMINGS.parent.mkdir(exist_ok=True)
+    with open(TIMINGS, "a") as f:
         f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "kind": kind,
                             "args": argv[3:], "rc": proc.returncode,
                             "seconds": round(time.monotonic() - t0, 2)}) + "\n")
@@ -95,6 +99,12 @@ MIRROR = {MIRROR_ENV: "1"}
 def forget() -> None:
     """A run is about to change the fleet: no converged state is known any more."""
     CONVERGED.update(state=None, mirror=None)
+
+
+def still(kind: str = "state") -> bool:
+    """Whether the fleet still shows exactly what it showed after the last deploy of that kind
+    that succeeded ("state": plain, "mirror": env MIRROR); False when none is known."""
+    return CONVERGED[kind] is not None and fleet_state() == CONVERGED[kind]
 
 # Everything a deploy of the repository's configuration manages or depends on, one line each:
 # the release, the flags, the unit, the model files, each instance's state and main pid, the

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from lab.fleet import MIRROR_PORT, STATE
-from tests.lab.helpers import CONVERGED, MIRROR, deploy, fleet_state, lab, ssh, th
+from tests.lab.helpers import MIRROR, deploy, lab, ssh, still, th
 
 BASE = f"http://127.0.0.1:{MIRROR_PORT}"
 SLICE = 1 << 20  # group_vars/lab.yml's mirror_slice_mb
@@ -70,8 +70,7 @@ def mirrored(mirror_host):
     deploy is skipped when every host still shows what it showed after the last mirrored deploy
     that succeeded (each test here ends with one) and the mirror is serving."""
     gw, three = mirror_host, lab()["hosts"][:3]
-    if CONVERGED["mirror"] is None or fleet_state() != CONVERGED["mirror"] \
-            or ssh(gw, "systemctl is-active nginx", check=False) != "active":
+    if not still("mirror") or ssh(gw, "systemctl is-active nginx", check=False) != "active":
         run = deploy(env=MIRROR)
         assert run.rc == 0, run
     clear_cache(gw)

@@ -98,10 +98,10 @@ def team_fleet(first_rollout, tmp_path_factory):
     """The lab fleet with two teams (a whole run: the servers converge, none restarts when
     they were converged); the gateway without teams again at the end. The tests take this,
     not `converged`, which would roll the teams back out."""
-    from tests.lab.helpers import CONVERGED, fleet_state
+    from tests.lab.helpers import still
 
     tmp = tmp_path_factory.mktemp("teams")
-    if CONVERGED["state"] is None or fleet_state() != CONVERGED["state"]:
+    if not still():
         assert deploy().rc == 0  # the repository's configuration first, so the pids below are the converged ones
     hosts = lab()["hosts"]
     before = pids(hosts)

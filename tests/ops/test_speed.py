@@ -56,6 +56,25 @@ def test_the_connection_gets_tcp_nodelay_after_pyinfras_own_connect(monkeypatch)
         server.close()
 
 
+def test_applied_sets_tcp_nodelay_on_the_connection_the_running_host_already_has():
+    """pyinfra's CLI connects before it loads deploy.py: applied(), deploy.py's first line, sets it
+    on the connection of the host whose deploy file runs (where the measured effect comes from)."""
+    import socket
+
+    from pyinfra import context
+
+    server = socket.create_server(("127.0.0.1", 0))
+    sock = socket.create_connection(server.getsockname())
+    host = type("Host", (), {"connector": type("Connector", (), {"client": _Client(sock)})()})()
+    try:
+        with context.ctx_host.use(host):
+            speed.applied()
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        sock.close()
+        server.close()
+
+
 def test_global_arguments_are_pyinfras():
     assert speed.all_global_arguments() == speed.ORIGINAL["all_global_arguments"]()
     first = speed.all_global_arguments()
