@@ -4,8 +4,9 @@ llama-server of the pinned build: the proof that usage per team is exact without
 Everything runs as the current user on loopback ports (VOLTAFLEET_LOCAL_PORT, default 18961,
 and the next two); the configuration is templates/haproxy.cfg.j2 rendered by
 voltafleet.front.gateway.template_vars, with its /etc/haproxy paths moved into a temporary folder.
-A machine without haproxy, a lab-built llama-server of the pinned commit or the lab's tiny
-model skips the tests (missing() says which)."""
+A machine without haproxy, faketime, a lab-built llama-server of the pinned commit or the lab's
+tiny model fails the tests (require() says which): make test installs the first two and builds
+the lab before them, so the proof never passes by not running."""
 from __future__ import annotations
 
 import hashlib
@@ -46,6 +47,7 @@ def model() -> str:
     return os.environ.get("VOLTAFLEET_LOCAL_MODEL", str(CACHE / "mirror/http/models" / MODEL_NAME))
 
 
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # Debian's libfaketime (make setup installs it)
 BASE_PORT = int(os.environ.get("VOLTAFLEET_LOCAL_PORT", "18961"))
 ALIAS = "qwen3.6-27b"
 
@@ -53,12 +55,23 @@ ALIAS = "qwen3.6-27b"
 def missing() -> str | None:
     """Why the local gateway cannot run here (None: it can)."""
     if not shutil.which("haproxy"):
-        return "haproxy is not installed"
+        return "haproxy is not installed (make setup installs it)"
+    if not os.path.exists(FAKETIME_LIB):
+        return f"no {FAKETIME_LIB} (Debian's faketime: make setup installs it)"
     if not pinned_server():
         return "no llama-server of the pinned commit (the lab builds one)"
     if not os.path.exists(model()):
         return "no tiny model (the lab's mirror has one)"
     return None
+
+
+def require() -> None:
+    """Fail (never skip) where the local gateway cannot run: the proof must run in make test."""
+    import pytest
+
+    why = missing()
+    if why:
+        pytest.fail(f"tests/gateway_local cannot run: {why}", pytrace=False)
 
 
 def sha(key: str) -> str:
@@ -138,6 +151,7 @@ class Local:
         self.tier_ports = {t: (BASE_PORT + 3 + i, n) for i, (t, n) in enumerate((tiers or {}).items())}
         self.over, self.threads = over, threads  # threads: each server's -t (None: llama-server's default)
         self.procs: list[subprocess.Popen] = []
+        self.clock: str | None = None  # HAProxy's clock started at this UTC time (libfaketime's '@<clock>'), else the real one
 
     def tier_direct(self, tier: str) -> str:
         """A tier's own llama-server, not through the gateway."""
@@ -157,6 +171,10 @@ class Local:
         return f"http://127.0.0.1:{self.metrics_port}{teams.METRICS_PATH}"
 
     def start(self) -> "Local":
+        self.start_servers()
+        return self.start_gateway()
+
+    def start_servers(self) -> None:
         binary = pinned_server()
         lib = str(Path(binary).parents[1] / "lib")
         env = {**os.environ, "LD_LIBRARY_PATH": lib + ":" + os.environ.get("LD_LIBRARY_PATH", "")}
@@ -169,6 +187,8 @@ class Local:
         for port in [self.server_port] + [p for p, _ in self.tier_ports.values()]:
             wait_http(f"http://127.0.0.1:{port}/health", 120)
         self.alive("llama-server")
+
+    def start_gateway(self) -> "Local":
         cfg = self.tmp / "haproxy.cfg"
         cfg.write_text(config(self.tmp, self.keys, self.server_port, self.gw_port, self.metrics_port, self.budgets,
                               self.tier_ports, self.over))
@@ -176,13 +196,26 @@ class Local:
         self.start_haproxy()
         return self
 
-    def start_haproxy(self) -> None:
+    def start_haproxy(self, budgets: bool = True) -> None:
         """HAProxy in master-worker mode (as systemd runs it), in the foreground."""
-        self.haproxy = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(self.tmp / "haproxy.cfg")],
+        # a frozen clock: libfaketime preloaded into HAProxy itself (the faketime wrapper would fork it as its
+        # child, and a stop would end the wrapper alone)
+        clock = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"@{self.clock}"} if self.clock else {}
+        self.haproxy = subprocess.Popen(["haproxy", "-W", "-db", "-f", str(self.tmp / "haproxy.cfg")], env={**os.environ, **clock},
                                         stdout=open(self.tmp / "haproxy.log", "ab"), stderr=subprocess.STDOUT)
         self.procs.append(self.haproxy)
         wait_http(self.metrics, 30)
+        if budgets:
+            self.wait_budgets()
         self.alive("haproxy")
+
+    def wait_budgets(self, seconds: float = 30) -> None:
+        """Until the current worker's task has read the budgets' day files (its gauge says 1)."""
+        deadline = time.monotonic() + seconds
+        while "voltafleet_gateway_budgets_ready 0" in httpx.get(self.metrics, timeout=10).text:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the gateway's budgets were never loaded")
+            time.sleep(0.05)
 
     def admin(self, command: str) -> str:
         """One command on HAProxy's admin socket (the runtime API), its answer."""
@@ -215,15 +248,16 @@ class Local:
                 continue
             if pid != old:
                 wait_http(self.metrics, 30)
+                self.wait_budgets()
                 return pid
         raise TimeoutError("no new HAProxy worker after SIGUSR2")
 
-    def restart(self) -> None:
-        """HAProxy stopped (its worker gone) and started again."""
+    def restart(self, budgets: bool = True) -> None:
+        """HAProxy stopped (its worker gone) and started again (budgets: until its budgets are loaded)."""
         self.haproxy.terminate()
         self.haproxy.wait(30)
         self.procs.remove(self.haproxy)
-        self.start_haproxy()
+        self.start_haproxy(budgets)
 
     def alive(self, what: str) -> None:
         """Each process started is still running: another one on its port answered otherwise."""

@@ -6,6 +6,7 @@ counted) and a restart; a starting worker reads the month's days and compacts th
 Skipped where haproxy or the pinned llama-server is not on this machine."""
 from __future__ import annotations
 
+import calendar
 import concurrent.futures
 import re
 import time
@@ -24,9 +25,7 @@ BUDGETS = {"tiny": {"tokens_per_day": 60}, "pair": {"tokens_per_day": 50, "token
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    why = harness.missing()
-    if why:
-        pytest.skip(f"no local gateway: {why}")
+    harness.require()
     g = harness.Local(tmp_path_factory.mktemp("budgets"), KEYS, budgets=BUDGETS)
     try:
         yield g.start()
@@ -107,21 +106,36 @@ def test_the_counts_survive_a_reload_with_a_stream_in_the_old_worker_and_a_resta
     assert r.status_code == 429 and "daily budget of 60 tokens" in r.json()["error"]["message"]
 
 
+def ready(g, seconds: float = 30) -> None:
+    """Wait for the worker's task to have read the month's counts (voltafleet_gateway_budgets_ready 1)."""
+    deadline = time.monotonic() + seconds
+    while "voltafleet_gateway_budgets_ready 1" not in httpx.get(g.metrics, timeout=10).text:
+        assert time.monotonic() < deadline, "the budgets were never loaded"
+        time.sleep(0.1)
+
+
 def test_a_starting_worker_reads_the_months_days_and_compacts_the_old_ones(gw):
-    now = time.time()
+    """On a frozen clock (faketime: HAProxy's UTC time is 2027-03-15 12:00, whatever today is), so the
+    month always has a day older than yesterday: that day is compacted, yesterday kept, the previous
+    month's files removed; the real month's files are another month's, left as they are."""
     folder = gw.tmp / "budgets"
-    day = time.gmtime(now).tm_mday
-    if day < 3:
-        pytest.skip("needs a day of this month older than yesterday")
-    month = time.strftime("%Y-%m", time.gmtime(now))
-    before = budget(gw)[("budget_used_tokens", "web", "month")]
-    (folder / f"{month}-01.log").write_text("web 100\nweb 20\nother 5\n")  # compacted: a line a team
-    (folder / budgets.day_file(now - 86400)).write_text("web 7\n")  # yesterday: kept as it is
-    last_month = time.strftime("%Y-%m", time.gmtime(budgets.start(now, "month") - 1))
-    (folder / f"{last_month}-15.sum").write_text("web 999\n")  # the previous month: removed
-    gw.restart()
-    b = budget(gw)
-    assert b[("budget_used_tokens", "web", "month")] == before + 127 and b[("budget_used_tokens", "other", "month")] == 5
-    assert budgets.sums((folder / f"{month}-01.sum").read_text()) == {"web": 120, "other": 5}
-    assert not (folder / f"{month}-01.log").exists() and not (folder / f"{last_month}-15.sum").exists()
-    assert (folder / budgets.day_file(now - 86400)).read_text() == "web 7\n"
+    now = calendar.timegm((2027, 3, 15, 12, 0, 0))
+    (folder / "2027-03-01.log").write_text("web 100 1\nweb 20\nother 5 7\n")  # compacted: a line a team
+    (folder / budgets.day_file(now - 86400)).write_text("web 7 1\n")  # yesterday: kept as it is
+    (folder / "2027-02-15.sum").write_text("web 999\n")  # the previous month: removed
+    real = sorted(p.name for p in folder.iterdir() if not p.name.startswith("2027-"))
+    try:
+        gw.clock = "2027-03-15 12:00:00"
+        gw.restart()
+        ready(gw)
+        b = budget(gw)
+        assert b[("budget_used_tokens", "web", "month")] == 127 and b[("budget_used_tokens", "other", "month")] == 5
+        assert b[("budget_used_tokens", "web", "day")] == 0
+        assert budgets.sums((folder / "2027-03-01.sum").read_text()) == {"web": 120, "other": 5}
+        assert not (folder / "2027-03-01.log").exists() and not (folder / "2027-02-15.sum").exists()
+        assert (folder / budgets.day_file(now - 86400)).read_text() == "web 7 1\n"
+        assert sorted(p.name for p in folder.iterdir() if not p.name.startswith("2027-")) == real
+    finally:
+        gw.clock = None
+        gw.restart()
+        ready(gw)

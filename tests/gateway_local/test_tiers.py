@@ -31,9 +31,7 @@ THROUGHPUT, LATENCY = "local-0", "latency-0"  # the servers (<host>-<index>; the
 
 @pytest.fixture(scope="module")
 def tg(tmp_path_factory):
-    why = harness.missing()
-    if why:
-        pytest.skip(f"no local gateway: {why}")
+    harness.require()
     # one thread a server: two servers share this machine's cores (spinning threads of both would stall each other)
     # 32K tokens a slot: a stream that holds the latency tier's slot outlasts a test (Hold)
     g = harness.Local(tmp_path_factory.mktemp("tiers"), KEYS, slots=4, ctx_per_slot=32768, budgets=FIELDS,
@@ -233,8 +231,7 @@ def test_a_teams_tier_changes_in_the_running_gateway_without_a_reload(tg):
 
     from voltafleet.front import teams, tiers
 
-    if not shutil.which("socat"):
-        pytest.skip("no socat (the runtime API's client)")
+    assert shutil.which("socat"), "no socat (the runtime API's client): make setup installs it"
     path, sock = tg.tmp / Path(teams.TIERS_MAP).name, str(tg.tmp / "admin.sock")
     before_text, pid = path.read_text(), tg.worker_pid()
 

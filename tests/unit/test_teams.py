@@ -74,11 +74,15 @@ def test_the_gateway_answers_401_and_429_itself_in_openais_shape(cfg):
     assert "lua.vf_account" in text and f"use-service lua.vf_team_metrics if {{ path {teams.METRICS_PATH} }}" in text
 
 
-def test_every_answer_passes_through_the_usage_filter_never_buffered_whole(cfg):
+def test_every_answer_passes_through_the_usage_filter_a_stream_never_buffered(cfg):
     text = render_teams(cfg)
     frontend = text[text.index("frontend llama"):text.index("\nbackend llama")]
     assert f"filter lua.{teams.USAGE_FILTER}" in frontend and f"lua-load {teams.USAGE_LUA}" in text
-    assert "wait-for-body" not in text and "res.body" not in text  # no answer is held back to be read
+    # only a whole (non-stream) 2xx answer of a token route is waited for, to check its figures before its head
+    # goes (fail closed); a stream's events go out as they come
+    waits = [line.strip() for line in text.splitlines() if "wait-for-body" in line]
+    assert waits == ["http-response wait-for-body time 10s if { var(txn.vf_kind) -m str chat oai native anthropic } "
+                     "{ status 200:299 } !{ res.hdr(content-type) -m sub event-stream }"], waits
     lua = (Path(__file__).resolve().parents[2] / "roles/gateway/files/voltafleet-teams.lua").read_text()
     assert f'core.register_filter("{teams.USAGE_FILTER}"' in lua
     for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cut_streams"):
@@ -97,7 +101,7 @@ def test_every_completion_body_gets_the_member_that_keeps_its_figures_in_the_ans
     budget = next(i for i, r in enumerate(rules) if "http-request lua.vf_budget" in r)
     forward = next(i for i, r in enumerate(rules) if "Authorization" in r and "http-request" in r)
     assert "option http-buffer-request" in front and budget < refuse < rewrite < forward
-    assert "if METH_POST { path /completion /completions /infill } { req.body -m reg '\"response_fields\"\\s*:' }" in rules[refuse]
+    assert "if METH_POST { path /completion /completions } { req.body -m reg '\"response_fields\"\\s*:' }" in rules[refuse]
     err = json.loads(re.search(r"string '([^']+)'", rules[refuse]).group(1))["error"]
     assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", "response_fields", "unsupported_parameter")
     assert err["message"].startswith("response_fields is not accepted at this gateway") and "tokens_evaluated" in err["message"]
@@ -105,7 +109,7 @@ def test_every_completion_body_gets_the_member_that_keeps_its_figures_in_the_ans
     assert 'core.register_action("vf_rewrite", {"http-req"}' in lua
     # the routes of the pinned llama-server (tools/server/server.cpp): OpenAI-format streams, then native ones
     assert '{"/v1/chat/completions", "/chat/completions", "/v1/completions"}) do REWRITE[p] = \'"timings_per_token":true\'' in lua
-    assert '{"/completion", "/completions", "/infill"}) do REWRITE[p] = \'"response_fields":[]\'' in lua
+    assert '{"/completion", "/completions"}) do REWRITE[p] = \'"response_fields":[]\'' in lua
 
 
 def test_without_teams_the_client_authorization_goes_through_unchanged():

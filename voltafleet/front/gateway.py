@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from voltafleet.front import budgets, teams, tiers
+from voltafleet.front import budgets, routes, teams, tiers
 from voltafleet.front.haproxy_cli import ADMIN_SOCKET, admin, runtime  # noqa: F401 (the gateway's API, used by the roles)
 
 BACKEND = tiers.BACKEND  # the throughput tier's; another tier's is tiers.backend(tier)
@@ -196,4 +196,13 @@ def template_vars(cfg: dict, backends: list[Backend]) -> dict:
         maxconn=cfg["gateway_maxconn"], admin_socket=ADMIN_SOCKET, state_file=STATE_FILE,
         queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
         affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
-        model_alias=cfg["server_model_alias"], errorfile=ERRORFILE, teams=teams_vars(cfg, backends))
+        model_alias=cfg["server_model_alias"], errorfile=ERRORFILE, teams=teams_vars(cfg, backends),
+        routes=routes_vars())
+
+
+def routes_vars() -> dict:
+    """The template's `routes` block: the team routes HAProxy lets through (METHOD:/path), its own 404 for any
+    other, its 503 when a check or the counting failed (voltafleet/front/routes.py)."""
+    return {"allowed": " ".join(routes.allowed()), "retry_after_s": 1,
+            "not_found": haproxy_string(openai_error(routes.NOT_FOUND, "invalid_request_error", "route_not_found")),
+            "gateway_error": haproxy_string(openai_error(routes.GATEWAY_ERROR, "server_error", "gateway_error"))}

@@ -9,6 +9,33 @@
 local usage = {}
 local TABLE = "vf_teams"
 
+-- Fail closed (issue 48): the gateway's own errors by stage (voltafleet/front/routes.py ERROR_STAGES), for
+-- voltafleet_gateway_errors_total. A stage that fails sets txn.vf_error; the frontend answers 503 for it.
+local errors = {limits = 0, budget = 0, budget_files = 0, budget_loading = 0, rewrite = 0, count = 0, record = 0, account = 0}
+local said = {}  -- the last time (epoch s) each stage's error was written to HAProxy's log: once a minute
+
+local function alert(stage, err)
+  local now = os.time()
+  if (said[stage] or 0) + 60 <= now then
+    said[stage] = now
+    core.Alert("voltafleet gateway: " .. stage .. " failed: " .. tostring(err))
+  end
+end
+
+local function fail(txn, stage, err)
+  txn:set_var("txn.vf_error", stage)
+  alert(stage, err)
+end
+
+-- An action run under pcall: an error in it marks the request failed at its stage (the frontend's 503)
+-- instead of letting HAProxy go on as if the action had passed.
+local function guard(stage, fn)
+  return function(txn, ...)
+    local ok, err = pcall(fn, txn, ...)
+    if not ok then fail(txn, stage, err) end
+  end
+end
+
 local function now_ms()
   local t = core.now()
   return t.sec * 1000 + t.usec // 1000
@@ -19,7 +46,8 @@ end
 -- text cannot forge one; "prompt_tokens": does not match "prompt_tokens_details". A figure is
 -- taken once its number is followed by another character (never cut by a chunk's end).
 local KEYS = {"prompt_tokens", "completion_tokens", "reasoning_tokens", "tokens_evaluated",
-              "tokens_predicted", "prompt_n", "cache_n", "predicted_n", "input_tokens", "output_tokens"}
+              "tokens_predicted", "prompt_n", "cache_n", "predicted_n", "input_tokens", "output_tokens",
+              "cache_read_input_tokens", "cache_creation_input_tokens"}
 local PATTERNS = {}
 for _, k in ipairs(KEYS) do PATTERNS[k] = '"' .. k .. '":(%d+)%D' end
 -- bytes of a chunk kept for the next one: a figure or an event's start cut by a chunk boundary is
@@ -30,7 +58,7 @@ local Usage = {id = "voltafleet usage", flags = filter.FLT_CFG_FL_HTX}
 Usage.__index = Usage
 
 function Usage:new()
-  return setmetatable({tail = "", seen = {}, events = 0, roles = 0, sse = false, shown = {}}, Usage)
+  return setmetatable({tail = "", seen = {}, events = 0, roles = 0, blocks = 0, sse = false, shown = {}, held = 0}, Usage)
 end
 
 -- The request side: a body member the gateway adds so that every answer carries the figures.
@@ -41,7 +69,7 @@ end
 -- llama-server's JSON parser keeps a key's last value, so a client's own value of it is overridden.
 local REWRITE = {}
 for _, p in ipairs({"/v1/chat/completions", "/chat/completions", "/v1/completions"}) do REWRITE[p] = '"timings_per_token":true' end
-for _, p in ipairs({"/completion", "/completions", "/infill"}) do REWRITE[p] = '"response_fields":[]' end
+for _, p in ipairs({"/completion", "/completions"}) do REWRITE[p] = '"response_fields":[]' end
 
 -- A request path as llama-server's HTTP library decodes it before routing (%XX and %uXXXX, one
 -- pass), so a path spelled with escapes is rewritten like the route it reaches.
@@ -63,15 +91,21 @@ end
 -- exactly what the body will grow (a chunked body needs none). An action, not the filter's headers
 -- callback: once `option http-buffer-request` has waited for the body, HAProxy 2.6 lets a filter's
 -- headers callback change no header.
-core.register_action("vf_rewrite", {"http-req"}, function(txn)
-  local member = txn.sf:method() == "POST" and REWRITE[decoded(txn.sf:path() or "")]
+-- How each team route's answer is counted (routes.py's ROUTES): the figures' rules in Usage:figures.
+local KIND = {["/v1/chat/completions"] = "chat", ["/chat/completions"] = "chat", ["/v1/completions"] = "oai",
+              ["/completion"] = "native", ["/completions"] = "native", ["/v1/messages"] = "anthropic"}
+
+core.register_action("vf_rewrite", {"http-req"}, guard("rewrite", function(txn)
+  local path = txn.sf:path() or ""
+  txn:set_var("txn.vf_kind", KIND[path] or "request")
+  local member = txn.sf:method() == "POST" and REWRITE[decoded(path)]
   if not member then return end
   local h = txn.http:req_get_headers()
   local cl = h["content-length"] and tonumber(h["content-length"][0])
   if cl == 0 or (cl == nil and not h["transfer-encoding"]) then return end
   if cl then txn.http:req_set_header("content-length", string.format("%d", cl + #member + 1)) end
   txn:set_var("txn.vf_member", member)
-end, 0)
+end), 0)
 
 -- The filter's side of it: the request's body is read for its member's place.
 function Usage:plan(txn, msg)
@@ -124,12 +158,24 @@ function Usage:start_analyze(txn, chn)
   if chn:is_resp() then filter.register_data_filter(self, chn) end
 end
 
--- Only JSON answers and event streams are read; any other answer passes untouched.
-function Usage:http_headers(txn, msg)
+-- The figures a whole answer of each kind must carry (a stream carries them in its events).
+local NEEDS = {chat = {"prompt_tokens", "completion_tokens"}, oai = {"prompt_tokens", "completion_tokens"},
+               native = {"tokens_evaluated", "tokens_predicted"}, anthropic = {"input_tokens", "output_tokens"}}
+
+-- Only JSON answers and event streams are read; any other answer passes untouched (a token route's
+-- 2xx answer of another type was refused by the frontend before its head went out). A whole 2xx JSON
+-- answer of a token route is held back by its last byte until its end: without its figures there, that
+-- byte goes as a quote, so that no JSON parser takes the answer (its length is kept: the client is not left
+-- waiting for a byte), and the gateway's error is counted.
+function Usage:headers(txn, msg)
   if not msg.channel:is_resp() then return self:plan(txn, msg) end
-  local ct = (msg:get_headers()["content-type"] or {})[0] or ""
-  self.sse = ct:find("text/event-stream", 1, true) ~= nil
-  if not self.sse and not ct:find("json", 1, true) then filter.unregister_data_filter(self, msg.channel) end
+  -- the answer's type as vf_check saw it (the headers cannot be read here once wait-for-body ran)
+  local ct = txn:get_var("txn.vf_ctype") or ""
+  self.sse = ct == "sse"
+  self.kind = txn:get_var("txn.vf_kind") or "request"
+  self.hold = not self.sse and txn:get_var("txn.vf_hold") ~= nil  -- vf_check: a token route's 2xx answer
+  self.held = 0
+  if ct ~= "sse" and ct ~= "json" then filter.unregister_data_filter(self, msg.channel) end
 end
 
 -- How many times `plain` occurs in data and ends after byte `from` (earlier ones were counted
@@ -146,12 +192,28 @@ end
 
 -- The answer's figures so far: the server's own when it sent them (usage, else the native
 -- tokens_*, else timings), else the token events forwarded (a stream cut before its last event).
+-- /v1/messages (Anthropic): the prompt is input_tokens + cache_read_input_tokens (the server reports
+-- the cached part apart); a stream's first event says "output_tokens":0, so its completion is
+-- message_delta's output_tokens, or the content_block_delta events forwarded before it.
 function Usage:figures()
   local s = self.seen
+  if self.kind == "anthropic" then
+    local prompt = s.input_tokens and s.input_tokens + (s.cache_read_input_tokens or 0) + (s.cache_creation_input_tokens or 0)
+    local completion = (not self.sse or self.delta) and s.output_tokens or nil
+    return prompt or 0, completion or self.blocks, 0
+  end
   local prompt = s.prompt_tokens or s.tokens_evaluated or s.input_tokens
   if prompt == nil and s.prompt_n then prompt = s.prompt_n + (s.cache_n or 0) end
   local completion = s.completion_tokens or s.tokens_predicted or s.output_tokens or s.predicted_n
   return prompt or 0, completion or math.max(0, self.events - self.roles), s.reasoning_tokens or 0
+end
+
+-- Every figure a whole answer of its kind must carry, found?
+function Usage:complete()
+  for _, k in ipairs(NEEDS[self.kind] or {}) do
+    if self.seen[k] == nil then return false end
+  end
+  return true
 end
 
 -- Publish a figure to the transaction (vf_account reads it at log time) when it changed.
@@ -162,10 +224,7 @@ function Usage:show(txn, name, value)
   end
 end
 
-function Usage:http_payload(txn, msg)
-  if not msg.channel:is_resp() then return self:rewrite(msg) end
-  local chunk = msg:body()
-  if chunk == nil or #chunk == 0 then return end
+function Usage:read(txn, chunk)
   local from = #self.tail
   local data = self.tail .. chunk
   if data:find("tokens", 1, true) or data:find('_n"', 1, true) then
@@ -176,6 +235,10 @@ function Usage:http_payload(txn, msg)
   if self.sse then
     self.events = self.events + count(data, "data: {", from)
     self.roles = self.roles + count(data, '"delta":{"role":"assistant"', from)
+    if self.kind == "anthropic" then
+      self.blocks = self.blocks + count(data, '"type":"content_block_delta"', from)
+      self.delta = self.delta or count(data, '"type":"message_delta"', from) > 0
+    end
   end
   self.tail = data:sub(-TAIL)
   local p, c, r = self:figures()
@@ -185,23 +248,94 @@ function Usage:http_payload(txn, msg)
   if self.sse then self:show(txn, "stream", 1) end
 end
 
+function Usage:payload(txn, msg)
+  if not msg.channel:is_resp() then return self:rewrite(msg) end
+  local body = msg:body() or ""
+  if #body > self.held then self:read(txn, body:sub(self.held + 1)) end
+  if not self.hold then return end
+  if not msg:eom() then
+    self.held = math.min(#body, 1)
+    return #body - self.held
+  end
+  self.hold, self.held = false, 0
+  if not self:complete() then
+    fail(txn, "count", "a whole answer (" .. self.kind .. ") without the server's figures: its last byte spoilt")
+    if #body > 0 then msg:set('"', #body - 1, 1) end
+  end
+  return #body
+end
+
+function Usage:http_headers(txn, msg)
+  local ok, err = pcall(self.headers, self, txn, msg)
+  if not ok then
+    fail(txn, "count", err)
+    self.cut = true
+    return -1
+  end
+end
+
+-- Each callback under pcall: an error in the counting counts (stage count) and aborts the answer (a
+-- filter error) rather than passing it on uncounted.
+function Usage:http_payload(txn, msg)
+  local ok, n, cut = pcall(self.payload, self, txn, msg)
+  if not ok then
+    fail(txn, "count", n)
+    return -1
+  end
+  if cut then
+    self.cut = true
+    return -1
+  end
+  if self.cut then return -1 end
+  if n ~= nil then return n end  -- no value: everything goes (a nil would be read as 0 bytes)
+end
+
 -- The answer reached its end: a stream that never gets here was cut (by its client or a dying server).
 function Usage:http_end(txn, msg)
+  if self.cut then return -1 end
   if msg.channel:is_resp() then txn:set_var("txn.vf_end", 1) end
 end
 
+-- A whole answer the frontend waited for (wait-for-body): a token route's 2xx answer that is not JSON or
+-- an event stream, or whose complete JSON body lacks its figures, is refused (txn.vf_error: the frontend's 503).
+core.register_action("vf_check", {"http-res"}, guard("count", function(txn)
+  local ct = txn.f:res_hdr("content-type") or ""
+  local sse = ct:find("text/event-stream", 1, true) ~= nil
+  txn:set_var("txn.vf_ctype", sse and "sse" or ct:find("json", 1, true) and "json" or "other")
+  local kind = txn:get_var("txn.vf_kind")
+  if NEEDS[kind] == nil or txn:get_var("txn.vf_error") then return end
+  local code = txn.f:status() or 0
+  if code < 200 or code >= 300 or sse then return end
+  txn:set_var("txn.vf_hold", 1)
+  if not ct:find("json", 1, true) then return fail(txn, "count", "a " .. kind .. " answer of type '" .. ct .. "'") end
+  local body, cl = txn.f:res_body() or "", tonumber(txn.f:res_hdr("content-length") or "")
+  if cl == nil or #body < cl then return end  -- not whole in the buffer: the filter checks it as it passes
+  for _, k in ipairs(NEEDS[kind]) do
+    if not body:find(PATTERNS[k]) then return fail(txn, "count", "a whole " .. kind .. " answer without " .. k) end
+  end
+end), 0)
+
 core.register_filter("vf_usage", Usage, function(u, args) return u end)
 
--- Token budgets per team (issue 39 item 3; voltafleet/budgets.py is the specification). Every
--- request's prompt + completion tokens are appended as one line `<team> <tokens>` to the UTC
--- day's file in BUDGET_DIR (O_APPEND, one write: lines of an old and a new worker alive at once
--- during a reload never mix); each worker reads that file as it grows, its own lines and any
--- other worker's, so its figures are the file's. A starting worker (a reload, a restart) reads
--- the month's days first. The files are touched only in the worker (user haproxy), never in the
--- master, which runs this file's body at start as root.
+-- Token budgets per team (issue 39 item 3; voltafleet/front/budgets.py is the specification). Every
+-- request's prompt + completion tokens are appended as one line `<team> <tokens> <worker pid>` to the UTC
+-- day's file in BUDGET_DIR (O_APPEND, one write: lines of an old and a new worker alive at once during a
+-- reload never mix). Nothing slow runs in a request (issue 48): the worker's figures (`book`) live in
+-- memory; a background task (one a worker) loads the month's days at start, reads the day's file as other
+-- workers' lines arrive, and compacts old days, its file reads in pieces that give the thread back between
+-- them. A budget check reads memory only; a request's own tokens are added to memory as it is logged (and its
+-- line, tagged with this worker's pid, is skipped when the file is read back). The files are touched only in
+-- the worker (user haproxy), never in the master, which runs this file's body at start as root.
 local BUDGET_DIR = os.getenv("VOLTAFLEET_BUDGET_DIR") or "/var/lib/haproxy/voltafleet-budgets"
 local BUDGETS_MAP = os.getenv("VOLTAFLEET_BUDGETS_MAP") or "/etc/haproxy/voltafleet-team-budgets.map"
-local book = nil  -- {day, month, base = {team: tokens of the month before today}, today = {team: tokens}, rd, partial}
+local PIECE = 65536  -- bytes of a file read before the task gives the thread back
+local TICK_MS = 200  -- the task's period: other workers' lines reach this one's figures within it
+-- ready: the month loaded; failed: why it could not be (the budgets are refused meanwhile); day, month: the
+-- UTC day and month the figures are of; base: {team: tokens of the month before today}; today: {team: tokens};
+-- rd: the day's file read so far (pos bytes, partial: an unfinished last line); prev: the previous day's
+-- reader, still to be read to its end into base; compact: a day's file to compact
+local book = {ready = false, failed = nil, base = {}, today = {}, partial = "", pos = 0}
+local ME = nil  -- this worker's pid (read in the worker: the master loads this file)
 local appender = {day = nil, f = nil}  -- this worker's append handle on the day's file
 
 local function day_of(t) return os.date("!%Y-%m-%d", t) end
@@ -222,16 +356,12 @@ local function reset_at(t, period)
   return (era * 146097 + doe - 719468) * 86400
 end
 
-local function add(into, text)
-  for team, n in text:gmatch("([^ \n]+) (%d+)\n") do into[team] = (into[team] or 0) + tonumber(n) end
-end
-
-local function slurp(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local text = f:read("a")
-  f:close()
-  return text
+-- Whole lines of text added into `into` ({team: tokens}); a line tagged with `skip` (this worker's own,
+-- already counted as it was logged) is left out.
+local function add(into, text, skip)
+  for team, n, pid in text:gmatch("([^ \n]+) (%d+) ?([^ \n]*)\n") do
+    if skip == nil or pid ~= skip then into[team] = (into[team] or 0) + tonumber(n) end
+  end
 end
 
 local function worker_id()
@@ -241,128 +371,232 @@ local function worker_id()
   return tostring(pid or math.random(1, 1 << 30))
 end
 
--- A day that ended over a day ago is never written again: its lines become one a team in
--- <day>.sum (written aside, renamed), then its .log goes; readers take the .log while it exists.
-local function compact(base)
-  local text = slurp(base .. ".log")
-  if not text then return end
-  local s = {}
-  add(s, text)
-  local lines = {}
-  for team, n in pairs(s) do lines[#lines + 1] = string.format("%s %d\n", team, n) end
-  local tmp = base .. ".sum." .. worker_id()
-  local f = io.open(tmp, "w")
-  if not f then return end
-  f:write(table.concat(lines))
+-- A file's whole lines from byte `pos` on, read in pieces with the thread given back between them:
+-- (the text of whole lines, the new position, the unfinished rest). nil, err: it cannot be read (a
+-- missing file is empty).
+local function read_from(path, pos, partial)
+  local f, err = io.open(path, "r")
+  if not f then
+    if err and err:find("No such file", 1, true) then return "", pos, partial end
+    return nil, err
+  end
+  f:seek("set", pos)
+  local parts = {partial}
+  while true do
+    local piece, rerr = f:read(PIECE)
+    if piece == nil then
+      if rerr then f:close() return nil, rerr end
+      break
+    end
+    parts[#parts + 1] = piece
+    pos = pos + #piece
+    core.yield()
+  end
   f:close()
-  if os.rename(tmp, base .. ".sum") then os.remove(base .. ".log") else os.remove(tmp) end
+  local data = table.concat(parts)
+  local cut = data:match(".*\n()")
+  if not cut then return "", pos, data end
+  return data:sub(1, cut - 1), pos, data:sub(cut)
 end
 
--- The month's days before today, each from its .log while it exists, else its .sum; days older
--- than yesterday compacted first; the previous month's files removed.
-local function month_before_today(now)
+-- A day that ended over a day ago is never written again: its lines become one a team in <day>.sum
+-- (written aside, renamed), then its .log goes; readers take the .log while it exists. Returns its sums.
+local function compact(name)
+  local text, err = read_from(name .. ".log", 0, "")
+  if text == nil then error("cannot read " .. name .. ".log: " .. tostring(err)) end
+  local s = {}
+  add(s, text)
+  if text == "" then return s end
+  local lines = {}
+  for team, n in pairs(s) do lines[#lines + 1] = string.format("%s %d\n", team, n) end
+  local tmp = name .. ".sum." .. (ME or worker_id())
+  local f = io.open(tmp, "w")
+  if not f then return s end
+  f:write(table.concat(lines))
+  f:close()
+  if os.rename(tmp, name .. ".sum") then os.remove(name .. ".log") else os.remove(tmp) end
+  return s
+end
+
+local function day_name(y, m, d) return string.format("%s/%04d-%02d-%02d", BUDGET_DIR, y, m, d) end
+
+-- The month's days before today, {team: tokens}: each day from its .sum, else its .log (compacted first
+-- when it is older than yesterday); the previous month's files removed. Runs in the task.
+local function exists(path)
+  local f = io.open(path, "r")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local function month_before_today(now, only_compact)
   local d = os.date("!*t", now)
   local base = {}
   for i = 1, d.day - 1 do
-    local name = string.format("%s/%04d-%02d-%02d", BUDGET_DIR, d.year, d.month, i)
-    if i < d.day - 1 then compact(name) end
-    add(base, slurp(name .. ".log") or slurp(name .. ".sum") or "")
+    local name = day_name(d.year, d.month, i)
+    local log = exists(name .. ".log")
+    if not log and exists(name .. ".sum") then
+      if not only_compact then
+        local text, err = read_from(name .. ".sum", 0, "")
+        if text == nil then error("cannot read " .. name .. ".sum: " .. tostring(err)) end
+        add(base, text)
+      end
+    elseif i < d.day - 1 then
+      if log then
+        for t, n in pairs(compact(name)) do base[t] = (base[t] or 0) + n end
+      end
+    elseif not only_compact then
+      local text, err = read_from(name .. ".log", 0, "")
+      if text == nil then error("cannot read " .. name .. ".log: " .. tostring(err)) end
+      add(base, text)
+    end
   end
   local py, pm = d.year, d.month - 1
   if pm == 0 then py, pm = py - 1, 12 end
   for i = 1, 31 do
-    local name = string.format("%s/%04d-%02d-%02d", BUDGET_DIR, py, pm, i)
+    local name = day_name(py, pm, i)
     os.remove(name .. ".log")
     os.remove(name .. ".sum")
   end
   return base
 end
 
--- Read what the day's file gained since the last read (any worker's lines); a line seen half
--- written waits for its end.
-local function drain(b)
-  if b.rd == nil then b.rd = io.open(BUDGET_DIR .. "/" .. b.day .. ".log", "r") end
-  if b.rd == nil then return end
-  local data = b.rd:read("a")
-  if data == nil or #data == 0 then return end
-  data = b.partial .. data
-  local cut = data:match(".*\n()")
-  if cut then
-    add(b.today, data:sub(1, cut - 1))
-    b.partial = data:sub(cut)
-  else
-    b.partial = data
-  end
-end
-
--- This worker's figures brought to the files now: loaded at its first use, the day's new lines
--- read, a new day (or month) begun when the UTC date changed.
-local function sync()
-  local now = os.time()
+-- A new UTC day (or month) begun, in memory only (a request may call it): today's figures go into the
+-- month's (or a new month starts empty); the file of the day that ended is read to its end by the task.
+local function roll(now)
   local day = day_of(now)
-  if book == nil then
-    book = {day = day, month = month_of(now), base = month_before_today(now), today = {}, partial = ""}
-  elseif book.day ~= day then
-    drain(book)
-    if book.rd then book.rd:close() end
-    if month_of(now) == book.month then
-      for t, n in pairs(book.today) do book.base[t] = (book.base[t] or 0) + n end
-    else
-      book.base = {}
-    end
-    book.day, book.month, book.today, book.partial, book.rd = day, month_of(now), {}, "", nil
-    month_before_today(now)  -- compaction and the old month's removal (its sums are already in base)
+  if book.day == day then return end
+  if month_of(now) == book.month then
+    for t, n in pairs(book.today) do book.base[t] = (book.base[t] or 0) + n end
+    book.prev = {day = book.day, pos = book.pos, partial = book.partial}
+  else
+    book.base, book.prev = {}, nil
   end
-  drain(book)
-  return book
+  book.compact = book.day
+  book.day, book.month, book.today, book.pos, book.partial = day, month_of(now), {}, 0, ""
 end
 
--- Append a request's tokens to the day's file: one write of one line (O_APPEND). A file that
--- cannot be opened is tried again on the next request, said once a day in HAProxy's log.
+-- The task's round: load the month at start; then other workers' new lines, the day that ended read to
+-- its end, the compaction of the day before yesterday.
+local function tick()
+  ME = ME or worker_id()
+  local now = os.time()
+  if not book.ready then
+    local base = month_before_today(now)
+    local today = {}
+    local text, pos, partial = read_from(BUDGET_DIR .. "/" .. day_of(now) .. ".log", 0, "")
+    if text == nil then error(pos) end
+    add(today, text)
+    book.day, book.month, book.base, book.today, book.pos, book.partial = day_of(now), month_of(now), base, today, pos, partial
+    book.ready, book.failed = true, nil
+    return
+  end
+  if book.day ~= day_of(now) then roll(now) end
+  if book.prev then
+    local p = book.prev
+    local text, pos, partial = read_from(BUDGET_DIR .. "/" .. p.day .. ".log", p.pos, p.partial)
+    if text == nil then error(pos) end
+    if book.prev == p then add(book.base, text, ME) end
+    book.prev = nil
+  end
+  local day = book.day
+  local text, pos, partial = read_from(BUDGET_DIR .. "/" .. day .. ".log", book.pos, book.partial)
+  if text == nil then error(pos) end
+  if book.day == day then
+    add(book.today, text, ME)
+    book.pos, book.partial = pos, partial
+  end
+  if book.compact then
+    book.compact = nil
+    month_before_today(now, true)  -- the day before yesterday compacted (its sums are in base already)
+  end
+end
+
+core.register_task(function()
+  while true do
+    local ok, err = pcall(tick)
+    if not ok then
+      book.failed = tostring(err)
+      if book.ready then book.ready = false; book.base, book.today, book.pos, book.partial, book.prev = {}, {}, 0, "", nil end
+      alert("budget_files", err)
+    end
+    core.msleep(ok and TICK_MS or 1000)
+  end
+end)
+
+-- Append a request's tokens to the day's file (one write of one line, O_APPEND) and to this worker's
+-- figures. A file that cannot be opened or written is tried again on the next request, the error counted.
 local function record(team, tokens)
   if tokens <= 0 or team == "-" then return end
-  local day = day_of(os.time())
+  ME = ME or worker_id()
+  local now = os.time()
+  if book.ready then
+    roll(now)
+    book.today[team] = (book.today[team] or 0) + tokens
+  end
+  local day = day_of(now)
   if appender.day ~= day or appender.f == nil then
     if appender.f then appender.f:close() end
-    local path = BUDGET_DIR .. "/" .. day .. ".log"
-    local f, err = io.open(path, "a")
-    if f then
-      f:setvbuf("full", 4096)
-    elseif appender.day ~= day then
-      core.Alert("voltafleet: token budgets not kept, cannot append to " .. path .. ": " .. tostring(err))
-    end
+    local f, err = io.open(BUDGET_DIR .. "/" .. day .. ".log", "a")
+    if f then f:setvbuf("full", 4096) end
     appender.day, appender.f = day, f
+    if not f then error("cannot append to the day's file: " .. tostring(err)) end
   end
-  if appender.f then
-    appender.f:write(team, " ", string.format("%d", tokens), "\n")
-    appender.f:flush()
+  local ok, err = appender.f:write(team, " ", string.format("%d", tokens), " ", ME, "\n")
+  if ok then ok, err = appender.f:flush() end
+  if not ok then
+    appender.f:close()
+    appender.f = nil
+    error("cannot write the day's file: " .. tostring(err))
   end
 end
 
--- Before a request of a team with a budget (txn.budget_day, txn.budget_month: its map entry):
--- when its use in the UTC day or month reached the budget, txn.vf_budget_body and
--- txn.vf_budget_retry are set and the frontend answers 429 with them.
-core.register_action("vf_budget", {"http-req"}, function(txn)
+-- A map value that must be a whole number ("0": no budget for that period); anything else is an error.
+local function whole(v)
+  if v == nil then return 0 end
+  if not tostring(v):match("^%d+$") then error("a budget that is not a whole number: '" .. tostring(v) .. "'") end
+  return tonumber(v)
+end
+
+-- Before every team's request: a team with a budget (txn.budget_day, txn.budget_month: its map entry) whose
+-- use in the UTC day or month reached it gets txn.vf_budget_body and txn.vf_budget_retry (the frontend's
+-- 429). txn.vf_budget_ok says the check was made; budgets still loading or unreadable are refused (503).
+core.register_action("vf_budget", {"http-req"}, guard("budget", function(txn)
   local team = txn:get_var("txn.team")
-  local budget = {day = tonumber(txn:get_var("txn.budget_day")) or 0,
-                  month = tonumber(txn:get_var("txn.budget_month")) or 0}
-  if team == nil or (budget.day <= 0 and budget.month <= 0) then return end
-  local b = sync()
-  local used = {day = b.today[team] or 0}
-  used.month = (b.base[team] or 0) + used.day
+  local budget = {day = whole(txn:get_var("txn.budget_day")), month = whole(txn:get_var("txn.budget_month"))}
+  if team == nil then error("no team") end
+  if budget.day <= 0 and budget.month <= 0 then
+    txn:set_var("txn.vf_budget_ok", 1)
+    return
+  end
+  if not book.ready then
+    if book.failed then return fail(txn, "budget_files", book.failed) end
+    return txn:set_var("txn.vf_error", "budget_loading")
+  end
+  local now = os.time()
+  roll(now)
+  local used = {day = book.today[team] or 0}
+  used.month = (book.base[team] or 0) + used.day
   local period = nil
   for _, p in ipairs({"month", "day"}) do
     if period == nil and budget[p] > 0 and used[p] >= budget[p] then period = p end
   end
+  txn:set_var("txn.vf_budget_ok", 1)
   if period == nil then return end
-  local now = os.time()
   local at = reset_at(now, period)
   txn:set_var("txn.vf_budget_retry", math.max(1, at - now))
   txn:set_var("txn.vf_budget_body", string.format(
     '{"error":{"message":"Your team %s has used %d of its %s budget of %d tokens (prompt + completion, UTC %s): '
     .. 'it resets at %s","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}',
     team, used[period], period == "day" and "daily" or "monthly", budget[period], period, os.date("!%Y-%m-%dT%H:%M:%SZ", at)))
-end, 0)
+end), 0)
+
+local function slurp(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local text = f:read("a")
+  f:close()
+  return text
+end
 
 -- {team: {day = n, month = n}} from BUDGETS_MAP's file (the running map is brought to it by each run).
 local function budgets()
@@ -373,7 +607,7 @@ local function budgets()
   return t
 end
 
-core.register_fetches("vf_account", function(txn)
+local function account(txn)
   local team = txn:get_var("txn.team") or "-"
   local u = usage[team]
   if u == nil then
@@ -385,12 +619,29 @@ core.register_fetches("vf_account", function(txn)
   u.codes[code] = (u.codes[code] or 0) + 1
   local t0 = tonumber(txn:get_var("txn.t0"))
   if t0 then u.ms = u.ms + math.max(0, now_ms() - t0) end
-  u.prompt = u.prompt + (tonumber(txn:get_var("txn.vf_prompt")) or 0)
-  u.completion = u.completion + (tonumber(txn:get_var("txn.vf_completion")) or 0)
+  local prompt = tonumber(txn:get_var("txn.vf_prompt")) or 0
+  local completion = tonumber(txn:get_var("txn.vf_completion")) or 0
+  u.prompt = u.prompt + prompt
+  u.completion = u.completion + completion
   u.reasoning = u.reasoning + (tonumber(txn:get_var("txn.vf_reasoning")) or 0)
   if txn:get_var("txn.vf_stream") and not txn:get_var("txn.vf_end") then u.cut = u.cut + 1 end
-  record(team, (tonumber(txn:get_var("txn.vf_prompt")) or 0) + (tonumber(txn:get_var("txn.vf_completion")) or 0))
+  local stage = txn:get_var("txn.vf_error")
+  if stage then errors[stage] = (errors[stage] or 0) + 1 end
+  local ok, err = pcall(record, team, prompt + completion)
+  if not ok then
+    errors.record = errors.record + 1
+    alert("record", err)
+  end
   return team
+end
+
+-- Counted once a request, as HAProxy logs it (the frontend's log-format calls it).
+core.register_fetches("vf_account", function(txn)
+  local ok, team = pcall(account, txn)
+  if ok then return team end
+  errors.account = errors.account + 1
+  alert("account", team)
+  return "-"
 end)
 
 local function metric(out, name, help, kind)
@@ -409,8 +660,27 @@ local function counter(out, teams, name, field, help)
 end
 
 -- Each team's budgets (BUDGETS_MAP) and its use in the current UTC day and month (the files' figures).
+-- The gateway's own errors by stage (each refused its request: 503, or an answer cut) and whether the
+-- budgets' figures are loaded.
+local function error_metrics(out)
+  metric(out, "voltafleet_gateway_errors_total", "Requests the gateway refused (503 gateway_error) or cut because one "
+         .. "of its own stages failed: limits (a team's limits unreadable), budget (the check failed), budget_files "
+         .. "(the day files unreadable), budget_loading (a starting worker still reading them), rewrite, count (an "
+         .. "answer it could not count), record (a day file not written), account (the counting at log time)", "counter")
+  local stages = {}
+  for stage in pairs(errors) do stages[#stages + 1] = stage end
+  table.sort(stages)
+  for _, stage in ipairs(stages) do
+    out[#out + 1] = string.format('voltafleet_gateway_errors_total{stage="%s"} %d', stage, errors[stage])
+  end
+  metric(out, "voltafleet_gateway_budgets_ready", "1 once this worker read the month's token counts (budgeted teams are "
+         .. "refused with 503 until then), 0 while it reads them or cannot", "gauge")
+  out[#out + 1] = string.format("voltafleet_gateway_budgets_ready %d", book.ready and 1 or 0)
+end
+
 local function budget_metrics(out)
-  local b, limits = sync(), budgets()
+  if book.ready then roll(os.time()) end
+  local b, limits = book.ready and book or {today = {}, base = {}}, budgets()
   local names, seen = {}, {}
   for _, src in ipairs({limits, b.today, b.base}) do
     for t in pairs(src) do
@@ -492,6 +762,7 @@ core.register_service("vf_team_metrics", "http", function(applet)
     out[#out + 1] = string.format('voltafleet_team_bytes_out_total{team="%s"} %d', t, live[t].bytes_out_cnt or 0)
   end
   budget_metrics(out)
+  error_metrics(out)
   local body = table.concat(out, "\n") .. "\n"
   applet:set_status(200)
   applet:add_header("content-type", "text/plain; version=0.0.4")
