@@ -170,3 +170,71 @@ def test_a_stream_its_client_cuts_counts_what_the_gateway_sent(local_gateway, pa
     assert d["prompt_tokens_total"] == prompt > 0, (d, last)
     if path != "/completion":  # exact: the last forwarded event's predicted_n, not a count of text events
         assert d["completion_tokens_total"] >= last["timings"]["predicted_n"]
+
+
+# ------------------------------------------------ issue 48: /v1/messages (Anthropic), counted exactly
+
+STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper, the sea and a storm that "
+                                     "lasted for three days and three nights without end."}]
+
+
+def messages(g, max_tokens: int, stream: bool = False, cut: int | None = None) -> dict:
+    """POST /v1/messages through the gateway (httpx, keep-alive): the whole answer, or a stream's events
+    {type: [data, ...]} read to its end or left after `cut` events."""
+    body = {"model": ALIAS, "max_tokens": max_tokens, "messages": STORY, "stream": stream}
+    with httpx.Client(base_url=g.gateway, headers={"Authorization": "Bearer key-web"}, timeout=120) as c:
+        if not stream:
+            r = c.post("/v1/messages", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()
+        seen: dict[str, list[dict]] = {}
+        n = 0
+        with c.stream("POST", "/v1/messages", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    seen.setdefault(event["type"], []).append(event)
+                    n += 1
+                    if n == cut:
+                        break  # the client goes away mid-stream
+        return seen
+
+
+def test_anthropic_messages_count_the_cached_prompt_too(local_gateway):
+    """llama-server reports input_tokens without the cached part (cache_read_input_tokens beside it): a
+    follow-up that reuses the slot's cache counts its whole prompt, as the server evaluated it."""
+    g = local_gateway
+    d1, first = counted(g, lambda: messages(g, 20))
+    d2, second = counted(g, lambda: messages(g, 20))
+    for d, r in ((d1, first), (d2, second)):
+        u = r["usage"]
+        assert d["prompt_tokens_total"] == u["input_tokens"] + u["cache_read_input_tokens"], (d, u)
+        assert d["completion_tokens_total"] == u["output_tokens"] == 20 and d["requests_total"] == 1, (d, u)
+    assert second["usage"]["cache_read_input_tokens"] > 0, second["usage"]  # the same prompt: its slot's cache
+    assert d2["prompt_tokens_total"] == d1["prompt_tokens_total"]
+
+
+def test_a_streamed_anthropic_answer_counts_message_start_and_message_delta(local_gateway):
+    g = local_gateway
+    d, ev = counted(g, lambda: messages(g, 30, stream=True))
+    start = ev["message_start"][0]["message"]["usage"]
+    assert start["output_tokens"] == 0  # the server's first event: its 0 is not the answer's figure
+    assert d["prompt_tokens_total"] == start["input_tokens"] + start["cache_read_input_tokens"], (d, start)
+    assert d["completion_tokens_total"] == ev["message_delta"][-1]["usage"]["output_tokens"] == 30, d
+    assert d["cut_streams_total"] == 0
+
+
+def test_a_cut_anthropic_stream_counts_the_events_it_forwarded(local_gateway):
+    """Cut after 8 events (before message_delta): its prompt from message_start, its completion the
+    content_block_delta events the gateway forwarded, at least what the client read, at most what the
+    server generated (never the first event's 0)."""
+    g = local_gateway
+    s0 = idle(g)
+    d, ev = counted(g, lambda: messages(g, 3000, stream=True, cut=8))
+    generated = idle(g)["tokens_predicted_total"] - s0["tokens_predicted_total"]
+    start = ev["message_start"][0]["message"]["usage"]
+    read = len(ev.get("content_block_delta", []))
+    assert "message_delta" not in ev and d["cut_streams_total"] == 1, (d, list(ev))
+    assert d["prompt_tokens_total"] == start["input_tokens"] + start["cache_read_input_tokens"] > 0, (d, start)
+    assert 0 < read <= d["completion_tokens_total"] <= generated < 3000, (d, read, generated)

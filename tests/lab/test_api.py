@@ -104,9 +104,13 @@ BUDGET = 32  # group_vars/lab.yml server_reasoning_budget: the tiny model never 
 
 
 def tokens(text: str) -> int:
+    """The text's tokens, from a server's own /tokenize (on its host's port: the gateway serves no /tokenize)."""
     import httpx
 
-    return len(httpx.post(URL.removesuffix("/v1") + "/tokenize", json={"content": text}, timeout=30).json()["tokens"])
+    from tests.lab.helpers import lab
+
+    port = lab()["hosts"][0]["server_port_base"]
+    return len(httpx.post(f"http://127.0.0.1:{port}/tokenize", json={"content": text}, timeout=30).json()["tokens"])
 
 
 def test_thoughts_arrive_in_reasoning_content_within_the_fleet_budget_and_can_be_turned_off(gw):

@@ -343,6 +343,27 @@ def test_every_token_of_a_teams_answers_is_counted_streamed_or_not_as_the_server
     assert d["requests_total"] == 1
 
 
+def test_a_teams_key_reaches_only_the_routes_in_the_table_and_each_answer_is_counted(team_fleet):
+    """Issue 48, through the lab gateway: every route of the pinned llama-server that is not a team route
+    (voltafleet/front/routes.py, docs/gateway.md) is the gateway's 404 for a team's key; /v1/messages
+    counts its whole prompt (the cached part the server reports apart: a follow-up on the same
+    conversation reaches the same instance by affinity and reuses its cache) and its output."""
+    from voltafleet.front import routes
+
+    with httpx.Client(base_url=URL, headers={"Authorization": f"Bearer {KEY['web']}"}, timeout=120) as h:
+        for (method, path), route in sorted(routes.ROUTES.items()):
+            r = h.request(method, path.replace(":id_slot", "0"), json={} if method == "POST" else None)
+            ours = r.status_code == 404 and r.json()["error"]["code"] == "route_not_found"
+            assert ours == (route.who != routes.TEAM), (method, path, r.status_code, r.text[:200])
+        body = {"model": "qwen3.6-27b", "max_tokens": 16, "messages": CHAT}
+        for turn in range(2):
+            d, r = counted(lambda: h.post("/v1/messages", json=body).json())
+            u = r["usage"]
+            assert d["prompt_tokens_total"] == u["input_tokens"] + u["cache_read_input_tokens"], (turn, d, u)
+            assert d["completion_tokens_total"] == u["output_tokens"] == 16 and d["requests_total"] == 1, (turn, d, u)
+        assert u["cache_read_input_tokens"] > 0, u  # the follow-up: its instance's cache, counted too
+
+
 def test_an_answer_over_64_kib_is_counted_whole(team_fleet):
     size = {}
 
