@@ -52,12 +52,19 @@ BASE_PORT = int(os.environ.get("VOLTAFLEET_LOCAL_PORT", "18961"))
 ALIAS = "qwen3.6-27b"
 
 
-def missing() -> str | None:
-    """Why the local gateway cannot run here (None: it can)."""
+def missing_gateway() -> str | None:
+    """Why the gateway alone (HAProxy, a frozen clock) cannot run here (None: it can)."""
     if not shutil.which("haproxy"):
         return "haproxy is not installed (make setup installs it)"
     if not os.path.exists(FAKETIME_LIB):
         return f"no {FAKETIME_LIB} (Debian's faketime: make setup installs it)"
+    return None
+
+
+def missing() -> str | None:
+    """Why the local gateway cannot run here (None: it can)."""
+    if missing_gateway():
+        return missing_gateway()
     if not pinned_server():
         return "no llama-server of the pinned commit (the lab builds one)"
     if not os.path.exists(model()):
@@ -276,3 +283,50 @@ class Local:
                 p.kill()
                 p.wait()
         self.procs = []
+
+
+class Faked(Local):
+    """The gateway in front of a stand-in upstream instead of llama-server (a small HTTP/1.1 server on
+    the server's port): GET answers {"status":"ok"}, POST answers answer(<its x-fake header, "ok">) ->
+    (content type, body). For what the real server never does (a malformed answer) and for measuring
+    the gateway alone."""
+
+    def __init__(self, *args, answer=None, **kw):
+        super().__init__(*args, **kw)
+        self.answer = answer
+
+    def start_servers(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        answer = self.answer
+
+        class Upstream(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def reply(self, ctype: str, body: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self.reply("application/json", b'{"status":"ok"}')
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.reply(*answer(self.headers.get("x-fake", "ok")))
+
+        self.upstream = ThreadingHTTPServer(("127.0.0.1", self.server_port), Upstream)
+        threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        super().stop()
+        if getattr(self, "upstream", None):
+            self.upstream.shutdown()
+            self.upstream.server_close()
+            self.upstream = None

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -26,7 +24,7 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 
 
 def answer(mode: str) -> tuple[str, bytes]:
-    """(content type, body) of the stand-in upstream's answer to a chat request in `mode`."""
+    """(content type, body) of the stand-in upstream's answer to a chat request in `mode` (its x-fake header)."""
     chat = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant",
                                                                                          "content": "hi"}}]}
     if mode == "ok":
@@ -40,45 +38,10 @@ def answer(mode: str) -> tuple[str, bytes]:
     raise ValueError(mode)
 
 
-class Upstream(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):  # quiet
-        pass
-
-    def reply(self, ctype: str, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        self.reply("application/json", b'{"status":"ok"}')
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.reply(*answer(self.headers.get("x-fake", "ok")))
-
-
-class Faked(harness.Local):
-    """The gateway in front of the stand-in upstream instead of llama-server."""
-
-    def start_servers(self) -> None:
-        self.upstream = ThreadingHTTPServer(("127.0.0.1", self.server_port), Upstream)
-        threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        super().stop()
-        if getattr(self, "upstream", None):
-            self.upstream.shutdown()
-            self.upstream.server_close()
-
-
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
     assert shutil.which("haproxy"), "haproxy is not installed (make setup installs it)"
-    g = Faked(tmp_path_factory.mktemp("failclosed"), KEYS, budgets=BUDGETS)
+    g = harness.Faked(tmp_path_factory.mktemp("failclosed"), KEYS, budgets=BUDGETS, answer=answer)
     try:
         yield g.start()
     finally:
