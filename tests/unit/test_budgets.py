@@ -63,6 +63,7 @@ def test_the_gateways_lua_builds_the_same_429_text():
 def test_the_files_lines_are_summed_a_half_written_last_line_waits():
     assert budgets.sums("web 10\nbatch 5\nweb 7\nbat") == {"web": 17, "batch": 5}
     assert budgets.sums("web x\n\nweb 3\n") == {"web": 3}
+    assert budgets.sums("web 10 4242\nbatch 5 77\nweb 7\nweb 1 2 3\n") == {"web": 17, "batch": 5}  # a worker's pid after
     assert budgets.day_file(at(2026, 3, 1, 0, 0, 1)) == "2026-03-01.log"
 
 

@@ -12,11 +12,12 @@ with OpenAI's insufficient_quota body (over_budget) and Retry-After, the seconds
 a request already running when the budget runs out finishes and is counted.
 
 Persistence (roles/gateway/files/voltafleet-teams.lua carries it out; this module is its
-specification, unit-tested): HAProxy's worker appends one line `<team> <tokens>` a request to
-DIR/<YYYY-MM-DD>.log, the UTC day's file, in one write with O_APPEND: lines of two workers alive
-at once (a reload: the old one finishes its streams while the new one serves) never mix. Every
-worker reads the current day's file as it grows (its own lines and any other worker's), so each
-sees every request of both; a starting worker (a reload, a restart) reads the month's files.
+specification, unit-tested): HAProxy's worker appends one line `<team> <tokens> <its pid>` a
+request to DIR/<YYYY-MM-DD>.log, the UTC day's file, in one write with O_APPEND: lines of two
+workers alive at once (a reload: the old one finishes its streams while the new one serves) never
+mix. Every worker counts its own requests in memory as it logs them and reads the other workers'
+lines from the file as it grows (a background task, never in a request: issue 48), so each sees
+every request of both; a starting worker (a reload, a restart) reads the month's files first.
 A day that ended over a day ago is never written again: it is compacted into <day>.sum (a line
 a team, written aside and renamed), then its .log removed; a reader takes the .log while it
 exists, else the .sum. A month's files go once the next month began.
@@ -86,11 +87,11 @@ def day_file(now: float) -> str:
 
 
 def sums(text: str) -> dict[str, int]:
-    """{team: tokens} of a .log or .sum file's lines `<team> <tokens>`; an unfinished last line
-    (a write seen half done) or a malformed one is not counted."""
+    """{team: tokens} of a .log file's lines `<team> <tokens> <worker pid>` or a .sum file's `<team>
+    <tokens>`; an unfinished last line (a write seen half done) or a malformed one is not counted."""
     out: dict[str, int] = {}
     for line in text.split("\n")[:-1]:
         parts = line.split(" ")
-        if len(parts) == 2 and parts[1].isdigit():
+        if len(parts) in (2, 3) and parts[1].isdigit():
             out[parts[0]] = out.get(parts[0], 0) + int(parts[1])
     return out
