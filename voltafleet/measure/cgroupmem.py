@@ -23,8 +23,8 @@ invocation's own (`counted`).
 
     >>> r = reading({"memory.current": "300", "memory.stat": "anon 100\\nactive_file 150\\ninactive_file 50\\n",
     ...              "memory.max": "400", "memory.events": "low 0\\nhigh 0\\nmax 7\\noom 0\\noom_kill 0\\n"})
-    >>> (r.version, r.charged, r.file, r.unreclaimable, r.limit, r.events["max"])
-    (2, 300, 200, 100, 400, 7)
+    >>> (r.version, r.charged, r.file, r.anon, r.unreclaimable, r.limit, r.events["max"])
+    (2, 300, 200, 100, 100, 400, 7)
 """
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ class Reading:
     peak: int | None
     events: dict[str, int] = field(default_factory=dict)
     stat: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def anon(self) -> int:
+        """Anonymous memory (the heap, the weights read with -lm none, checkpoints): v2 memory.stat anon,
+        v1 total_rss (transparent huge pages included)."""
+        return self.stat.get("anon", 0) if self.version == 2 else self.stat.get("total_rss", 0)
 
     @property
     def unreclaimable(self) -> int:
