@@ -24,6 +24,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,7 +337,7 @@ class Outsider:
     def __init__(self, mib: int = 64):
         code = (f"import sys, time\nb = bytearray({mib} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
                 "sys.stdout.write('ready\\n'); sys.stdout.flush()\ntime.sleep(600)\n")
-        self.proc = subprocess.Popen(["python3", "-c", code], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout.readline() == "ready\n"
 
     def rss(self) -> int:

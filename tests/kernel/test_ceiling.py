@@ -79,7 +79,9 @@ def test_a_healthy_server_loads_a_model_larger_than_its_headroom_and_serves_unde
     # the file is larger than what the limit leaves beside the loaded server: its pages had to be reclaimed
     assert size > headroom, figures
     assert loaded.file < size, figures  # of the model's pages read at load, the cgroup keeps fewer than all
-    assert loaded.events["max"] > 0, figures  # the kernel reached the limit and reclaimed (v1: failcnt)
+    # the kernel reached the limit and reclaimed (v1: failcnt); 0 when the file's pages were charged elsewhere
+    # (mapped by a running process, which POSIX_FADV_DONTNEED leaves cached): not a cold load
+    assert loaded.events["max"] > 0, f"no reclaim at the limit during a cold load: {figures}"
     assert end.events.get("oom_kill", 0) == 0 and end.events.get("oom", 0) == 0, figures
     assert end.events.get("high", 0) == 0, figures  # v2: no MemoryHigh, never throttled
     assert end.peak is None or end.peak <= p.limit, figures
