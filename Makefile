@@ -51,7 +51,8 @@ unit: setup
 # tests/ops keeps nothing from the lab tests' session), while the lab's fresh hosts are made beside
 # them (copies and boots: disk, not the CPU the tests use; its output follows theirs), then the lab
 # fleet, then usage per team through this machine's HAProxy in front of the llama-server the lab
-# built (tests/gateway_local).
+# built (tests/gateway_local), then that llama-server in a memory cgroup of this machine's kernel with
+# its unit's ceiling (tests/kernel, as root: fails, never skips, without a writable memory controller).
 test: setup
 	@mkdir -p .voltafleet; echo "$(PY) -m lab up --fresh --hosts 3 --gateway  (beside the unit tests)"; \
 	$(PY) -m lab up --fresh --hosts 3 --gateway > .voltafleet/lab-up.log 2>&1 & up=$$!; \
@@ -61,6 +62,7 @@ test: setup
 	[ $$unit -eq 0 ] && [ $$lab -eq 0 ]
 	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=50 tests/lab
 	$(PY) -m pytest -v -rs tests/gateway_local
+	$(PY) -m pytest -v -rs tests/kernel
 
 bench: lab-up
 	$(PY) -m bench.lab.rollout

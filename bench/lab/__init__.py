@@ -7,4 +7,5 @@ this machine; each prints its figures and writes its raw record under reports/.
     affinity                conversation affinity against least connections: follow-up TTFT, prompt tokens
     ngram                   n-gram speculation on the lab fleet: tok/s and acceptance
     gateway_usage_latency   what the gateway and its usage filter add to streams (--local: no fleet needed)
+    memcg                   the lab's llama-server under its unit's memory ceiling, this machine's kernel (root)
 """

@@ -177,7 +177,7 @@ def env_files(plan: HostPlan) -> tuple[dict[int, Wanted], list[tuple[str, str]]]
 
 def unit_file(plan: HostPlan) -> Wanted:
     """llama-server@.service as files.template rendered it (voltafleet.planning.unitfile, once per distinct
-    input), with the host-memory plan's MemoryHigh/MemoryMax and server_oom_score_adjust."""
+    input), with the host-memory plan's MemoryMax and server_oom_score_adjust."""
     return Wanted(UNIT_PATH, "644", text=plan_unit(plan))
 
 

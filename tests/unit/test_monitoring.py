@@ -43,15 +43,31 @@ def run(*args, stdin=None):
 def test_alert_rules_are_valid_and_their_unit_tests_pass():
     check = run("check", "rules", "alerts.yml")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 20 rules found" in check.stdout
+    assert "SUCCESS: 22 rules found" in check.stdout
     tests = run("test", "rules", "alerts.test.yml")
     assert tests.returncode == 0, tests.stdout + tests.stderr
+
+
+def test_the_memory_alerts_read_what_the_kernel_counts_never_vmrss(tmp_path):
+    """Issue 49: the kernel limits and kills on the cgroup's charge, page cache included, not on VmRSS;
+    every metric the memory alerts read is one the textfile writes."""
+    import yaml
+
+    rules = [r for g in yaml.safe_load((MON / "alerts.yml").read_text())["groups"] if g["name"] == "voltafleet-host-memory"
+             for r in g["rules"]]
+    used = set().union(*(promql_metrics(r["expr"]) for r in rules))
+    assert "voltafleet_instance_memory_rss_bytes" not in used
+    assert used == {"voltafleet_instance_memory_cgroup_bytes", "voltafleet_instance_memory_cgroup_file_bytes",
+                    "voltafleet_instance_memory_cgroup_limit_bytes", "voltafleet_instance_memory_plan_bytes",
+                    "voltafleet_instance_memory_events_total"}
+    assert used <= exposition_names(memory_textfile_text(tmp_path))
+    assert {e for r in rules for e in re.findall(r'event="(\w+)"', r["expr"])} == {"max", "oom_kill", "high"}
 
 
 def test_every_alert_has_a_unit_test():
     rules = set(re.findall(r"- alert: (\w+)", (MON / "alerts.yml").read_text()))
     tested = set(re.findall(r"alertname: (\w+)", (MON / "alerts.test.yml").read_text()))
-    assert len(rules) == 20 and rules == tested
+    assert len(rules) == 22 and rules == tested
 
 
 def cuda_report(cfg) -> dict:
@@ -144,5 +160,7 @@ def test_dashboard_uses_only_metrics_that_exist(cfg, tmp_path):
     assert used - exist == set()
     assert {n for n in used if n.startswith("llamacpp:")} and {n for n in used if n.startswith("haproxy_")}
     assert {"voltafleet_gpu_sm_clock_mhz", "voltafleet_gpu_throttle_reason", "voltafleet_gpu_healthy"} <= used
-    assert {"voltafleet_instance_memory_rss_bytes", "voltafleet_instance_memory_plan_bytes"} <= used
+    assert {"voltafleet_instance_memory_cgroup_bytes", "voltafleet_instance_memory_cgroup_file_bytes",
+            "voltafleet_instance_memory_cgroup_limit_bytes", "voltafleet_instance_memory_plan_bytes",
+            "voltafleet_instance_memory_events_total"} <= used
     assert {"voltafleet_team_budget_used_tokens", "voltafleet_team_budget_tokens"} <= used

@@ -25,8 +25,14 @@ Per instance (one llama-server), every term in bytes:
                    limit and cannot be planned
 
 The host needs instances x the instance's total + hostmem_reserve_mib (the system, sshd, the
-page cache), against MemTotal. Each instance's unit gets MemoryHigh = its total and MemoryMax =
-total x (1 + hostmem_ceiling_margin).
+page cache), against MemTotal. Each instance's unit gets one ceiling, MemoryMax = total x (1 +
+hostmem_ceiling_margin) (cgroup v1: memory.limit_in_bytes), and no MemoryHigh (docs/host.md, issue
+49). The kernel charges the cgroup for page cache as well (the model file's pages, charged to the
+cgroup that first reads them) and reclaims that clean cache before it OOM-kills: a ceiling only has
+to hold what cannot be reclaimed, which is what the plan counts. A MemoryHigh anywhere below
+"plan + the whole model file" would be crossed by the page cache alone at every load and throttle a
+healthy server (memory.events high), and without swap a throttle can reclaim nothing more than
+MemoryMax reclaims: it only slows the server while /health still answers.
 
     >>> p = plan(cfg, vram.ModelShape.from_header(header), instances=4, mem_total=256 * GIB)  # v100_32gb at 32 checkpoints
     >>> p.text()
@@ -94,11 +100,9 @@ class Plan:
         return self.instances * self.instance.total + self.reserve
 
     @property
-    def memory_high(self) -> int:
-        return self.instance.total
-
-    @property
     def memory_max(self) -> int:
+        """The unit's one ceiling (MemoryMax; cgroup v1's memory.limit_in_bytes): the plan and its margin.
+        Past it, once the kernel has reclaimed the cgroup's page cache, its OOM killer ends this server."""
         return math.ceil(self.instance.total * (1 + self.ceiling_margin))
 
     @property

@@ -123,8 +123,8 @@ class HostPlan:
         out = []
         if self.hostmem is not None:
             m = self.hostmem
-            out += [m.text(), f"per instance: {m.instance.describe()}; MemoryHigh {hostmem.size(m.memory_high)}, "
-                              f"MemoryMax {hostmem.size(m.memory_max)}"]
+            out += [m.text(), f"per instance: {m.instance.describe()}; MemoryMax {hostmem.size(m.memory_max)} "
+                              "(no MemoryHigh)"]
         if self.hostcpu is not None:
             out.append(self.hostcpu.text())
         return out

@@ -1,7 +1,8 @@
 """The llama-server@.service unit as the server role installs it (templates/llama-server@.service.j2
 with files.template's jinja2 settings): rendered here too for the plan (is the unit on the host
 the one a rollout would install?), the tests and the benchmarks. Beside it, the memory textfile's
-timer and service (templates/voltafleet-memory.*.j2) and the plan file its script reads.
+timer and service (templates/voltafleet-memory.*.j2), the plan file its script reads and the
+folder where each instance's stop folds its cgroup's memory events (MEMORY_EVENTS_DIR).
 
     >>> plan_unit(plan)                # the unit with the host-memory plan's ceiling (plan.hostmem)
     >>> memory_plan_file(plan)         # '# voltafleet ...\\nhost gpu-01\\ninstance 0 41234567890\\n...'
@@ -27,6 +28,10 @@ MEMORY_UNIT = "voltafleet-memory"
 MEMORY_UNIT_PATHS = {kind: f"/etc/systemd/system/{MEMORY_UNIT}.{kind}" for kind in ("service", "timer")}
 MEMORY_TEXTFILE = "voltafleet-memory.prom"
 MEMORY_PERIOD_S = 30
+# Each instance's memory.events (v1: failcnt, oom_kill) summed over its runs: the unit's ExecStopPost
+# (`vf-memory-textfile --fold N`) adds its ending cgroup's counts there, the textfile adds the running
+# one's. On /run: counts since boot, as the kernel's are. The script's own default (VF_EVENTS).
+MEMORY_EVENTS_DIR = "/run/voltafleet/memory-events"
 
 
 def ceiling(memory: hostmem.Plan | None) -> hostmem.Plan | None:
@@ -41,13 +46,13 @@ def ceiling(memory: hostmem.Plan | None) -> hostmem.Plan | None:
 
 def unit_vars(cfg: dict, systemd_version: int, memory: hostmem.Plan | None = None) -> dict:
     """The template's inputs; `memory`: the host-memory plan (voltafleet.planning.hostmem.Plan) or None,
-    whose per-instance MemoryHigh=/MemoryMax= the unit carries (the same for every instance)."""
+    whose per-instance MemoryMax= the unit carries (the same for every instance; no MemoryHigh:
+    voltafleet.planning.hostmem)."""
     memory = ceiling(memory)
     return dict(service_user=cfg["server_user"], root=cfg["voltafleet_root"], env_dir=ENV_DIR,
                 model_dir=cfg["model_dir"], cuda=cfg["voltafleet_backend"] == "cuda",
                 start_timeout=START_TIMEOUT, restart_backoff=systemd_version >= 254,
                 oom_score_adjust=cfg["server_oom_score_adjust"],
-                memory_high=None if memory is None else int(memory.memory_high),
                 memory_max=None if memory is None else int(memory.memory_max))
 
 
@@ -66,8 +71,8 @@ def plan_unit(plan: HostPlan) -> str:
 def memory_plan_file(plan: HostPlan) -> str:
     """The plan file the memory textfile's script reads: the host's name (its `host` label, as
     in voltafleet.prom) and each instance's planned bytes (voltafleet.planning.hostmem's per-instance
-    total, "-" without a usable host-memory plan: `ceiling`). Not read back from `systemctl show MemoryHigh`:
-    that reads "infinity" where the cgroup cannot be limited (the lab's containers)."""
+    total, "-" without a usable host-memory plan: `ceiling`). Not read back from the unit (`systemctl show`): its
+    directives say what was asked, not what the kernel enforces (nothing in the lab's containers)."""
     memory = ceiling(plan.hostmem)
     planned = "-" if memory is None else str(int(memory.instance.total))
     lines = ["# voltafleet (roles/server): this host's memory plan (voltafleet.planning.hostmem), read by vf-memory-textfile",
