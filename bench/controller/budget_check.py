@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['budgeted']['p50']:>9.3f}/{r['budgeted']['p99']:<9.3f} {r['free']['p50']:>7.3f}/{r['free']['p99']:<8.3f} "
               f"{r['added_ms']['p50']:>8.3f}/{r['added_ms']['p99']:<8.3f} {r['teams_with_counts_shown']:>13}  {r['codes']}")
     if a.out:
-        record = {"argv": sys.argv, "clock": CLOCK, "teams_with_budget": TEAMS, "requests_a_kind": a.requests,
+        record = {"argv": ["-m bench.controller.budget_check", *sys.argv[1:]], "clock": CLOCK, "teams_with_budget": TEAMS, "requests_a_kind": a.requests,
                   "machine": "this project's 2-core machine (one HAProxy thread)", "runs": runs}
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -142,7 +142,8 @@ def test_thoughts_arrive_in_reasoning_content_within_the_fleet_budget_and_can_be
 
 
 def test_a_request_with_tools_renders_through_the_real_qwen_template(gw):
-    """The lab model carries the Qwen3.5/3.6 template; /apply-template through the gateway gives
+    """The lab model carries the Qwen3.5/3.6 template; a server's own /apply-template (on its host's port:
+    the gateway serves no /apply-template, closed by route) gives
     exactly the reference rendering of Python's jinja2 (tests/fixtures/api, kept as a fixture)."""
     import json
 
@@ -154,7 +155,11 @@ def test_a_request_with_tools_renders_through_the_real_qwen_template(gw):
     req = json.loads(REQUEST.read_text())
     for call in req["messages"][2]["tool_calls"]:  # as the OpenAI SDK sends them: arguments as a JSON string
         call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
-    served = httpx.post(URL.removesuffix("/v1") + "/apply-template", json=req, timeout=30).json()["prompt"]
+    from tests.lab.helpers import lab
+
+    port = lab()["hosts"][0]["server_port_base"]
+    served = httpx.post(f"http://127.0.0.1:{port}/apply-template", json=req, timeout=30).json()["prompt"]
+    assert httpx.post(URL.removesuffix("/v1") + "/apply-template", json=req, timeout=30).status_code == 404
     assert served == PROMPT.read_text()
     template = (ensure_sdist() / "vendor/llama.cpp/models/templates/Qwen3.5-4B.jinja").read_text()
     assert render(template, json.loads(REQUEST.read_text())) == PROMPT.read_text()  # the fixture is still the reference
