@@ -25,7 +25,7 @@ from voltafleet.gpu import gpuhealth
 from voltafleet.front import gateway as gw
 from voltafleet.planning.flags import pinned_help
 from voltafleet.inputs.groupvars import load_or_exit
-from voltafleet.planning.hostplan import HostFacts, make_plan, model_files
+from voltafleet.planning.hostplan import HostFacts, make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "v100_16gb"
@@ -82,7 +82,6 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     from tests import gpu_fixtures as g
 
     health = g.fact_output(g.host_query(8))
-    model = model_files(cfg)[0]
     sha = cfg["model_sha256"]
     facts = HostFacts(os=OS, gpus=gpus, gpu_health=gpuhealth.parse_fact(health.splitlines()), nvcc=NVCC,
                       free_model=900 << 30, free_root=900 << 30, same_fs=True, model_present=True, model_bytes=None,
@@ -111,7 +110,7 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
         (r"^for n in ", f"nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 12.8, V{NVCC}"),
         (r"^\. /etc/os-release", f"os={OS}\ncpus=80\nmem_kib=527000000\nsystemd=255\ncxx={CXX[compiler]}"),
         (r"df -PB1", "2049 966367641600"),
-        (rf"stat -c 'stat=%s %Y' ", f"stat={MODEL_SIZE} {MODEL_MTIME}\nside={sha} {MODEL_SIZE} {MODEL_MTIME}"),
+        (r"stat -c 'stat=%s %Y' ", f"stat={MODEL_SIZE} {MODEL_MTIME}\nside={sha} {MODEL_SIZE} {MODEL_MTIME}"),
         (r"^cd .* releases/\*/", f"current={fp}\ngood={fp}\nrelease={fp} 1760000000 {info}"),
         (r"llama-server --help", pinned_help(cfg["llama_cpp_ref"])),
         (r"systemctl is-active llama-server@", "\n".join(f"{i.index} active enabled" for i in plan.instances)),

@@ -130,7 +130,7 @@ def _archive_from(builder, root: str, fp: str) -> Path:
             return archive
         RELEASE_CACHE.mkdir(parents=True, exist_ok=True)
         remote = f"{root}/releases/{fp}.tar.gz"
-        ok, out = sh(builder, 
+        ok, out = sh(builder,
             " ".join(shlex.quote(a) for a in (f"{root}/bin/vf-release", "pack", root, fp)))
         if not ok:
             raise OperationError(f"{builder.name} could not pack release {fp} to ship ({out.stderr.strip()}): "
@@ -164,7 +164,7 @@ def _ship(state, host, plan: HostPlan, fp: str) -> bool:
     sh(host, f"mkdir -p {shlex.quote(plan.root + '/releases')}")
     if not host.put_file(str(archive), incoming, **connector_args(host)):
         raise OperationError(f"could not upload the release archive to {host.name}")
-    ok, out = sh(host, 
+    ok, out = sh(host,
         " ".join(shlex.quote(a) for a in (bin_path(plan, "vf-release"), "install", plan.root, fp, sha, incoming)))
     if not ok:
         raise OperationError(f"release {fp} from {builder_name} failed its checksum or self-check on "

@@ -11,7 +11,7 @@ import hashlib
 
 import pytest
 
-from tests.ops.test_toolchain import APT_INSTALL, LOADED, R580_NOBLE_DPKG, host, run_many
+from tests.ops.test_toolchain import APT_INSTALL, LOADED, host, run_many
 
 APT = APT_INSTALL[:-len("install ")]
 STOP = "systemctl stop 'llama-server@*'"

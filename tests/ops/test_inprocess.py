@@ -73,7 +73,7 @@ def test_compile_runs_the_build_script_with_quoted_arguments(plan):
     cmds = commands(compiled, host_with(), plan, strategy="per_host")
     assert len(cmds) == 2 and cmds[1] == "<function _built>"  # then its record (build-<host>.json)
     assert cmds[0].startswith("/opt/voltafleet/bin/vf-build-release /opt/voltafleet ")
-    assert f" git://" not in cmds[0] and f" {COMMIT} auto - " in cmds[0]
+    assert " git://" not in cmds[0] and f" {COMMIT} auto - " in cmds[0]
     assert "'{\"fingerprint\"" in cmds[0]  # the JSON build info is one quoted argument
     assert cmds[0].endswith("-DGGML_NATIVE=OFF")
 
@@ -163,7 +163,6 @@ def test_default_keeps_only_current_and_last_good(cfg):
     """group_vars' default: nothing beyond what rollback needs."""
     cfg.update(voltafleet_backend="cpu", server_instances=1, llama_cpp_targets=["llama-server"], llama_cpp_keep_releases=0)
     plan = make_plan("gpu-01", cfg, HostFacts(os="debian-12"), None, COMMIT)
-    fp = plan.build.fingerprint(None, CXX)
     old = {f"old{i}": {"mtime": i, "info": {}} for i in range(4)}
     fake = host_with({F.Releases: {"current": "old3", "good": "old1", "releases": old}})
     assert commands(release_switched, fake, plan)[1] == "/opt/voltafleet/bin/vf-release prune /opt/voltafleet old2 old0"

@@ -3,7 +3,6 @@ read over HTTP Range from a local server (as from Hugging Face); a plan that doe
 is refused with its numbers before any change, an unset ctx/slots is picked from the ladder."""
 import re
 import threading
-from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np

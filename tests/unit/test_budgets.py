@@ -3,7 +3,6 @@ Retry-After, the budgets' map, the files' format, the validation of gateway_team
 and the rendered gateway (voltafleet/front/budgets.py, voltafleet/front/teams.py, templates/haproxy.cfg.j2)."""
 import calendar
 import hashlib
-import json
 import re
 from pathlib import Path
 

@@ -120,7 +120,9 @@ def test_extra_vars_file_applies_last_and_is_named_in_errors(tmp_path, monkeypat
 
 
 def test_prod_inventory_refuses_without_a_model_checksum(tmp_path):
-    import os, subprocess, sys
+    import os
+    import subprocess
+    import sys
     extra = tmp_path / "no-sha.yml"  # whatever group_vars/all.yml says today
     extra.write_text("model_sha256: null\nmodel_allow_unverified: false\n")
     r = subprocess.run([sys.executable, "-c", "import inventory.prod"], capture_output=True, text=True,

@@ -209,7 +209,7 @@ def test_a_killed_drivers_lock_stays_held_while_its_pyinfra_run_runs(tmp_path):
     try:
         driver.kill()
         driver.wait()
-        with pytest.raises(LockHeld, match=f"started: that driver is gone, its run still changes hosts"):
+        with pytest.raises(LockHeld, match="started: that driver is gone, its run still changes hosts"):
             FleetLock(path, "second").acquire()
     finally:
         os.kill(child, signal.SIGKILL)

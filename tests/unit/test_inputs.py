@@ -3,7 +3,6 @@ flags, the load-time flag check, ports, per-slot context, the API key file, dupl
 YAML keys, validate_values for any source (pyinfra --data), and the error block."""
 import os
 import tempfile
-import re
 from pathlib import Path
 
 import pytest

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.profile import SOURCES, command
+from roles.profile import command
 from voltafleet.measure import profile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profile"

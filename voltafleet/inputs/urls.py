@@ -22,8 +22,8 @@ _GIT_PATH = r"[A-Za-z0-9._~/+-]*"
 GIT_URL = re.compile(
     rf"^(?P<scheme>https|git|ssh)://(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*)@)?"
     rf"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(?P<port>\d{{1,5}}))?(?P<path>/{_GIT_PATH})$")
-GIT_SCP = re.compile(rf"^(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*)@(?P<host>[A-Za-z0-9.-]+):"
-                     rf"(?P<path>[A-Za-z0-9._~+][A-Za-z0-9._~/+-]*)$")
+GIT_SCP = re.compile(r"^(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]*)@(?P<host>[A-Za-z0-9.-]+):"
+                     r"(?P<path>[A-Za-z0-9._~+][A-Za-z0-9._~/+-]*)$")
 GIT_LOCAL = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 GIT_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+-]*$")
 SHELL_META = set("`$;&|<>(){}[]*?!~#'\"\\") | {" ", "\t", "\n", "\r"}
