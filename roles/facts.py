@@ -331,18 +331,6 @@ class ServiceAccount(FactBase):
         return out
 
 
-class AptHolds(FactBase):
-    """Packages on hold (`apt-mark showhold`)."""
-
-    @staticmethod
-    def default():
-        return []
-
-    def command(self) -> str:
-        return "apt-mark showhold 2>/dev/null || true"
-
-    def process(self, output):
-        return [line.strip() for line in output if line.strip()]
 
 
 class HAProxyServers(FactBase):

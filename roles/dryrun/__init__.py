@@ -70,4 +70,4 @@ def dry_run(plan: HostPlan) -> dryrun.HostChange:
     return change
 
 
-__all__ = ["observed", "planned"]
+__all__ = ["dry_run", "observed"]

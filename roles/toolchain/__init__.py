@@ -34,11 +34,6 @@ BUILD_PACKAGES = ["build-essential", "cmake", "git", "ccache", "python3", "curl"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/voltafleet-blacklist-nouveau.conf"
 APT = 'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o Dpkg::Options::="--force-confold"'
 
-# GPUs on the PCI bus missing from nvidia-smi, read before the rollout, per host (for the
-# report): voltafleet.gpu.nvidia.gpu_health's dict.
-GPU_HEALTH: dict[str, dict] = {}
-
-
 @operation()
 def driver_converged(os_id: str, source: str, branch: int, flavour: str, target: str | None,
                      nvswitch: bool = False, before_stop=None):
@@ -133,7 +128,6 @@ def gpu_health(plan: HostPlan) -> dict:
     """GPUs on the PCI bus missing from nvidia-smi, read before the rollout (for the report)."""
     health = nvidia.gpu_health(host.name, host_fact(host, NvidiaPci), host_fact(host, SmiBusIds),
                                plan.cfg["allow_degraded_gpus"])
-    GPU_HEALTH[host.name] = health
     if health["warning"]:
         logger.warning(health["warning"])
     return health

@@ -20,7 +20,7 @@ What differs from the CLI, on purpose:
 + no gevent monkey-patching of the test process (the CLI patches on import): the @fake
   connector and the roles only switch greenlets on gevent primitives;
 + the controller's run-scoped values (roles.run's run context, once-per-run caches, the
-  fleet lock, the toolchain role's GPU report) are reset before and after each run, as a new
+  fleet lock) are reset before and after each run, as a new
   `pyinfra` process would start them empty;
 + the commands are whole (the CLI's debug log, which its tests scraped, shows a command's
   first line).
@@ -199,7 +199,6 @@ def _fresh_run():
 
 def _reset() -> None:
     import roles.run as run
-    import roles.toolchain as toolchain
     from voltafleet.state.once import Once
 
     for lock in run._LOCK:
@@ -212,7 +211,6 @@ def _reset() -> None:
     from pyinfra.api.host import Host
 
     Host._get_temp_directory.cache.clear()
-    toolchain.GPU_HEALTH.clear()
     for name, module in list(sys.modules.items()):
         if module is not None and (name == "roles" or name.startswith(("roles.", "voltafleet."))):
             for value in list(vars(module).values()):

@@ -40,7 +40,6 @@ def test_file_state_and_server_instances_and_holds():
     assert F.FileState().process([]) is None
     assert F.ServerInstances().process(["0 active enabled", "1 failed", "x"]) == {
         0: {"active": "active", "enabled": "enabled"}, 1: {"active": "failed", "enabled": "unknown"}}
-    assert F.AptHolds().process(["cuda-drivers-580", " "]) == ["cuda-drivers-580"]
 
 
 def test_gpus_fall_back_to_the_pci_bus_without_a_driver():

@@ -77,7 +77,6 @@ def test_the_tuned_file_holds_the_values_their_figures_and_calibrates_the_planne
     assert doc["chosen"]["figures"]["throughput_tps"] == 150 and doc["tuned"]["gpu"]["name"].startswith("Tesla")
     assert doc["calibration"]["planner_error_pct"]["n-gram drafts"] == pytest.approx(1.35)  # 15,000 vs 14,800
     assert [x["setting"] for x in doc["trials"]] == ["shipped", "n-gram drafts"]
-    assert tune.values_of(text, "f") == doc["values"]
     none = yaml.safe_load(tune.document("lab", None, [t], c, {}))
     # no winner: the shipped values stay; the calibration holds whatever won
     assert none["values"] == {"vram_cuda_overhead_mib": 810} and none["chosen"]["setting"] is None

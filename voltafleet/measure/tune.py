@@ -269,12 +269,3 @@ def document(group: str, best: Trial | None, trials: list[Trial], cfg: dict, met
             "# `values` apply after group_vars/" + group + ".yml on the next rollout (`--plan` shows what changes);\n"
             "# the rest says what they were chosen on. Delete this file to return to the shipped values.\n")
     return head + yaml.safe_dump(doc, sort_keys=False, width=120)
-
-
-def values_of(text: str, source: str) -> dict:
-    """The `values` of a tuned file (the loader's part); ValueError naming the file when it is
-    not one."""
-    doc = yaml.safe_load(text) or {}
-    if not isinstance(doc, dict) or not isinstance(doc.get("values", {}), dict):
-        raise ValueError(f"{source}: not a tuned file (a mapping with `values:`)")
-    return dict(doc.get("values") or {})
