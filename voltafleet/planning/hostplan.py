@@ -1,4 +1,5 @@
-"""One host's plan, decided once from data: `make_plan(cfg, facts, header)`.
+"""One host's plan, decided once from data: `make_plan(host_name, cfg, facts, header=None, commit=None,
+sources=None, other_ports=None)`.
 
 Everything a role carries out is in the returned `HostPlan`: the instances and their
 ports, every llama-server argv, the model files, the CUDA archs and build flags, the
