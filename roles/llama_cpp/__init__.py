@@ -29,7 +29,7 @@ from roles.run import fleet_plan, once_per_run, report_dir, run_context
 from roles.shell import bin_path, connector_args, live, sh
 from roles.facts import HostBasics, NvccVersion, Releases
 from voltafleet.planning import hostplan
-from voltafleet.state.fleetplan import release_cache, release_cached
+from voltafleet.state.fleetplan import archive_built_on, release_builder, release_cache, release_cached
 from voltafleet.planning.hostplan import HostPlan
 from voltafleet.state.records import Build
 from voltafleet.state.runctx import RunDir
@@ -140,6 +140,8 @@ def _archive_from(builder, root: str, fp: str) -> Path:
         if not builder.get_file(remote, str(tmp), **connector_args(builder)):
             raise OperationError(f"could not fetch {remote} from {builder.name}")
         sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        # who compiled it (the host it came from may itself have received it), for the hosts it reaches
+        archive.with_suffix(".builder").write_text((archive_built_on(tmp, fp) or builder.name) + "\n")
         tmp.rename(archive)
         archive.with_suffix(".sha256").write_text(sha + "\n")
         return archive
@@ -170,7 +172,7 @@ def _ship(state, host, plan: HostPlan, fp: str) -> bool:
         raise OperationError(f"release {fp} from {builder_name} failed its checksum or self-check on "
                              f"{host.name}: {out.stderr}")
     logger.info(f"{host.name}: installed release {fp} from the controller's cache (built on "
-                f"{builder_name if not cached(fp) or builder_name != host.name else 'an earlier run'}; no compile)")
+                f"{release_builder(RELEASE_CACHE, fp) or 'a host of an earlier run'}; no compile)")
     return True
 
 
@@ -200,7 +202,8 @@ def _installed(state, host, plan: HostPlan, fp: str) -> bool:
     if not _ship(state, host, plan, fp):
         return False
     RunDir(report_dir(plan.cfg)).write(Build(host=host.name, run=run_context().run, fingerprint=fp, built=False,
-                                             seconds=round(time.monotonic() - t0, 1), source=builder_of(fp)))
+                                             seconds=round(time.monotonic() - t0, 1),
+                                             source=release_builder(RELEASE_CACHE, fp)))
     return True
 
 

@@ -62,9 +62,11 @@ def test_a_compile_records_its_release_and_the_seconds_its_script_kept(run_dir, 
     assert run_dir.read(Build, "gpu-01", "r1").seconds is None
 
 
-def test_an_installed_release_is_recorded_as_not_built(run_dir, plan, monkeypatch):
+def test_an_installed_release_is_recorded_as_not_built(run_dir, plan, monkeypatch, tmp_path):
     monkeypatch.setattr(lc, "_ship", lambda state, host, plan, fp: True)
-    monkeypatch.setattr(lc, "builder_of", lambda fp: "builder")
+    monkeypatch.setattr(lc, "builder_of", lambda fp: "this-batch-first")  # not who compiled it
+    monkeypatch.setattr(lc, "RELEASE_CACHE", tmp_path)
+    (tmp_path / "fp1.tar.builder").write_text("builder\n")  # noted when the archive reached the cache
     assert lc._installed(None, Host({}), plan, "fp1")
     rec = run_dir.read(Build, "gpu-01", "r1")
     assert (rec.built, rec.source, rec.fingerprint) == (False, "builder", "fp1") and rec.seconds >= 0

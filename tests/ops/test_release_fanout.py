@@ -79,3 +79,45 @@ def test_many_hosts_receive_a_release_from_the_controller_and_the_builder_sends_
     state.hosts["gpu-99"] = late
     assert lc._ship(state, late, plan, "fp1")
     assert builder.sent == [f"{plan.root}/releases/fp1.tar.gz"] and late.received[0][0] == archive
+
+
+def _release_archive(path, fp, built_on):
+    """A release archive as `vf-release pack` writes it: the release directory, BUILD_INFO.json in it."""
+    import io
+    import json
+    import tarfile
+
+    data = json.dumps({"fingerprint": fp, "built_on": built_on}).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        member = tarfile.TarInfo(f"{fp}/BUILD_INFO.json")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+
+
+def test_an_installed_release_names_the_host_that_compiled_it(plan, tmp_path, monkeypatch):
+    """The canary (gpu-01) compiled the release; the next batch's first host (gpu-02) is that run's
+    "builder" but compiled nothing. Every host that installs it, the first through gpu-02's archive and
+    the next from the cache, names gpu-01: in its log line and its build record's `source`."""
+    from voltafleet.state.fleetplan import archive_built_on, release_builder
+
+    monkeypatch.setattr(lc, "RELEASE_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(lc, "builder_of", lambda fp: "gpu-02")
+    lines = []
+    monkeypatch.setattr(lc.logger, "info", lambda line, *a, **kw: lines.append(line))
+
+    class Received(Host):
+        def get_file(self, remote, local, **kw):
+            self.sent.append(remote)
+            _release_archive(local, "fp1", "gpu-01")
+            return True
+
+    first_of_batch, other = Received("gpu-02"), Host("gpu-03")
+    state = State([first_of_batch, other])
+    assert lc._ship(state, other, plan, "fp1") and lc._ship(state, first_of_batch, plan, "fp1")
+    assert archive_built_on(tmp_path / "cache" / "fp1.tar.gz", "fp1") == "gpu-01"
+    assert release_builder(tmp_path / "cache", "fp1") == "gpu-01"
+    assert lines == [f"{h}: installed release fp1 from the controller's cache (built on gpu-01; no compile)"
+                     for h in ("gpu-03", "gpu-02")]
+    # an archive without BUILD_INFO.json, a cache without the note: nothing to name
+    (tmp_path / "old.tar.gz").write_bytes(b"release archive")
+    assert archive_built_on(tmp_path / "old.tar.gz", "fp1") == "" and release_builder(tmp_path, "fp2") == ""

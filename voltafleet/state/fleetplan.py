@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -88,3 +89,23 @@ def release_cached(cache: Path, fp: str) -> bool:
     """The cache holds release fp's archive and its checksum (a later batch installs it, no compile)."""
     archive = Path(cache) / f"{fp}.tar.gz"
     return archive.exists() and archive.with_suffix(".sha256").exists()
+
+
+def archive_built_on(archive: Path, fp: str) -> str:
+    """The host that compiled a release archive: `built_on` of the BUILD_INFO.json that
+    vf-build-release wrote into it; "" when the archive does not say."""
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            info = tar.extractfile(f"{fp}/BUILD_INFO.json")
+            return str(json.load(info).get("built_on") or "") if info else ""
+    except (OSError, tarfile.TarError, KeyError, ValueError, AttributeError):
+        return ""
+
+
+def release_builder(cache: Path, fp: str) -> str:
+    """The host that compiled the cached release fp (the `<fp>.tar.builder` beside its archive,
+    written when the archive was fetched from it); "" when the cache does not say."""
+    try:
+        return (Path(cache) / f"{fp}.tar.builder").read_text().strip()
+    except OSError:
+        return ""

@@ -289,7 +289,7 @@ class Build(Record):
     fingerprint: str
     built: bool                       # True: compiled on this host; False: installed (no compile)
     seconds: float | None = None      # the compile's (configure and build), or the install's
-    source: str = ""                  # installed: the host that compiled it ("" when built here)
+    source: str = ""                  # installed: the host that compiled it ("" when built here or unknown)
 
 
 @dataclass(frozen=True)
