@@ -44,7 +44,7 @@ def test_one_checkpoint_is_the_logged_149_626_mib_and_the_term_is_slots_x_n_of_t
     assert 149.626 <= inst.checkpoint_bytes / MIB < 149.63
     assert inst.slots == c["server_parallel"] == 16 and inst.checkpoints_per_slot == c["server_ctx_checkpoints"] == 32
     assert inst.checkpoints == 16 * 32 * inst.checkpoint_bytes
-    assert 74.8 < inst.checkpoints / GIB < 74.9  # DOMAIN.md: 16 x 32 x 149.6 MiB, ~75 GiB
+    assert 74.8 < inst.checkpoints / GIB < 74.9  # docs/domain.md: 16 x 32 x 149.6 MiB, ~75 GiB
     assert inst.total == inst.process + inst.model + inst.host_buffers + inst.checkpoints + inst.cache_ram
 
 

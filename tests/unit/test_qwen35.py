@@ -153,7 +153,7 @@ def test_v100_16gb_group_fits_and_the_seeds_four_slots_do_not():
     d = decide(cfg, V100_16, from_json(json.loads((FIXTURES / "gguf/qwen35-27b-q4ks.json").read_text())))
     assert d.error is None and d.plan.fits
     free = V100_16 - d.plan.needed / MIB
-    assert 512 <= free <= 1024, free  # DOMAIN.md: keep 0.5-1 GB free
+    assert 512 <= free <= 1024, free  # docs/domain.md: keep 0.5-1 GB free
     seed = decide({**cfg, "server_parallel": 4}, V100_16, _header())
     assert seed.error and "short by" in seed.error
 

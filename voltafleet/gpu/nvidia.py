@@ -1,6 +1,6 @@
 """NVIDIA stack decisions for Volta fleets: repository, package names, and refusals.
 
-Facts this rests on (see ../shared/DOMAIN.md):
+Facts this rests on (docs/domain.md, with their sources):
 - CUDA 13 dropped Maxwell, Pascal and Volta: sm_70 needs CUDA 12.x (12.9 is the last).
 - R580 is the last driver branch that supports Volta (LTS, EOL June 2028).
 - NVIDIA's open kernel modules are Turing+ only; Blackwell needs them.

@@ -30,7 +30,7 @@
                          made to take Volta's exact choice (bench/records/proof27)
     CUDA overhead        context, cuBLAS workspace: 592 MiB after load + 18 MiB after the first
                          request on an H200 (CUDA 13)
-    headroom             kept free for load spikes (default 1 GiB: ../shared/DOMAIN.md)
+    headroom             kept free for load spikes (default 1 GiB: docs/domain.md)
 
 Calibrated against llama-server's own buffer sizes on an H200 (bench/VRAM_TRUTH.md): qwen2
 shapes (bench/records/gpu-loads-run*.json) and the Qwen3.6-27B shape (bench/records/qwen35-h200-run1.json).
