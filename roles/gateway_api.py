@@ -12,12 +12,8 @@ from roles.facts import HAProxyServers
 from roles.run import fleet_plan, host_config, once_per_run, run_context
 from roles.shell import sh
 from voltafleet.front import gateway as gw
+from voltafleet.front.tiers import GATEWAY_GROUP, runs_llama_server
 from voltafleet.models import mirror
-
-
-GATEWAY_GROUP = "gateway"
-
-
 
 
 class DrainError(OperationError):
@@ -35,7 +31,7 @@ def is_mirror(h) -> bool:
 
 def is_server(h) -> bool:
     """A host that runs llama-server: neither a gateway nor a mirror."""
-    return not is_gateway(h) and not is_mirror(h)
+    return runs_llama_server(h.groups)
 
 
 def server_address(h) -> str:

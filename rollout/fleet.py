@@ -18,11 +18,11 @@ from pathlib import Path
 
 from voltafleet.state import fleetplan, refs, runctx
 from voltafleet.models import mirror
+from voltafleet.front.tiers import GATEWAY_GROUP, runs_llama_server
 from voltafleet.models.modelmeta import remote_size
 
 from rollout.runner import REPO
 
-GATEWAY_GROUP = "gateway"
 MIRROR_GROUP = mirror.GROUP  # nginx caching the model: like a gateway, not a server host
 
 
@@ -66,7 +66,7 @@ class Fleet:
 
     @property
     def servers(self) -> list[str]:
-        return [h for h in self.groups if h not in self.gateways and h not in self.mirrors]
+        return [h for h, groups in self.groups.items() if runs_llama_server(groups)]
 
     def canary(self, spec: str) -> list[str]:
         """--canary: a host count from the top, a group (its server hosts), or host names."""

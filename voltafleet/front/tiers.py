@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 
 from voltafleet.inputs.errors import Problem
+from voltafleet.models.mirror import GROUP as MIRROR_GROUP
 
 DEFAULT = "throughput"
 BACKEND = "llama"  # the throughput tier's backend (the fleet's one backend before tiers)
@@ -35,7 +36,13 @@ HEADER = "X-Voltafleet-Tier"
 OVERFLOWS = ("throughput", "refuse")
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,23}$")  # a backend name suffix and a map value: no space, no _ (llama_<tier>)
 NAME_HINT = "lowercase letters, digits and -, starting with a letter (up to 24), like latency"
-GATEWAY_GROUP = "gateway"  # roles/gateway_api.GATEWAY_GROUP: its hosts run HAProxy, not llama-server
+GATEWAY_GROUP = "gateway"  # the inventory group whose hosts run HAProxy, not llama-server
+
+
+def runs_llama_server(groups) -> bool:
+    """A host of these inventory groups is a server host: in neither the gateway group nor the
+    mirror group (roles/gateway_api.is_server, rollout's Fleet.servers)."""
+    return GATEWAY_GROUP not in groups and MIRROR_GROUP not in groups
 
 
 def backend(tier: str) -> str:
@@ -120,12 +127,10 @@ def fleet_problems(team_list, served: dict[str, int], source: str | None = None,
 
 def served_tiers(hosts) -> dict[str, int]:
     """{tier: server hosts} of [(host, its variables, its groups)]: hosts of neither the gateway
-    nor the mirror group (roles/gateway_api.is_server)."""
-    from voltafleet.models.mirror import GROUP as MIRROR
-
+    nor the mirror group (runs_llama_server)."""
     out: dict[str, int] = {}
     for _, values, groups in hosts:
-        if GATEWAY_GROUP in groups or MIRROR in groups:
+        if not runs_llama_server(groups):
             continue
         out[values["server_tier"]] = out.get(values["server_tier"], 0) + 1
     return out
