@@ -41,7 +41,7 @@ from copy import copy
 
 import pyinfra
 
-from voltafleet.state.pyinfra_version import CHECKED_VERSION, installed
+from voltafleet.state.pyinfra_version import CHECKED_VERSION, COST_AND_FIX, installed
 
 _util = importlib.import_module("pyinfra.api.util")
 _operation = importlib.import_module("pyinfra.api.operation")
@@ -245,9 +245,7 @@ def why_not() -> str | None:
         return None
     version = getattr(pyinfra, "__version__", None) or installed()
     return (f"roles/speed.py left pyinfra {version} as it is ({', '.join(missing)}: source differs from the "
-            f"checked pyinfra {CHECKED_VERSION}); runs are correct but the controller spends about 4x the CPU "
-            f"a host (bench/RESULTS.md), or ~40 ms more a remote command (no TCP_NODELAY). Fix: pin pyinfra=={CHECKED_VERSION} (requirements.txt), or check the "
-            "replacements against this version (tests/ops/test_speed.py) and update CHECKED")
+            f"checked pyinfra {CHECKED_VERSION}); {COST_AND_FIX}")
 
 
 def applied(warn=None) -> list[str]:

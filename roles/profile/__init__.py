@@ -12,7 +12,7 @@ from roles.gateway_api import is_server
 from roles.run import config, report_dir, run_context
 from roles.shell import q, sh
 from voltafleet.measure import profile
-from voltafleet.front.gateway import backend_name
+from voltafleet.front.gateway import backend_host
 from voltafleet.state.records import Profile
 from voltafleet.state.runctx import RunDir
 
@@ -27,7 +27,7 @@ def command(kind: str, hours: float, servers: list[str] = ()) -> str:
     """The host's lines of the window, newest MAX_LINES, through bash with pipefail: a journal
     that cannot be read fails the operation; no line matching is not an error (grep's 1)."""
     units, keep = SOURCES[kind]
-    keep = keep.replace("@SERVERS@", "|".join(backend_name(h, 0)[:-2].replace(".", "[.]") for h in servers))
+    keep = keep.replace("@SERVERS@", "|".join(backend_host(h).replace(".", "[.]") for h in servers))
     script = (f"journalctl {units} --since=-{max(1, round(hours * 3600))}s -o short-unix --no-pager "
               f"| {{ grep -E {q(keep)} || [ $? = 1 ]; }} | tail -n {MAX_LINES}")
     return "bash -o pipefail -c " + q(script)

@@ -31,8 +31,19 @@ class Backend:
     tier: str = tiers.DEFAULT  # its host's server_tier: the HAProxy backend it is in
 
 
+def backend_host(host: str) -> str:
+    """A host's part of its instances' HAProxy server names (backend_name: "<it>-<index>")."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", host)
+
+
 def backend_name(host: str, index: int) -> str:
-    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{index}"
+    return f"{backend_host(host)}-{index}"
+
+
+def is_backend_of(name: str, host: str) -> bool:
+    """The HAProxy server `name` is one of `host`'s instances (backend_name(host, some index))."""
+    prefix = backend_host(host) + "-"
+    return name.startswith(prefix) and name[len(prefix):].isdigit()
 
 
 def backends(servers: list[tuple]) -> list[Backend]:
@@ -111,8 +122,7 @@ def fleet_backends(planned: list[tuple], unplanned: list[str], live: list[tuple]
     gateway because it was not in a run."""
     out = backends(planned)
     for name in unplanned:
-        prefix = backend_name(name, 0)[:-1]  # "<host>-"
-        out += [Backend(n, a, p, c, *t) for n, a, p, c, *t in live if n.startswith(prefix) and n[len(prefix):].isdigit()]
+        out += [Backend(n, a, p, c, *t) for n, a, p, c, *t in live if is_backend_of(n, name)]
     return out
 
 

@@ -16,7 +16,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from voltafleet.front.gateway import backend_name
+from voltafleet.front.gateway import is_backend_of
 from voltafleet.measure.smoke_client import percentile  # nearest rank: a value that was measured
 
 MIN_REQUESTS = 20           # fewer finished requests in the window: no profile (the shipped tune_* stay)
@@ -69,11 +69,10 @@ def in_flight(lines: list[str], host: str) -> list[int]:
     as each answered request of theirs ended: itself and the others the gateway's log counts (%sc
     of the log-format, logged once the request has left the server). Each gateway counts its own
     requests: with one gateway active at a time (the others standby) that is the instance's."""
-    mine = re.compile(re.escape(backend_name(host, 0)[:-1]) + r"\d+")
     out = []
     for line in lines:
         m = _HAPROXY.search(line)
-        if m and mine.fullmatch(m.group(1)) and m.group(2) != "503":
+        if m and is_backend_of(m.group(1), host) and m.group(2) != "503":
             out.append(int(m.group(3)) + 1)
     return out
 

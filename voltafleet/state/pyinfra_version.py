@@ -11,6 +11,11 @@ import os
 
 CHECKED_VERSION = "3.10.0"
 
+# what pyinfra left as it is costs, and the fix: the driver's word (mismatch) and every run's (roles/speed.why_not)
+COST_AND_FIX = ("runs are correct but the controller spends about 4x the CPU a host (bench/RESULTS.md), or ~40 ms "
+                f"more a remote command (no TCP_NODELAY). Fix: pin pyinfra=={CHECKED_VERSION} (requirements.txt), or "
+                "check the replacements against this version (tests/ops/test_speed.py) and update roles/speed.py's CHECKED")
+
 
 def installed() -> str:
     """The installed pyinfra's version, or "?" when there is none."""
@@ -29,7 +34,5 @@ def mismatch(version: str | None = None) -> str | None:
     version = installed() if version is None else version
     if version == CHECKED_VERSION:
         return None
-    return (f"pyinfra {version} is not the checked {CHECKED_VERSION}: roles/speed.py leaves it as it is; runs are "
-            f"correct but the controller spends about 4x the CPU a host (bench/RESULTS.md). Fix: pin "
-            f"pyinfra=={CHECKED_VERSION} (requirements.txt), or check the replacements against this version "
-            "(tests/ops/test_speed.py) and update roles/speed.py's CHECKED")
+    return f"pyinfra {version} is not the checked {CHECKED_VERSION}: roles/speed.py leaves it as it is; {COST_AND_FIX}"
+
