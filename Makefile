@@ -39,8 +39,11 @@ lab-down: setup
 
 # The main job: bring the lab fleet up (3 servers + HAProxy gateway), then a rolling
 # rollout: preflight on every host, the canary, then the rest; the smoke tables and the fleet report.
+# Then the pin gate for llama.cpp b11434 (issue 50): the fleet to it and back under load; its verdict is
+# `incomplete` here (exit 3: no CUDA 12.x nvcc for the sm_70 compile, no GPU for the proof), never a pass.
 demo: lab-up
 	VOLTAFLEET_SMOKE=always $(PY) -m rollout inventory/lab.py --canary 1 --batch 2
+	$(PY) -m rollout inventory/lab.py --pin-check b11434; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ]
 
 unit: setup
 	$(PY) -m pytest -q tests/unit tests/ops

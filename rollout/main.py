@@ -45,6 +45,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-hours", type=float, default=None,
                    help="with --tune: read the workload (prompt and answer tokens, clients, follow-up share) from the "
                         "last N hours of the gateway's and the canary's logs (default tune_profile_hours; 0: tune_*)")
+    p.add_argument("--pin-check", metavar="REF", default=None,
+                   help="the pin gate for another llama.cpp ref on the lab fleet (inventory/lab.py): resolve, sm_70 compile "
+                        "evidence, flags against its --help, the H200 proof's evidence, a rolling move to it and back under "
+                        "load; exit 0 only when every step passed (python -m rollout.pingate)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="stream pyinfra's whole output (it always goes to the run's logs in the report directory)")
     return p
@@ -62,6 +66,13 @@ def refusal(a, fleet: Fleet, canary: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
+    if a.pin_check:  # its rollouts take the fleet's lock themselves
+        if os.path.basename(a.inventory) != "lab.py":
+            print("voltafleet: --pin-check rolls the lab fleet (inventory/lab.py); the fleet's canary comes after it",
+                  file=sys.stderr)
+            return 2
+        from rollout import pingate
+        return pingate.main([a.pin_check])
     if pyinfra_version.mismatch():  # what every pyinfra run of deploy.py applies (roles/speed.py), said here
         say(f"warning: {pyinfra_version.mismatch()}")
     fleet = Fleet.load(a.inventory)

@@ -1,0 +1,108 @@
+"""The pin gate's steps and verdict (voltafleet/state/pingate.py, issue 50): a step passes only on its own
+evidence, a step not run never makes a pass, and each refusal says why."""
+from __future__ import annotations
+
+import pytest
+
+from voltafleet.state import pingate
+from voltafleet.state.pingate import FAIL, NOT_RUN, PASS, Step
+
+NEW, OLD = "6b0958fe153a3dcc31f6616835d6f2c3119d7d3f", "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+
+def all_pass() -> list[Step]:
+    return [Step(name, PASS) for name in pingate.STEPS]
+
+
+def test_the_verdict_is_pass_only_when_every_step_passed():
+    assert pingate.verdict(all_pass()) == PASS
+    steps = all_pass()
+    steps[1] = Step("sm70-compile", NOT_RUN, "no CUDA 12.x nvcc")
+    assert pingate.verdict(steps) == "incomplete"
+    steps[2] = Step("flags", FAIL, "--defrag-thold removed")
+    assert pingate.verdict(steps) == FAIL
+    assert pingate.verdict(all_pass()[:-1]) == FAIL  # a missing step is no pass
+    assert pingate.verdict([]) == FAIL
+
+
+def test_resolve_refuses_an_unknown_ref_or_the_pin_itself():
+    assert pingate.resolve_step("b11434", NEW, "b11312", OLD).status == PASS
+    assert pingate.resolve_step("b11434", None, "b11312", OLD, "llama_cpp_ref: 'b11434' is not a tag").status == FAIL
+    same = pingate.resolve_step("b11312", OLD, "b11312", OLD)
+    assert same.status == FAIL and "already" in same.detail
+
+
+def sm70(**over) -> dict:
+    return {"commit": NEW, "nvcc_version": "12.8.93", "rc": 0, "linked": True, "seconds": 812,
+            "kernels_sm70": ["_Z12mul_mat_vec_qIL9ggml_type12E", "_Z9mul_mat_qIL9ggml_type12E",
+                             "_Z15flash_attn_ext_vecILi256E"], **over}
+
+
+def test_the_sm70_evidence_must_be_this_commit_cuda_12_linked_with_every_kernel_family():
+    assert pingate.sm70_step(None, NEW, "x/sm70.json").status == NOT_RUN
+    ok = pingate.sm70_step(sm70(), NEW, "x")
+    assert ok.status == PASS and ok.figures["kernels"] == {"mmq": 1, "mmvq": 1, "fattn": 1}
+    for over, why in [({"commit": OLD}, "is not 6b0958fe153a"), ({"nvcc_version": "13.0.88"}, "not CUDA 12.x"),
+                      ({"rc": 2}, "failed"), ({"linked": False}, "failed"),
+                      ({"kernels_sm70": ["_Z12mul_mat_vec_q"]}, "no sm_70 mmq kernel")]:
+        bad = pingate.sm70_step(sm70(**over), NEW, "x")
+        assert bad.status == FAIL and why in bad.detail, (over, bad.detail)
+
+
+def test_flags_fail_naming_the_group_and_are_not_run_without_a_binary():
+    assert pingate.flags_step({}, None).status == NOT_RUN
+    assert pingate.flags_step({"lab": [], "v100_32gb": []}, "vf-lab-1:--help").status == PASS
+    bad = pingate.flags_step({"lab": [], "v100_32gb": ["--defrag-thold: removed; use nothing"]}, "h")
+    assert bad.status == FAIL and bad.detail.startswith("v100_32gb: --defrag-thold")
+
+
+def proof(new: dict, old: dict, **over) -> dict:
+    good = {"vram_plan_never_under": True, "golden_probe": True, "guard_64": True}
+    return {"sides": {NEW: {**good, **new}, OLD: {**good, **old}}, **over}
+
+
+def test_the_h200_proof_needs_both_sides_and_no_loss_beyond_noise():
+    assert pingate.proof_step(None, NEW, OLD, "x").status == NOT_RUN
+    assert pingate.proof_step(proof({"tok_s_16": 310, "tok_s_1": 84}, {"tok_s_16": 300, "tok_s_1": 84}), NEW, OLD,
+                              "x").status == PASS
+    worse = pingate.proof_step(proof({"tok_s_16": 280, "tok_s_1": 84}, {"tok_s_16": 300, "tok_s_1": 84}), NEW, OLD, "x")
+    assert worse.status == FAIL and "tok_s_16" in worse.detail
+    probe = pingate.proof_step(proof({"tok_s_16": 300, "tok_s_1": 84, "golden_probe": False},
+                                     {"tok_s_16": 300, "tok_s_1": 84}), NEW, OLD, "x")
+    assert probe.status == FAIL and "golden_probe" in probe.detail
+    assert pingate.proof_step({"sides": {NEW: {}}}, NEW, OLD, "x").status == FAIL
+
+
+@pytest.mark.parametrize("case, why", [
+    ({"load": {"requests": 900, "failed": 1}}, "1 of 900 requests failed"),
+    ({"load": {"requests": 0, "failed": 0}}, "0 of 0"),
+    ({"moved": {"h1": "new", "h2": "old"}}, "not on the ref's release after the move: h2"),
+    ({"back": {"h1": "old", "h2": "new"}}, "not back on the old release: h2"),
+    ({"rebuilt": ["h1"]}, "compiled again on the way back"),
+    ({"ok": (True, False)}, "a rollout failed"),
+])
+def test_the_lab_step_fails_on_any_lost_request_wrong_release_or_rebuild(case, why):
+    args = {"load": {"requests": 900, "failed": 0}, "moved": {"h1": "new", "h2": "new"},
+            "back": {"h1": "old", "h2": "old"}, "rebuilt": [], "ok": (True, True), **case}
+    step = pingate.lab_step(args["load"], args["moved"], args["back"], {"h1": "new", "h2": "new"},
+                            {"h1": "old", "h2": "old"}, args["rebuilt"], args["ok"])
+    assert step.status == FAIL and why in step.detail, step.detail
+
+
+def test_the_lab_step_passes_with_every_host_moved_and_back_and_no_request_lost():
+    step = pingate.lab_step({"requests": 900, "failed": 0}, {"h1": "new"}, {"h1": "old"}, {"h1": "new"}, {"h1": "old"},
+                            [], (True, True))
+    assert step.status == PASS and "900 requests" in step.detail
+
+
+def test_every_groups_argv_is_checked_against_the_new_binarys_help():
+    from rollout import pingate as gate
+    from voltafleet.planning import flags
+
+    text = flags.pinned_help("0c1e57098bba")
+    assert set(gate.check_flags(text)) == set(gate.GROUPS) and not any(gate.check_flags(text).values())
+    # a --help where -np/--parallel is gone: every group's argv is refused, naming it
+    cut = "\n".join(line for line in text.splitlines() if "--parallel" not in line)
+    assert all(any(p.startswith("-np") for p in problems) for problems in gate.check_flags(cut).values())
+    argv = gate.group_argv("v100_32gb")
+    assert "--api-key-file" in argv and "-md" in argv  # the optional flags are checked too
