@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from voltafleet.state import pingate, refs
+from voltafleet.state import pingate, refs, runctx
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("v100_16gb", "v100_32gb", "latency", "lab")
@@ -69,7 +69,7 @@ def roll(ref: str, tmp: Path, log: Path) -> tuple[int, dict]:
     latest.unlink(missing_ok=True)
     with log.open("a") as out:
         rc = subprocess.run([sys.executable, "-m", "rollout", "inventory/lab.py", "--canary", "1", "--batch", "2"],
-                            cwd=REPO, env={**os.environ, "VOLTAFLEET_VARS": str(vars_file)}, stdout=out,
+                            cwd=REPO, env={**os.environ, runctx.ENV["vars_file"]: str(vars_file)}, stdout=out,
                             stderr=subprocess.STDOUT, timeout=3600).returncode
     return rc, (json.loads(latest.read_text()) if latest.exists() else {})
 
@@ -80,13 +80,10 @@ def releases(report: dict) -> dict[str, str]:
 
 def compiled(report: dict) -> list[str]:
     """Hosts whose build record in the rollout's run directory says they compiled."""
-    run = REPO / "reports" / f"rollout-{report.get('rollout')}"
-    out = []
-    for path in run.rglob("build-*.json"):
-        rec = json.loads(path.read_text())
-        if rec.get("built"):
-            out.append(rec.get("host", path.stem[len("build-"):]))
-    return sorted(set(out))
+    from voltafleet.state import records, runctx
+
+    run = runctx.RunDir(REPO / "reports" / f"rollout-{report.get('rollout')}")
+    return sorted({r.host for r in run.all(records.Build) if r.built})
 
 
 def canary_help(report: dict) -> tuple[str | None, str | None]:
