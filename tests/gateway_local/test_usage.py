@@ -117,7 +117,7 @@ def test_an_answer_over_64_kib_counts_whole_streamed_or_not(local_gateway):
     assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (r.usage.prompt_tokens, 300)
 
     def long_stream():
-        n, size = 0, 0
+        size = 0
         with httpx.Client(base_url=g.gateway, headers={"Authorization": "Bearer key-web"}, timeout=300) as c:
             with c.stream("POST", "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 1500, "stream": True,
                                                                  "ignore_eos": True}) as resp:
