@@ -111,7 +111,9 @@ def lab_move(ref: str, old_ref: str, clients: int, tmp: Path, log: Path) -> tupl
 
     before = current_releases()
     say(f"the lab fleet to {ref}, then back to {old_ref}, under {clients} pooled keep-alive clients")
-    load = Load(LAB_GATEWAY, clients=clients, tokens=24, seconds=3600, max_requests=100000).start()
+    # steady, light traffic (a pause between a client's requests): it crosses every drain and restart while the
+    # canary's compile keeps the machine's cores
+    load = Load(LAB_GATEWAY, clients=clients, tokens=16, seconds=3600, max_requests=100000, pause_s=0.25).start()
     try:
         rc1, moved = roll(ref, tmp, log)
         help_text, source = canary_help(moved) if rc1 == 0 else (None, None)
@@ -147,7 +149,7 @@ def current_releases() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rollout.pingate", description=__doc__.split("\n")[0])
     ap.add_argument("ref", help="the llama.cpp ref to gate (a tag, a branch or a commit)")
-    ap.add_argument("--clients", type=int, default=4, help="pooled keep-alive clients loading the gateway (default 4)")
+    ap.add_argument("--clients", type=int, default=3, help="pooled keep-alive clients loading the gateway (default 3)")
     ap.add_argument("--evidence", default=None,
                     help="folder of sm70.json and h200.json (default bench/records/pin-gate/<ref>)")
     ap.add_argument("--out", default=None, help="also write the gate's record here")

@@ -47,7 +47,7 @@ class Load:
     def __init__(self, url: str, clients: int = 4, tokens: int = 32, seconds: float = 120,
                  max_requests: int = 5000, key: str | None = None, client: str = "httpx",
                  body: dict | None = None, headers: dict | None = None, streams_only: bool = False,
-                 model: str = "qwen3.6-27b", honor_retry_after: bool = False):
+                 model: str = "qwen3.6-27b", honor_retry_after: bool = False, pause_s: float = 0.0):
         u = urlparse(url)
         if u.hostname not in ALLOWED_HOSTS:
             raise ValueError(f"load only goes to this machine's loopback, not {u.hostname}")
@@ -59,6 +59,7 @@ class Load:
         self.streams_only = streams_only  # every request streamed (else streamed and not in turn)
         self.model = model  # the fleet's server_model_alias: the gateway refuses another name (model_not_found)
         self.honor_retry_after = honor_retry_after  # a client sleeps Retry-After after a 429 or 503, then goes on
+        self.pause_s = pause_s  # a client's think time between two requests (its connection stays pooled, idle)
         self.results: list[dict] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -181,6 +182,8 @@ class Load:
                 self.results.append(rec)
             if self.honor_retry_after and rec.get("retry_after"):
                 self.stopping.wait(min(float(rec["retry_after"]), max(0.0, deadline - time.monotonic())))
+            if self.pause_s:
+                self.stopping.wait(min(self.pause_s, max(0.0, deadline - time.monotonic())))
 
     def start(self) -> "Load":
         deadline = time.monotonic() + self.seconds

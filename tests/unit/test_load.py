@@ -2,6 +2,7 @@
 thread on its own keep-alive connection (reused, never one a request), streamed and not."""
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -69,3 +70,12 @@ def test_every_request_is_served_over_one_reused_connection_a_client(server, cli
 def test_load_refuses_anything_but_loopback():
     with pytest.raises(ValueError, match="loopback"):
         Load("http://10.0.0.1:8080")
+
+
+def test_a_pause_spaces_a_clients_requests_on_its_one_pooled_connection(server):
+    t0 = time.monotonic()
+    load = Load(server, clients=1, tokens=2, seconds=60, max_requests=6, pause_s=0.2).start()
+    load.wait(timeout=30)
+    s = load.stop()
+    assert s["requests"] == 6 and s["failed"] == 0 and len(Completions.peers) == 1, (s, Completions.peers)
+    assert time.monotonic() - t0 >= 5 * 0.2  # five pauses between six requests
