@@ -55,7 +55,7 @@ def check_flags(help_text: str) -> dict[str, list[str]]:
 
 
 def evidence(folder: Path, name: str) -> dict | None:
-    path = folder / name
+    path = folder / name if folder.is_absolute() else REPO / folder / name
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -75,7 +75,8 @@ def roll(ref: str, tmp: Path, log: Path) -> tuple[int, dict]:
 
 
 def releases(report: dict) -> dict[str, str]:
-    return {h["host"]: h.get("release") for h in report.get("hosts", [])}
+    """{host: the release (fingerprint) it serves after the rollout}, from its fleet report."""
+    return {h["host"]: h.get("fingerprint") for h in report.get("hosts", [])}
 
 
 def compiled(report: dict) -> list[str]:
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     repo, old_ref = state["llama_cpp_repo"], state.get("llama_cpp_pin_tag") or state["llama_cpp_ref"]
     run_dir = REPO / "reports" / f"pin-check-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    folder = Path(a.evidence) if a.evidence else REPO / "bench/records/pin-gate" / a.ref
+    folder = Path(a.evidence) if a.evidence else Path("bench/records/pin-gate") / a.ref  # relative to the repository
     steps: list[pingate.Step] = []
     try:
         commit, old_commit = refs.resolve(repo, a.ref), refs.resolve(repo, old_ref)

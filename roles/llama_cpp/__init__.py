@@ -90,6 +90,10 @@ def compiled(plan: HostPlan, strategy: str):
         yield StringCommand(f"# compile llama.cpp {plan.build.commit[:12]} once the compiler is installed")
         return
     if fp in host_fact(host, Releases, root=plan.root)["releases"]:
+        if strategy == "shared" and builder_of(fp) == host.name and not cached(fp):
+            # here already (a run that compiled it stopped before its archive reached the controller): the
+            # later batches install it from the controller's cache, so it goes there now
+            yield FunctionCommand(lambda state, host: _archive_from(host, plan.root, fp), (), {})
         return
     if strategy == "shared" and (cached(fp) or builder_of(fp) != host.name):
         return  # shipped: from the controller's cache, or from the host that compiles it now

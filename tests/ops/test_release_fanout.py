@@ -121,3 +121,25 @@ def test_an_installed_release_names_the_host_that_compiled_it(plan, tmp_path, mo
     # an archive without BUILD_INFO.json, a cache without the note: nothing to name
     (tmp_path / "old.tar.gz").write_bytes(b"release archive")
     assert archive_built_on(tmp_path / "old.tar.gz", "fp1") == "" and release_builder(tmp_path, "fp2") == ""
+
+
+def test_a_builder_that_has_the_release_already_sends_it_to_the_cache_when_the_cache_lacks_it(plan, tmp_path, monkeypatch):
+    """A run that compiled the release on its builder stopped before the archive reached the controller (the
+    controller was killed): the next run finds the release on the builder and nothing in the cache. The builder
+    sends it now, so the later batches install it (seen on the lab: they refused "its build host ... is no
+    longer in this run" on every re-run before). Once the cache has it, nothing more is done."""
+    monkeypatch.setattr(lc, "RELEASE_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(lc, "host_fingerprint", lambda host, build: "fp1")
+    monkeypatch.setattr(lc, "host_fact", lambda host, fact, **kw: {"releases": ["fp1"]})
+    monkeypatch.setattr(lc, "builder_of", lambda fp: "builder")
+    builder, other = Host("builder"), Host("gpu-02")
+    monkeypatch.setattr(lc, "host", builder)
+    commands = list(lc.compiled._inner(plan, "shared"))
+    assert len(commands) == 1 and builder.sent == []
+    commands[0].execute(State([builder]), builder, {})
+    assert builder.sent == [f"{plan.root}/releases/fp1.tar.gz"] and lc.cached("fp1")
+    assert list(lc.compiled._inner(plan, "shared")) == []  # cached: nothing to do (a converged fleet)
+    monkeypatch.setattr(lc, "host", other)
+    monkeypatch.setattr(lc, "builder_of", lambda fp: "elsewhere")
+    (tmp_path / "cache" / "fp1.tar.gz").unlink()
+    assert list(lc.compiled._inner(plan, "shared")) == []  # not its builder: not its to send

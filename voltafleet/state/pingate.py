@@ -5,7 +5,7 @@ Steps, in order:
 - resolve: the ref and the fleet's current pin, each resolved once to a commit (kept in the record);
 - sm70-compile: the ref compiled for sm_70 with the fleet's toolkit (CUDA 12.x: CUDA 13 cannot build
   sm_70), linked, with its MMQ, MMVQ and flash-attention kernels listed (cuobjdump): evidence made where a
-  CUDA 12.x nvcc exists (bench/gpu/pin_sm70.sh), checked here;
+  CUDA 12.x nvcc exists (bench/gpu/pin_sm70.py), checked here;
 - flags: every group's rendered llama-server argv against the new binary's own --help (a renamed or removed
   flag refused with its fix; every managed flag still known);
 - h200-proof: the GPU proof at the shipped argv, old pin against new, both in one run (median of 3): the
@@ -78,10 +78,10 @@ def flags_step(problems: dict[str, list[str]], help_source: str | None) -> Step:
 
 
 def sm70_step(record: dict | None, commit: str, where: str) -> Step:
-    """The sm_70 compile's evidence (bench/gpu/pin_sm70.sh's record at `where`) for this commit."""
+    """The sm_70 compile's evidence (bench/gpu/pin_sm70.py's record at `where`) for this commit."""
     if record is None:
-        return Step("sm70-compile", NOT_RUN, f"no evidence at {where}: run `bash bench/gpu/pin_sm70.sh REF OUT` on a "
-                    "machine with CUDA 12.x's nvcc (a fleet host's toolkit; CUDA 13 cannot build sm_70)")
+        return Step("sm70-compile", NOT_RUN, f"no evidence at {where}: run `python3 -m bench.gpu.pin_sm70 REPO REF "
+                    "OUT_DIR` where CUDA 12.x's nvcc is (a fleet host's toolkit; CUDA 13 cannot build sm_70)")
     problems = []
     if record.get("commit") != commit:
         problems.append(f"its commit {str(record.get('commit'))[:12]} is not {commit[:12]}")
