@@ -106,3 +106,25 @@ def test_every_groups_argv_is_checked_against_the_new_binarys_help():
     assert all(any(p.startswith("-np") for p in problems) for problems in gate.check_flags(cut).values())
     argv = gate.group_argv("v100_32gb")
     assert "--api-key-file" in argv and "-md" in argv  # the optional flags are checked too
+
+
+def test_the_b11434_record_is_what_results_md_says():
+    """bench/RESULTS.md's issue 50 table, read back from the gate's record (bench/records/pin-gate/b11434)."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    gate = json.loads((root / "bench/records/pin-gate/b11434/gate.json").read_text())
+    steps = {s["name"]: s for s in gate["steps"]}
+    assert gate["verdict"] == pingate.verdict([Step(s["name"], s["status"]) for s in gate["steps"]]) == "incomplete"
+    text = (root / "bench/RESULTS.md").read_text()
+    table = text[text.index("## Issue 50: the pin gate"):]
+    rows = dict(re.findall(r"^\| (resolve|sm70-compile|flags|h200-proof|lab-rollout) \| (pass|not run|fail) \|", table, re.M))
+    assert rows == {n: s["status"].replace("-", " ") for n, s in steps.items()}, rows
+    lab = steps["lab-rollout"]["figures"]
+    assert f"{lab['requests']} requests from 3 pooled keep-alive clients, {lab['failed']} failed" in table
+    assert lab["summary"]["cut"] == 0 and gate["commit"].startswith("6b0958fe153a") and gate["old_commit"].startswith("0c1e57098bba")
+    new = {line.split()[0] for line in (root / "bench/records/pin-gate/b11434/llama-server-help.txt").read_text().splitlines()
+           if line.startswith("-")}
+    assert "--spec-draft-sampling" in {n.rstrip(",") for n in new}
