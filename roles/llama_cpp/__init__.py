@@ -50,6 +50,14 @@ def builder_of(fp: str) -> str:
     return run_builders(*key).get(fp, host.name)
 
 
+def later_batches_need(fp: str) -> bool:
+    """A rolling rollout (its fleet plan) has other server hosts of this fingerprint: batches that run
+    without its builder and install the release from the controller's cache. A plain run has every host
+    in it: they take the release from the builder itself."""
+    plan = fleet_plan()
+    return bool(plan) and sum(s.fingerprint == fp for s in plan.servers) > 1
+
+
 @once_per_run
 def run_builders(state, executing: bool) -> dict[str, str]:
     """{fingerprint: the first host (inventory order) of this run that has it}, over the hosts
@@ -90,7 +98,7 @@ def compiled(plan: HostPlan, strategy: str):
         yield StringCommand(f"# compile llama.cpp {plan.build.commit[:12]} once the compiler is installed")
         return
     if fp in host_fact(host, Releases, root=plan.root)["releases"]:
-        if strategy == "shared" and builder_of(fp) == host.name and not cached(fp):
+        if strategy == "shared" and later_batches_need(fp) and builder_of(fp) == host.name and not cached(fp):
             # here already (a run that compiled it stopped before its archive reached the controller): the
             # later batches install it from the controller's cache, so it goes there now
             yield FunctionCommand(lambda state, host: _archive_from(host, plan.root, fp), (), {})

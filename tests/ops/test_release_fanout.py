@@ -134,6 +134,9 @@ def test_a_builder_that_has_the_release_already_sends_it_to_the_cache_when_the_c
     monkeypatch.setattr(lc, "builder_of", lambda fp: "builder")
     builder, other = Host("builder"), Host("gpu-02")
     monkeypatch.setattr(lc, "host", builder)
+    monkeypatch.setattr(lc, "later_batches_need", lambda fp: False)
+    assert list(lc.compiled._inner(plan, "shared")) == []  # a plain run: the others take it from the builder
+    monkeypatch.setattr(lc, "later_batches_need", lambda fp: True)
     commands = list(lc.compiled._inner(plan, "shared"))
     assert len(commands) == 1 and builder.sent == []
     commands[0].execute(State([builder]), builder, {})
@@ -143,3 +146,16 @@ def test_a_builder_that_has_the_release_already_sends_it_to_the_cache_when_the_c
     monkeypatch.setattr(lc, "builder_of", lambda fp: "elsewhere")
     (tmp_path / "cache" / "fp1.tar.gz").unlink()
     assert list(lc.compiled._inner(plan, "shared")) == []  # not its builder: not its to send
+
+
+def test_only_a_rolling_rollout_with_other_hosts_of_the_fingerprint_needs_the_cache(monkeypatch):
+    from voltafleet.state.fleetplan import FleetPlan, ServerEntry
+
+    def plan_of(*fps):
+        return FleetPlan(rollout="r", servers=tuple(ServerEntry(host=f"h{i}", address="10.0.0.1", fingerprint=fp, ports=(8080,))
+                                                    for i, fp in enumerate(fps)))
+
+    for fleet, need in [(None, False), (plan_of("fp1"), False), (plan_of("fp1", "fp2"), False),
+                        (plan_of("fp1", "fp1"), True)]:
+        monkeypatch.setattr(lc, "fleet_plan", lambda fleet=fleet: fleet)
+        assert lc.later_batches_need("fp1") is need, fleet
