@@ -29,3 +29,67 @@ def test_the_pure_core_imports_no_pyinfra():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{p.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] == "pyinfra"]
     assert found == []
+
+
+# The floors of DESIGN.md, lowest first: a room imports only from its own floor or below.
+FLOORS = ["ground", "inputs", "models", "planning", "gpu", "front", "state", "measure", "hostside"]
+
+
+def _imports(tree: ast.AST, pkg: str):
+    """Every voltafleet module a file imports, at top level or inside a function."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the file's package
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            yield from (f"{base}.{a.name}" for a in node.names)  # `from voltafleet import inputs`
+
+
+def upward_imports():
+    found = set()
+    for p in sorted(CORE.rglob("*.py")):
+        rel = p.relative_to(CORE).parts
+        if len(rel) < 2:
+            continue
+        room = rel[0]
+        pkg = ".".join(("voltafleet",) + rel[:-1])
+        for name in _imports(ast.parse(p.read_text()), pkg):
+            parts = name.split(".")
+            if parts[0] != "voltafleet" or len(parts) < 2 or parts[1] not in FLOORS:
+                continue
+            if FLOORS.index(parts[1]) > FLOORS.index(room):
+                found.add(f"{p.relative_to(REPO)} -> {'.'.join(parts[:3])}")
+    return sorted(found)
+
+
+def test_every_room_is_a_floor():
+    assert ROOMS <= set(FLOORS)
+
+
+# Upward imports not yet moved down (issue 53, item 2): each one goes when its piece moves.
+ALLOWED_UPWARD = {
+    "voltafleet/gpu/gpuhealth.py -> voltafleet.measure.smoke_client",
+    "voltafleet/inputs/config.py -> voltafleet.front.teams",
+    "voltafleet/inputs/config.py -> voltafleet.front.tiers",
+    "voltafleet/inputs/config.py -> voltafleet.planning.flags",
+    "voltafleet/inputs/config.py -> voltafleet.planning.hostplan",
+    "voltafleet/inputs/groupvars.py -> voltafleet.front.teams",
+    "voltafleet/inputs/groupvars.py -> voltafleet.front.tiers",
+    "voltafleet/inputs/groupvars.py -> voltafleet.state.runctx",
+    "voltafleet/models/mirror.py -> voltafleet.planning.hostplan",
+    "voltafleet/planning/dryrun.py -> voltafleet.state.records",
+    "voltafleet/planning/dryrun.py -> voltafleet.state.runctx",
+    "voltafleet/planning/hostplan.py -> voltafleet.gpu.gpuhealth",
+    "voltafleet/planning/hostplan.py -> voltafleet.gpu.nvidia",
+    "voltafleet/state/metrics.py -> voltafleet.measure.smoke",
+}
+
+
+def test_every_import_runs_down_the_floors():
+    up = set(upward_imports())
+    assert sorted(up - ALLOWED_UPWARD) == [], "upward imports:\n" + "\n".join(sorted(up - ALLOWED_UPWARD))
+    assert sorted(ALLOWED_UPWARD - up) == [], "allowed but gone: drop from ALLOWED_UPWARD"
+
