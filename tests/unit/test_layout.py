@@ -5,7 +5,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "voltafleet"
-ROOMS = {"inputs", "planning", "state", "front", "gpu", "models", "measure"}
+ROOMS = {"ground", "inputs", "planning", "state", "front", "gpu", "models", "measure"}
 
 
 def test_voltafleet_is_rooms_and_nothing_lies_loose():

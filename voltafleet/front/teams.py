@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 
 from voltafleet.front import tiers as tiermod
-from voltafleet.inputs.errors import Problem
+from voltafleet.ground.errors import Problem
 from voltafleet.front.haproxy_cli import ADMIN_SOCKET, admin
 
 KEYS_MAP = "/etc/haproxy/voltafleet-team-keys.map"

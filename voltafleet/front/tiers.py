@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from voltafleet.inputs.errors import Problem
+from voltafleet.ground.errors import Problem
 from voltafleet.models.mirror import GROUP as MIRROR_GROUP
 
 DEFAULT = "throughput"

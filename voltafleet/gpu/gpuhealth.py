@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from voltafleet.inputs.errors import Problem
+from voltafleet.ground.errors import Problem
 from voltafleet.measure.smoke_client import reason_words
 
 NO_SMI = "__voltafleet_no_nvidia_smi__"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from voltafleet.inputs.errors import Problem
+from voltafleet.ground.errors import Problem
 
 MAX_PORT = 65535
 MIN_UNPRIVILEGED_PORT = 1024  # llama-server runs as server_user with no capabilities

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from voltafleet.inputs import checks, urls
 from voltafleet.planning import flags
 from voltafleet.front import teams, tiers
-from voltafleet.inputs.errors import Problem, format_errors
+from voltafleet.ground.errors import Problem, format_errors
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
