@@ -5,7 +5,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "voltafleet"
-ROOMS = {"ground", "inputs", "planning", "state", "front", "gpu", "models", "measure"}
+ROOMS = {"ground", "inputs", "planning", "state", "front", "gpu", "models", "measure", "hostside"}
 
 
 def test_voltafleet_is_rooms_and_nothing_lies_loose():
@@ -71,7 +71,6 @@ def test_every_room_is_a_floor():
 
 # Upward imports not yet moved down (issue 53, item 2): each one goes when its piece moves.
 ALLOWED_UPWARD = {
-    "voltafleet/gpu/gpuhealth.py -> voltafleet.measure.smoke_client",
     "voltafleet/inputs/config.py -> voltafleet.front.teams",
     "voltafleet/inputs/config.py -> voltafleet.front.tiers",
     "voltafleet/inputs/config.py -> voltafleet.planning.flags",
@@ -93,3 +92,15 @@ def test_every_import_runs_down_the_floors():
     assert sorted(up - ALLOWED_UPWARD) == [], "upward imports:\n" + "\n".join(sorted(up - ALLOWED_UPWARD))
     assert sorted(ALLOWED_UPWARD - up) == [], "allowed but gone: drop from ALLOWED_UPWARD"
 
+
+
+def test_the_programs_shipped_to_hosts_import_the_standard_library_only():
+    import sys
+
+    found = []
+    for p in sorted((CORE / "hostside").glob("*.py")):
+        for name in _imports(ast.parse(p.read_text()), "voltafleet.hostside"):
+            top = name.split(".")[0]
+            if top != "__future__" and top not in sys.stdlib_module_names:
+                found.append(f"{p.relative_to(REPO)}: {name}")
+    assert found == []
