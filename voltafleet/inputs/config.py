@@ -449,7 +449,7 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
     problems += checks.api_key_file_problems(v["server_api_key_file"], src)
     if problems:
         raise ConfigError(problems, host=host_name)
-    from voltafleet.planning.hostplan import model_files  # the same rule the model role follows
+    from voltafleet.models.modelfiles import model_files  # the same rule the model role follows
 
     try:
         model_files(v)
