@@ -82,7 +82,6 @@ ALLOWED_UPWARD = {
     "voltafleet/planning/dryrun.py -> voltafleet.state.runctx",
     "voltafleet/planning/hostplan.py -> voltafleet.gpu.gpuhealth",
     "voltafleet/planning/hostplan.py -> voltafleet.gpu.nvidia",
-    "voltafleet/state/metrics.py -> voltafleet.measure.smoke",
 }
 
 

@@ -6,6 +6,7 @@ lowest of its three measurements; a disagreement above 15 % is reported.
 from __future__ import annotations
 
 from voltafleet.gpu.gpuhealth import SLOWDOWNS, reason_words
+from voltafleet.state.metrics import gauge  # the textfile format
 
 DISAGREEMENT = 0.15  # report single-stream figures that differ by more than this
 
@@ -126,22 +127,6 @@ def table(host: str, report: dict) -> str:
         if note:
             rows.append(f"{'':<14} {'':>4} {'':>6} note: {note}")
     return "\n".join(rows)
-
-
-def gauge(name: str, text: str, rows: list[tuple[dict, float | None]]) -> list[str]:
-    """One gauge in the textfile format; rows without a value are left out (never a made-up 0)."""
-    rows = [(labels, v) for labels, v in rows if v is not None]
-    if not rows:
-        return []
-    out = [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
-    for labels, v in rows:
-        lab = ",".join(f'{k}="{_escape(x)}"' for k, x in labels.items())
-        out.append(f"{name}{{{lab}}} {int(v) if float(v).is_integer() else float(v)!r}")
-    return out
-
-
-def _escape(value) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def gpu_rows(host: str, report: dict) -> list[str]:
