@@ -78,8 +78,6 @@ ALLOWED_UPWARD = {
     "voltafleet/inputs/groupvars.py -> voltafleet.front.teams",
     "voltafleet/inputs/groupvars.py -> voltafleet.front.tiers",
     "voltafleet/inputs/groupvars.py -> voltafleet.state.runctx",
-    "voltafleet/planning/dryrun.py -> voltafleet.state.records",
-    "voltafleet/planning/dryrun.py -> voltafleet.state.runctx",
     "voltafleet/planning/hostplan.py -> voltafleet.gpu.gpuhealth",
     "voltafleet/planning/hostplan.py -> voltafleet.gpu.nvidia",
 }

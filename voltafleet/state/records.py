@@ -320,7 +320,7 @@ class Fetch(Record):
 @dataclass
 class Plan(Record):
     """plan-<host>.json (`python -m rollout --plan`): what a rollout would change on the host,
-    decided without changing anything (voltafleet/planning/dryrun.py, where it is called HostChange)."""
+    decided without changing anything (voltafleet/state/dryrun.py, where it is called HostChange)."""
 
     KIND = "plan"
 
