@@ -76,9 +76,6 @@ ALLOWED_UPWARD = {
     # validate() refuses extra flags llama-server's pinned help does not know (flags.extra_flag_errors): the
     # help text, its parser and the managed flags live with server_args in planning/flags.py
     "voltafleet/inputs/config.py -> voltafleet.planning.flags",
-    # validate() runs the model role's own file rule (model_files: parts of a split GGUF against model_sha256,
-    # .gguf names) so a bad count is refused before any host; the rule splits URLs the way models/ does
-    "voltafleet/inputs/config.py -> voltafleet.models.modelfiles",
     # build_inventory's tier_refusal checks each gateway's teams against the tiers the server hosts serve
     # (tiers.served_tiers, fleet_problems, teams.parse): the gateway's rules, run while the inventory loads
     "voltafleet/inputs/groupvars.py -> voltafleet.front.teams",

@@ -448,10 +448,8 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
     problems += checks.api_key_file_problems(v["server_api_key_file"], src)
     if problems:
         raise ConfigError(problems, host=host_name)
-    from voltafleet.models.modelfiles import model_files  # the same rule the model role follows
-
     try:
-        model_files(v)
+        checks.model_parts(v["model_url"], v["model_sha256"])  # the same rule the model role follows
     except ValueError as e:
         fail("model_sha256", str(e), "give one sha256 per file of the model")
     return v

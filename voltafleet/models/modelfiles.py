@@ -9,9 +9,10 @@ settings' check and the host plan read them: one rule.
 from __future__ import annotations
 
 import posixpath
-import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
+
+from voltafleet.inputs import checks
 
 
 @dataclass(frozen=True)
@@ -33,28 +34,13 @@ def draft_path(cfg: dict) -> str | None:
     return model_dest(cfg["model_dir"], url, cfg["model_draft_sha256"]) if url else None
 
 
-SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-
-
 def model_files(cfg: dict) -> list[ModelFile]:
     """Every file to fetch: each part of a split GGUF (`-00001-of-00003.gguf`; llama-server
-    is given the first and finds the rest), then the draft model. model_sha256 is one
-    checksum, or a list with one per part."""
-    url, shas = cfg["model_url"], cfg["model_sha256"]
-    m = SPLIT.search(url)
-    urls = [url] if not m else [url[:m.start()] + f"-{i:05d}-of-{m.group(2)}.gguf"
-                                for i in range(1, int(m.group(2)) + 1)]
-    if shas is None:
-        shas = [None] * len(urls)  # model_allow_unverified
-    elif isinstance(shas, str):
-        if len(urls) > 1:
-            raise ValueError(f"model_url is a split GGUF of {len(urls)} parts: model_sha256 must list "
-                             "one checksum per part")
-        shas = [shas]
-    elif len(shas) != len(urls):
-        raise ValueError(f"model_sha256 lists {len(shas)} checksums for {len(urls)} file(s)")
+    is given the first and finds the rest: voltafleet.inputs.checks.model_parts, the rule the
+    settings' check applies too), then the draft model."""
+    parts = checks.model_parts(cfg["model_url"], cfg["model_sha256"])
     # every part of a split GGUF in one directory (llama-server finds them by name), keyed by the first part
-    out = [ModelFile(u, model_dest(cfg["model_dir"], u, shas[0]), s) for u, s in zip(urls, shas)]
+    out = [ModelFile(u, model_dest(cfg["model_dir"], u, parts[0][1]), s) for u, s in parts]
     if cfg["model_draft_url"]:
         out.append(ModelFile(cfg["model_draft_url"], draft_path(cfg), cfg["model_draft_sha256"]))
     return out
