@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from voltafleet.planning import dryrun
+from voltafleet.state import dryrun
 from voltafleet.state import fleetplan, records, refs, runctx
 
 from rollout.fleet import Fleet, Session

@@ -28,7 +28,7 @@ CONFIGS = [("c2k-f16-np1", 2048, 1, "f16", "f16"), ("c4k-f16", 4096, 1, "f16", "
 def main():
     pack_sources(OUT, vocabs=("qwen2",))
     shutil.copy(REPO / "lab/tinymodel.py", OUT)
-    shutil.copy(REPO / "voltafleet/measure/smoke_client.py", OUT / "voltafleet-smoke")
+    shutil.copy(REPO / "voltafleet/hostside/smoke_client.py", OUT / "voltafleet-smoke")
     line, fp = build_script_line("/DEVICE_REPO/.device", ["llama-server", "llama-quantize", "llama-bench"])
     (OUT / "build.sh").write_text(line + "\n")
     (OUT / "fingerprint").write_text(fp + "\n")

@@ -461,9 +461,9 @@ def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT,
 # What the GPU machine runs with python3 (stdlib only), each at its repository path so that it imports
 # there as here: `PYTHONPATH=DEST python3 -m bench.gpu.proof_bench`.
 MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py",
-                   "bench/gpu/voltarule.py", "voltafleet/__init__.py", "voltafleet/measure/__init__.py",
-                   "voltafleet/measure/smoke_client.py",
-                   "voltafleet/measure/workload.py")
+                   "bench/gpu/voltarule.py", "voltafleet/__init__.py", "voltafleet/hostside/__init__.py",
+                   "voltafleet/hostside/smoke_client.py",
+                   "voltafleet/hostside/workload.py")
 
 
 def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict:

@@ -335,10 +335,10 @@ class Proof27(Proof):
             say("serve27", label, item["name"], [(x["streams"], wall_rate(x["recs"])) for x in r["rounds"]])
 
     def probe27(self):
-        """The smoke client's probes (voltafleet/measure/smoke_client.py, as shipped to hosts), greedy, 3 times
+        """The smoke client's probes (voltafleet/hostside/smoke_client.py, as shipped to hosts), greedy, 3 times
         each, on both builds: the 27B shape at the v100_16gb argv, and a random-weight qwen35
         (lab/qwen35gen.py --dense, quantized to Q8_0: MMQ-capable, so the 64+ rule applies)."""
-        from voltafleet.measure import smoke_client as smoke  # the host-side client, as shipped
+        from voltafleet.hostside import smoke_client as smoke  # the host-side client, as shipped
         pr = self.plan["probe"]
         out = self.results.setdefault("probe", [])
         tiny = os.path.join(self.a.models, "tiny-q8_0.gguf")
@@ -366,8 +366,8 @@ class Proof29(Proof27):
     def tune29(self, key: str = "tune29"):
         """Each fitting setting's server, its GPU's memory once loaded (/health answered, before any
         request: `loaded_mib`, the CUDA context the calibration reads), the golden probe, then the
-        workload (plan[key]: voltafleet/measure/workload.py, as shipped to hosts); records appended to results[key]."""
-        from voltafleet.measure import workload  # run as a script, as shipped to hosts
+        workload (plan[key]: voltafleet/hostside/workload.py, as shipped to hosts); records appended to results[key]."""
+        from voltafleet.hostside import workload  # run as a script, as shipped to hosts
 
         workload_py = os.path.abspath(workload.__file__)
         plan = self.plan[key]
@@ -386,7 +386,7 @@ class Proof29(Proof27):
                 if s.ok:
                     time.sleep(1)  # as the VRAM proof reads after-load (peak_of); memory.used as the peaks
                     r["loaded_mib"] = gpu_mem().get("gpu_used_mib")
-                    from voltafleet.measure import smoke_client as smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
+                    from voltafleet.hostside import smoke_client as smoke  # the host-side client, as shipped: its greedy probe against the shipped setting's
 
                     pr = self.plan["probe"]
                     r["probe_tokens"] = smoke.probe(self.port, None, pr["short"], pr["tokens"])["tokens"]
@@ -631,7 +631,7 @@ class Proof38(Proof32):
         requests, the memory after it, the repetition's peak and the checkpoints the log shows."""
         import random
 
-        from voltafleet.measure import workload
+        from voltafleet.hostside import workload
 
         out = self.results.setdefault("host38", [])
         t = self.plan["host38"]

@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from voltafleet.measure.smoke_client import percentile
+from voltafleet.measure.smoke import percentile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,7 +120,7 @@ def vram_table(vram: list) -> dict:
 
 def splits(serve_or_vram: list) -> set:
     """Every `splits = S` figure the loads logged (sched_reserve at -lv 4)."""
-    from voltafleet.measure.smoke_client import graph_splits
+    from voltafleet.hostside.smoke_client import graph_splits
     return {s for r in serve_or_vram for s in graph_splits("\n".join(r.get("log", [])))}
 
 

@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from voltafleet.measure import smoke_client
+from voltafleet.hostside import smoke_client
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.9)  # per-draft acceptance rates to read the model at
 

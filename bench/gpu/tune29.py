@@ -8,7 +8,7 @@ build-variant setting the Volta-rule release (`volta`).
 
 The GPU side (phase tune29 of proof_bench.py, Proof29.tune29): each setting's server, its GPU's memory
 once loaded (`loaded_mib`, since issue 38: runs 1 and 2 have only the workload's `after_load_mib`,
-read after the golden probe's request), then the group's workload (voltafleet/measure/workload.py, as
+read after the golden probe's request), then the group's workload (voltafleet/hostside/workload.py, as
 shipped to hosts: tune_* of group_vars/all.yml) on it, tune_repetitions times; the records go to
 results.json["tune29"]. `report` judges them with voltafleet.measure.tune (the winner against the
 shipped setting, one session) from the records alone.

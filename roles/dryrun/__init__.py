@@ -1,7 +1,7 @@
 """Dry run (`python -m rollout INVENTORY --plan`, VOLTAFLEET_PHASE=plan): what a batch would change
 on this host. The facts a batch reads (release, environment files, unit, model files, driver
 packages, running instances) are compared with the host plan (voltafleet.planning.hostplan) by
-voltafleet.planning.dryrun; the
+voltafleet.state.dryrun; the
 record goes to the controller (reports/rollout-<id>/plan-<host>.json). Nothing is changed:
 this role reads facts and runs no operation.
 """
@@ -15,7 +15,7 @@ from roles.factcache import host_fingerprint, model_size
 from roles.run import report_dir, run_context
 from roles.facts import EnvFiles, FileState, HostBasics, NvccVersion, Releases, ServerInstances
 from roles.driver_facts import NvidiaPci, driver_plan
-from voltafleet.planning import dryrun
+from voltafleet.state import dryrun
 from voltafleet.gpu import nvidia
 from voltafleet.planning.hostplan import ENV_DIR, UNIT_PATH, HostPlan
 from voltafleet.models.modelstate import is_verified

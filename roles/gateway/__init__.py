@@ -36,7 +36,7 @@ from roles.run import ConfigRefused, changes, config, fleet_plan, host_config, s
 from roles.shell import sh
 from roles.facts import Gpus, HAProxyBackends
 from voltafleet.front import gateway as gw
-from voltafleet.inputs.errors import format_errors
+from voltafleet.ground.errors import format_errors
 from voltafleet.front import budgets, teams, tiers
 from voltafleet.planning import hostplan
 

@@ -25,8 +25,8 @@ def scripts() -> dict[str, Path]:
 @lru_cache(maxsize=1)
 def _scripts() -> tuple[tuple[str, Path], ...]:  # looked up once per run, not once per host
     found = {p.stem: p for p in sorted(ROLES.glob("*/files/*.sh"))}
-    found[SMOKE_CLIENT] = REPO / "voltafleet" / "measure" / "smoke_client.py"
-    found[WORKLOAD_CLIENT] = REPO / "voltafleet" / "measure" / "workload.py"  # the tune's workload (python -m rollout --tune)
+    found[SMOKE_CLIENT] = REPO / "voltafleet" / "hostside" / "smoke_client.py"
+    found[WORKLOAD_CLIENT] = REPO / "voltafleet" / "hostside" / "workload.py"  # the tune's workload (python -m rollout --tune)
     return tuple(found.items())
 
 

@@ -21,7 +21,8 @@ from roles.gateway_api import fleet_mirrors
 from roles.run import config, report_dir, run_context
 from roles.shell import bin_path, live, q, sh
 from roles.facts import FileState
-from voltafleet.planning.hostplan import HostPlan, ModelFile
+from voltafleet.models.modelfiles import ModelFile
+from voltafleet.planning.hostplan import HostPlan
 from voltafleet.models.mirror import fetch_url
 from voltafleet.models.modelstate import is_verified
 from voltafleet.state.records import Download, Fetch

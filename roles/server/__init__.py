@@ -23,7 +23,7 @@ from roles.shell import bin_path
 from roles.filesync import ChangeLog, FileChange, FilesState, Wanted, synced
 from roles.facts import HelpText, Releases, ServerInstances, ServiceAccount
 from voltafleet.planning import flags as flagmod
-from voltafleet.inputs.errors import format_errors
+from voltafleet.ground.errors import format_errors
 from voltafleet.planning.fingerprint import releases_to_prune
 from voltafleet.planning.hostplan import API_KEY_PATH, ENV_DIR, UNIT_PATH, HostPlan
 from voltafleet.planning.unitfile import (MEMORY_PLAN_PATH, MEMORY_UNIT, MEMORY_UNIT_PATHS, memory_plan_file, memory_units,

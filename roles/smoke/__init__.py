@@ -1,7 +1,7 @@
 """Smoke test: measure and judge a host's instances. Health, all layers offloaded, time to
 first token, single-stream (judged on the lowest of client, server and /metrics figures) and
 N-way tok/s against thresholds, and every instance's quality probe against the golden one
-kept in the repository (probes/). The smoke client (voltafleet/measure/smoke_client.py) runs on the
+kept in the repository (probes/). The smoke client (voltafleet/hostside/smoke_client.py) runs on the
 host; the verdict (voltafleet/measure/smoke.py) on the controller.
 
 The role installs the probes' prompts and returns a Judge; the activation role (restart,

@@ -3,7 +3,7 @@
 The canary's instances are drained before anything changes and stay drained (roles.gateway_api.ready
 does nothing in a tune trial), the trial's setting is rolled and smoke-tested as any rollout
 does (a setting the VRAM plan refuses never starts; one that fails its smoke test or the golden
-probe is rolled back), then the group's workload runs on instance 0 (voltafleet/measure/workload.py,
+probe is rolled back), then the group's workload runs on instance 0 (voltafleet/hostside/workload.py,
 `tune_repetitions` times) and its figures go to tune-<host>.json beside the run's outcome record.
 On CUDA, instance 0 is restarted first and its GPU's memory read once /health answers: the CUDA
 context before any request, for the planner's calibration (the smoke test's requests, or the

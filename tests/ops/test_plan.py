@@ -13,7 +13,7 @@ import pytest
 
 from tests.ops.fakes import FAKE_OVERRIDES
 from voltafleet.inputs.config import validate_values
-from voltafleet.planning.dryrun import sha1
+from voltafleet.state.dryrun import sha1
 from voltafleet.state.fleetplan import FleetPlan
 from voltafleet.inputs.groupvars import load_or_exit
 from voltafleet.planning.hostplan import UNIT_PATH, HostFacts, make_plan

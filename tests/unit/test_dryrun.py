@@ -1,11 +1,11 @@
-"""What `python -m rollout --plan` says a batch would change (voltafleet.planning.dryrun), decided from
+"""What `python -m rollout --plan` says a batch would change (voltafleet.state.dryrun), decided from
 a host's facts the way the roles decide: release, flags, unit, model, driver, restarts."""
 import json
 
 import pytest
 
-from voltafleet.planning import dryrun
-from voltafleet.planning.dryrun import HostChange, Observed, flag_diff, fleet_report, host_change, sha1, table
+from voltafleet.state import dryrun
+from voltafleet.state.dryrun import HostChange, Observed, flag_diff, fleet_report, host_change, sha1, table
 from voltafleet.planning.hostplan import HostFacts, make_plan
 from voltafleet.planning.unitfile import render_unit
 

@@ -49,7 +49,7 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
                           text=True).stdout.strip() == "commit"
     for f in ("vf-build-release.sh", "gpu_proof.sh", "qwen35gen.py", "ggml-vocab-qwen35.gguf", "Qwen3.5-4B.jinja",
               "gguf-py/gguf/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py", "bench/gpu/voltarule.py",
-              "voltafleet/measure/smoke_client.py", "voltafleet/measure/workload.py"):
+              "voltafleet/hostside/smoke_client.py", "voltafleet/hostside/workload.py"):
         assert (dest / f).is_file(), f
     assert not (dest / "gguf-py/tests").exists()
     assert (dest / "vf-build-release.sh").read_bytes() == (REPO / "roles/llama_cpp/files/vf-build-release.sh").read_bytes()
@@ -138,10 +138,10 @@ def test_the_pack_runs_where_only_python3_is(tmp_path, checkout):
     assert unresolved_imports(dest, gpu_proof.MACHINE_SOURCES) == []
     r = plain_python3(dest, "-m", "bench.gpu.proof_bench", "--help")
     assert r.returncode == 0 and "--phases" in r.stdout, r.stderr
-    r = plain_python3(dest, "-c", "import bench.gpu.proof_bench, bench.gpu.qwen35_bench, voltafleet.measure.smoke_client, "
-                                  "voltafleet.measure.workload")
+    r = plain_python3(dest, "-c", "import bench.gpu.proof_bench, bench.gpu.qwen35_bench, voltafleet.hostside.smoke_client, "
+                                  "voltafleet.hostside.workload")
     assert r.returncode == 0, r.stderr
-    r = plain_python3(dest, str(dest / "voltafleet/measure/workload.py"), "--help")  # the tune29 phase runs it by its path
+    r = plain_python3(dest, str(dest / "voltafleet/hostside/workload.py"), "--help")  # the tune29 phase runs it by its path
     assert r.returncode == 0, r.stderr
     r = plain_python3(dest, str(dest / "bench/gpu/voltarule.py"), str(tmp_path / "no-source"))
     assert r.returncode == 1 and r.stderr.startswith("voltarule: "), r.stderr  # ran: no tree to patch here

@@ -9,7 +9,8 @@ import pytest
 from tests import gpu_fixtures as G
 from tests.unit.test_smoke import inst
 from voltafleet.gpu import gpuhealth
-from voltafleet.measure import smoke, smoke_client
+from voltafleet.hostside import smoke_client
+from voltafleet.measure import smoke
 from voltafleet.inputs.config import ConfigError, validate_values
 
 # One --query-gpu line per GPU as R580 prints it: index, serial, clocks.sm, clocks.mem,

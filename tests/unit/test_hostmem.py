@@ -10,7 +10,8 @@ import yaml
 
 from roles.facts import FreeDisk, HostBasics
 from tests.gpu_fixtures import health, host_query
-from voltafleet.planning import dryrun, hostcpu, hostmem
+from voltafleet.planning import hostcpu, hostmem
+from voltafleet.state import dryrun
 from voltafleet.inputs.config import validate_values
 from voltafleet.models.gguf_header import from_json
 from voltafleet.planning.hostmem import GIB, MIB

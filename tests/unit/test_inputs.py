@@ -12,7 +12,7 @@ from tests.fixture_vars import PINNED_COMMIT, all_yml_vars, prod_host_vars
 from voltafleet.inputs import checks, urls
 from voltafleet.planning import flags
 from voltafleet.inputs.config import CLI_SOURCE, SCHEMA, ConfigError, cli_sources, validate_values
-from voltafleet.inputs.errors import Problem, format_error, format_errors
+from voltafleet.ground.errors import Problem, format_error, format_errors
 from voltafleet.inputs.groupvars import SOURCES_KEY, build_inventory
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from tests.fixture_vars import prod_host_vars
-from voltafleet.planning import flags, hostplan as plan
+from voltafleet.models import modelfiles
+from voltafleet.planning import flags
 from voltafleet.inputs.config import SCHEMA, ConfigError, validate_values
 
 SRC = {k: "group_vars/prop.yml" for k in SCHEMA}
@@ -115,9 +116,9 @@ def render_one_argument_per_value(cfg):
     """The argv of an instance and its env file: systemd splits $LLAMA_SERVER_ARGS on
     whitespace, so the env file must give back exactly the argv, and every accepted value
     that reaches the argv stays one argument."""
-    model = plan.model_files(cfg)[0].dest
+    model = modelfiles.model_files(cfg)[0].dest
     args = flags.server_args(cfg, model, port=cfg["server_port_base"], api_key_file="/etc/voltafleet/api-key",
-                             draft_path=plan.draft_path(cfg))
+                             draft_path=modelfiles.draft_path(cfg))
     env = flags.env_file(0, args, cuda=True)
     line = next(l for l in env.splitlines() if l.startswith("LLAMA_SERVER_ARGS="))
     assert line.split("=", 1)[1].split() == args

@@ -1,6 +1,6 @@
 import pytest
 
-from voltafleet.planning.hostplan import ModelFile as F, model_files
+from voltafleet.models.modelfiles import ModelFile as F, model_files
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 

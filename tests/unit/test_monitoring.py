@@ -19,7 +19,8 @@ from tests.unit.test_memory_textfile import memory_textfile_text
 from tests.unit.test_smoke import inst
 from voltafleet.gpu import gpuhealth
 from voltafleet.state import metrics
-from voltafleet.measure import smoke, smoke_client
+from voltafleet.hostside import smoke_client
+from voltafleet.measure import smoke
 
 REPO = Path(__file__).resolve().parents[2]
 MON = REPO / "monitoring"

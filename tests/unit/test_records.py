@@ -103,7 +103,7 @@ def test_a_tune_record_is_its_trial(tmp_path):
 
 
 def test_a_plan_records_instances_are_numbers_again_after_json(tmp_path):
-    from voltafleet.planning import dryrun
+    from voltafleet.state import dryrun
 
     change = dryrun.HostChange(host="@fake/a", flags={1: ["-t 1 -> 2"]}, restart=[1], run="p1")
     dryrun.write(tmp_path, change)

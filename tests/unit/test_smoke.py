@@ -51,8 +51,8 @@ def test_table_has_a_row_per_instance():
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from voltafleet.measure.smoke import splits_problem, textfile, ttft_summary  # noqa: E402
-from voltafleet.measure.smoke_client import expected_splits, graph_splits, offload_from_log, percentile  # noqa: E402
+from voltafleet.measure.smoke import expected_splits, percentile, splits_problem, textfile, ttft_summary  # noqa: E402
+from voltafleet.hostside.smoke_client import graph_splits, offload_from_log  # noqa: E402
 
 PROOF = Path(__file__).resolve().parents[2] / "bench" / "records" / "proof19" / "results.json"
 
@@ -122,7 +122,7 @@ def test_a_stream_that_arrives_in_a_burst_gets_a_decode_rate_a_person_can_believ
     """Issue 40: make demo showed "client 142494.0" tok/s when a busy host scheduled its client late
     and all 128 tokens were read in one burst. The rate is over the request's span less the server's
     prompt time, so a burst reads as the server's pace, and a smooth stream as before."""
-    from voltafleet.measure.smoke_client import client_rate
+    from voltafleet.hostside.smoke_client import client_rate
 
     # the server: 20 ms of prompt, then 128 tokens at 500 tok/s (256 ms); the client reads them all at the end
     burst = client_rate(t0=0.0, first=0.27599, last=0.276, chunks=128, predicted=128, prompt_ms=20.0)

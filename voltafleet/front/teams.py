@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 
 from voltafleet.front import tiers as tiermod
-from voltafleet.inputs.errors import Problem
+from voltafleet.inputs.teamvars import team_problems  # the settings' check
 from voltafleet.front.haproxy_cli import ADMIN_SOCKET, admin
 
 KEYS_MAP = "/etc/haproxy/voltafleet-team-keys.map"
@@ -44,11 +44,6 @@ TABLE = "vf_teams"  # the stick table's backend
 METRICS_PATH = "/metrics/teams"
 NO_TEAM = "-"  # usage of requests without a known key (answered 401 at the gateway)
 
-NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
-FIELDS = {"name", "key_sha256", "max_concurrent", "requests_per_minute", "slot_share", "tokens_per_day",
-          "tokens_per_month", "tier", "tiers", "overflow"}
-MAX_BUDGET = 10 ** 12  # tokens: far above any fleet's month, far below a Lua integer's limit
 
 
 @dataclass(frozen=True)
@@ -65,72 +60,8 @@ class Team:
     overflow: str | None = None  # its tier full: "throughput" or "refuse" (None: gateway_tier_overflow)
 
 
-def problems(teams, source: str | None, key: str = "gateway_teams") -> list[Problem]:
-    """What is wrong with the gateway_teams value, each naming the file, the key and the fix."""
-    out: list[Problem] = []
-
-    def bad(what: str, fix: str) -> None:
-        out.append(Problem(what, fix, source, key))
-
-    if not isinstance(teams, list):
-        bad(f"is {teams!r}, not a list", "give a list of teams: [{name: ..., key_sha256: ...}]")
-        return out
-    names, hashes = set(), set()
-    for i, t in enumerate(teams):
-        where = f"team {i + 1}"
-        if not isinstance(t, dict):
-            bad(f"{where} is {t!r}, not a mapping", "give each team as {name: ..., key_sha256: ...}")
-            continue
-        if "key" in t or "api_key" in t:
-            bad(f"{where} ({t.get('name', '?')}) holds a key in plain text",
-                "keep only its sha256 (key_sha256: the output of `printf %s \"$KEY\" | sha256sum`) and "
-                "give the key to the team another way; rotate this key, it was in a file")
-            continue
-        extra = sorted(set(t) - FIELDS)
-        if extra:
-            bad(f"{where} has the unknown field {extra[0]!r}", "use only " + ", ".join(sorted(FIELDS)))
-        name = t.get("name")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            bad(f"{where} has the name {name!r}", "give a name of lowercase letters, digits, _ or - (up to 32)")
-        elif name in names:
-            bad(f"{where}: the name {name!r} is used twice", "give each team its own name")
-        else:
-            names.add(name)
-        keys = t.get("key_sha256")
-        keys = [keys] if isinstance(keys, str) else keys
-        if not isinstance(keys, list) or not keys:
-            bad(f"{where} ({name}) has no key_sha256",
-                "give the sha256 of its key (a list of two while rotating): printf %s \"$KEY\" | sha256sum")
-            continue
-        for h in keys:
-            if not isinstance(h, str) or not HEX64.fullmatch(h):
-                bad(f"{where} ({name}) has the key_sha256 {h!r}", "give 64 lowercase hex digits (sha256sum's output)")
-            elif h in hashes:
-                bad(f"{where} ({name}): its key_sha256 {h[:12]}... belongs to another team too",
-                    "give each team a key of its own")
-            else:
-                hashes.add(h)
-        for f in ("max_concurrent", "requests_per_minute"):
-            v = t.get(f)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000):
-                bad(f"{where} ({name}) has {f}: {v!r}", "give a whole number from 1 to 1000000, or leave it out "
-                    "for the fleet default")
-        share = t.get("slot_share")
-        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
-                                  or not 0 < share <= 1):
-            bad(f"{where} ({name}) has slot_share: {share!r}", "give a share of the fleet's slots above 0 and "
-                "at most 1 (0.5: half), or leave it out")
-        for f in ("tokens_per_day", "tokens_per_month"):
-            v = t.get(f)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_BUDGET):
-                bad(f"{where} ({name}) has {f}: {v!r}", f"give a whole number of tokens (prompt + completion) from 1 "
-                    f"to {MAX_BUDGET}, or leave it out (null) for no budget")
-        tiermod.team_problems(t, f"{where} ({name})", bad)
-    return out
-
-
 def parse(teams, source: str | None = None, key: str = "gateway_teams") -> list[Team]:
-    found = problems(teams, source, key)
+    found = team_problems(teams, source, key)
     if found:
         raise ValueError("; ".join(p.what for p in found))
     return [Team(t["name"], tuple([t["key_sha256"]] if isinstance(t["key_sha256"], str) else t["key_sha256"]),

@@ -25,17 +25,12 @@ throughput GPUs (docs/gateway.md, "A latency tier for a team").
 """
 from __future__ import annotations
 
-import re
-
-from voltafleet.inputs.errors import Problem
+from voltafleet.ground.errors import Problem
+from voltafleet.inputs.teamvars import TIER_DEFAULT as DEFAULT, TIER_NAME as NAME  # the settings' names
 from voltafleet.models.mirror import GROUP as MIRROR_GROUP
 
-DEFAULT = "throughput"
 BACKEND = "llama"  # the throughput tier's backend (the fleet's one backend before tiers)
 HEADER = "X-Voltafleet-Tier"
-OVERFLOWS = ("throughput", "refuse")
-NAME = re.compile(r"^[a-z][a-z0-9-]{0,23}$")  # a backend name suffix and a map value: no space, no _ (llama_<tier>)
-NAME_HINT = "lowercase letters, digits and -, starting with a letter (up to 24), like latency"
 GATEWAY_GROUP = "gateway"  # the inventory group whose hosts run HAProxy, not llama-server
 
 
@@ -67,26 +62,6 @@ def ordered(served) -> list[str]:
 def errorfile(tier: str, default: str) -> str:
     """Where a tier's 503 page lives beside the fleet's (`default`: /etc/haproxy/voltafleet-503.http)."""
     return default if tier == DEFAULT else default.replace(".http", f"-{tier}.http")
-
-
-def team_problems(team: dict, where: str, bad) -> None:
-    """A team entry's tier, tiers and overflow (teams.problems calls it for each team)."""
-    tier = team.get("tier", DEFAULT)
-    if not isinstance(tier, str) or not NAME.fullmatch(tier):
-        bad(f"{where} has tier: {tier!r}", f"give the name of a tier ({NAME_HINT}), or leave it out for {DEFAULT}")
-        return
-    allowed = team.get("tiers")
-    if allowed is not None:
-        if not isinstance(allowed, list) or not allowed or not all(isinstance(t, str) and NAME.fullmatch(t) for t in allowed):
-            bad(f"{where} has tiers: {allowed!r}", f"give a list of tier names ({NAME_HINT}), e.g. [{DEFAULT}, latency], "
-                "or leave it out (the team's tier alone)")
-        elif tier not in allowed:
-            bad(f"{where} has tier: {tier} but its tiers {allowed} do not list it",
-                f"add {tier} to tiers, or set tier to one of them")
-    overflow = team.get("overflow")
-    if overflow is not None and overflow not in OVERFLOWS:
-        bad(f"{where} has overflow: {overflow!r}", "use throughput (served there when its tier is full) or refuse "
-            "(503 with Retry-After), or leave it out for gateway_tier_overflow")
 
 
 def tiers_map(team_list, default_overflow: str) -> str:

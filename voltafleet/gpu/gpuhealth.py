@@ -18,8 +18,23 @@ from __future__ import annotations
 
 import re
 
-from voltafleet.inputs.errors import Problem
-from voltafleet.measure.smoke_client import reason_words
+from voltafleet.ground.errors import Problem
+
+# the throttle reasons that cost tok/s, in words (the smoke client samples them by these names: THROTTLE_BITS)
+REASON_WORDS = {"sw_thermal_slowdown": "thermal slowdown", "hw_thermal_slowdown": "thermal slowdown",
+                "sw_power_cap": "power cap", "hw_power_brake_slowdown": "power brake slowdown",
+                "hw_slowdown": "hardware slowdown"}
+SLOWDOWNS = frozenset(REASON_WORDS)  # the reasons that cost tok/s (not idle, sync boost, clock settings)
+
+
+def reason_words(reasons) -> str:
+    """"thermal slowdown, power cap" for the slowdown reasons among `reasons` (HW Slowdown
+    only when no more precise hardware reason says why)."""
+    seen = [r for r in REASON_WORDS if r in reasons]
+    if len(seen) > 1 and "hw_slowdown" in seen:
+        seen.remove("hw_slowdown")
+    return ", ".join(dict.fromkeys(REASON_WORDS[r] for r in seen))
+
 
 NO_SMI = "__voltafleet_no_nvidia_smi__"
 MARK = "=== voltafleet "   # the fact's section markers: query, nvlink, xid <source>

@@ -1,4 +1,4 @@
-"""The variables users set: their types, ranges and checks, the group_vars loader, the refusal format, the grammars of values that reach a shell, the model pin.
+"""The variables users set: their types, ranges and checks, the gateway's teams and tier names, the group_vars loader, the grammars of values that reach a shell, the model pin.
 
-Modules: config, groupvars, checks, errors, urls, pin_model.
+Modules: config, groupvars, checks, teamvars, urls, pin_model.
 """

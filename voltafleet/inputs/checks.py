@@ -7,13 +7,15 @@ Problems (empty when all is well) naming the key, the file that set it and the f
 from __future__ import annotations
 
 import os
+import re
 import stat
 
-from voltafleet.inputs.errors import Problem
+from voltafleet.ground.errors import Problem
 
 MAX_PORT = 65535
 MIN_UNPRIVILEGED_PORT = 1024  # llama-server runs as server_user with no capabilities
 MIN_SLOT_CTX = 512  # tokens a slot gets at the least: below it a chat prompt does not fit
+SPLIT_GGUF = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")  # a split GGUF's part: -00001-of-00003.gguf
 
 
 def _src(sources: dict | None, key: str) -> str | None:
@@ -98,3 +100,23 @@ def api_key_file_problems(path: str | None, sources: dict | None = None) -> list
         out.append(Problem(f"{path} is open to {who} (mode {stat.S_IMODE(st.st_mode):03o}): a key must be private",
                            f"chmod 600 {path}", src, key))
     return out
+
+
+def model_parts(url: str, shas) -> list[tuple[str, str | None]]:
+    """Each part of model_url with its checksum: every part of a split GGUF (`-00001-of-00003.gguf`),
+    else the one file. model_sha256 is one checksum, or a list with one per part (None:
+    model_allow_unverified). ValueError when they do not pair (voltafleet.models.modelfiles
+    places the files by them)."""
+    m = SPLIT_GGUF.search(url)
+    urls = [url] if not m else [url[:m.start()] + f"-{i:05d}-of-{m.group(2)}.gguf"
+                                for i in range(1, int(m.group(2)) + 1)]
+    if shas is None:
+        shas = [None] * len(urls)  # model_allow_unverified
+    elif isinstance(shas, str):
+        if len(urls) > 1:
+            raise ValueError(f"model_url is a split GGUF of {len(urls)} parts: model_sha256 must list "
+                             "one checksum per part")
+        shas = [shas]
+    elif len(shas) != len(urls):
+        raise ValueError(f"model_sha256 lists {len(shas)} checksums for {len(urls)} file(s)")
+    return list(zip(urls, shas))

@@ -16,10 +16,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from voltafleet.inputs import checks, urls
+from voltafleet.inputs import checks, teamvars, urls
 from voltafleet.planning import flags
-from voltafleet.front import teams, tiers
-from voltafleet.inputs.errors import Problem, format_errors
+from voltafleet.ground.errors import Problem, format_errors
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
@@ -155,7 +154,7 @@ SCHEMA: dict[str, Var] = {
     "server_oom_score_adjust": Var(int, min=1, max=1000, hint="1-1000: the kernel's preference for a server"),
     "server_address": Var(str, nullable=True, check=urls.server_host_error,
                           hint="an IP address or a host name the gateway reaches this host at"),
-    "server_tier": Var(str, pattern=tiers.NAME, hint=tiers.NAME_HINT),
+    "server_tier": Var(str, pattern=teamvars.TIER_NAME, hint=teamvars.TIER_NAME_HINT),
     # gateway (HAProxy, hosts of the `gateway` group)
     "gateway_bind": Var(str, pattern=BIND, hint='an address:port like "0.0.0.0:8000"'),
     "gateway_metrics_bind": Var(str, pattern=BIND, hint='an address:port like "0.0.0.0:8404"'),
@@ -178,7 +177,7 @@ SCHEMA: dict[str, Var] = {
     "gateway_team_max_concurrent": Var(int, min=1, max=1_000_000),
     "gateway_team_requests_per_minute": Var(int, min=1, max=1_000_000),
     "gateway_team_retry_after_s": Var(int, min=1, max=3600),
-    "gateway_tier_overflow": Var(str, choices=tiers.OVERFLOWS),
+    "gateway_tier_overflow": Var(str, choices=teamvars.OVERFLOWS),
     "rollout_max_minutes": Var(int, min=1, max=7 * 24 * 60),
     # model mirror (nginx on the hosts of the `mirror` group; voltafleet/models/mirror.py)
     "mirror_port": _ports(),
@@ -404,7 +403,7 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
              "set server_api_key_file (a 0600 file holding the key), or bind an address only the gateway reaches "
              "and set server_allow_unauthenticated: true to say so")
     gw_host = v["gateway_bind"].rsplit(":", 1)[0].strip("[]")
-    team_problems = teams.problems(v["gateway_teams"], src.get("gateway_teams"))
+    team_problems = teamvars.team_problems(v["gateway_teams"], src.get("gateway_teams"))
     if team_problems:
         raise ConfigError(team_problems, host=host_name)
     if not v["server_api_key_file"] and not v["gateway_teams"] and not v["gateway_allow_unauthenticated"] \
@@ -432,7 +431,7 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
     if v["voltafleet_backend"] == "cpu" and v["server_instances"] is None:
         fail("server_instances", "is empty on the cpu backend (there are no GPUs to count)",
              "set server_instances to the number of servers per host")
-    if v["server_tier"] != tiers.DEFAULT and v["server_parallel"] is None:
+    if v["server_tier"] != teamvars.TIER_DEFAULT and v["server_parallel"] is None:
         fail("server_tier", f"is {v['server_tier']} but server_parallel is empty: the gateway admits a tier's requests "
              "by its servers' slots (maxconn) and overflows them when none is free, so it must know them",
              "set server_parallel in the same group (1 or 2 for a latency tier)")
@@ -449,10 +448,8 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
     problems += checks.api_key_file_problems(v["server_api_key_file"], src)
     if problems:
         raise ConfigError(problems, host=host_name)
-    from voltafleet.planning.hostplan import model_files  # the same rule the model role follows
-
     try:
-        model_files(v)
+        checks.model_parts(v["model_url"], v["model_sha256"])  # the same rule the model role follows
     except ValueError as e:
         fail("model_sha256", str(e), "give one sha256 per file of the model")
     return v

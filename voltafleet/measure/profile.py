@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 
 from voltafleet.front.gateway import is_backend_of
-from voltafleet.measure.smoke_client import percentile  # nearest rank: a value that was measured
+from voltafleet.measure.smoke import percentile  # nearest rank: a value that was measured
 
 MIN_REQUESTS = 20           # fewer finished requests in the window: no profile (the shipped tune_* stay)
 FOLLOWUP_CACHED = 0.5       # a request whose prompt was at least this share in its slot's cache continues a conversation

@@ -1,13 +1,29 @@
-"""The smoke test's verdict, on the controller: what the client (voltafleet/measure/smoke_client.py,
+"""The smoke test's verdict, on the controller: what the client (voltafleet/hostside/smoke_client.py,
 run on the host) measured, judged against the group's thresholds (`verdict`), printed
 (`table`) and written for node_exporter (`textfile`). Single-stream decode is judged on the
 lowest of its three measurements; a disagreement above 15 % is reported.
 """
 from __future__ import annotations
 
-from voltafleet.measure.smoke_client import DISAGREEMENT, SLOWDOWNS, expected_splits, percentile, reason_words
+from voltafleet.gpu.gpuhealth import SLOWDOWNS, reason_words
+from voltafleet.state.metrics import gauge  # the textfile format
+
+DISAGREEMENT = 0.15  # report single-stream figures that differ by more than this
 
 
+def expected_splits(cuda: bool) -> int:
+    """Graph splits of a model served whole. CUDA: 2 (the token embedding stays on the CPU
+    by design: one split for its get_rows, one for the GPU); a CPU-only build: 1 backend, 1."""
+    return 2 if cuda else 1
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100): a value that was measured; None for no values."""
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    rank = max(1, -(-len(v) * p // 100))
+    return v[int(rank) - 1]
 
 
 def single_stream(m: dict) -> tuple[float, dict, str | None]:
@@ -111,22 +127,6 @@ def table(host: str, report: dict) -> str:
         if note:
             rows.append(f"{'':<14} {'':>4} {'':>6} note: {note}")
     return "\n".join(rows)
-
-
-def gauge(name: str, text: str, rows: list[tuple[dict, float | None]]) -> list[str]:
-    """One gauge in the textfile format; rows without a value are left out (never a made-up 0)."""
-    rows = [(labels, v) for labels, v in rows if v is not None]
-    if not rows:
-        return []
-    out = [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
-    for labels, v in rows:
-        lab = ",".join(f'{k}="{_escape(x)}"' for k, x in labels.items())
-        out.append(f"{name}{{{lab}}} {int(v) if float(v).is_integer() else float(v)!r}")
-    return out
-
-
-def _escape(value) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def gpu_rows(host: str, report: dict) -> list[str]:

@@ -1,4 +1,4 @@
-"""The model: its GGUF header, its size and verified state, the golden probe, the download mirrors.
+"""The model: its files on a host (parts, draft, checksums, where each lives), its GGUF header, its size and verified state, the golden probe, the download mirrors.
 
-Modules: gguf_header, modelmeta, modelstate, probe, mirror.
+Modules: modelfiles, gguf_header, modelmeta, modelstate, probe, mirror.
 """

@@ -20,6 +20,8 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from voltafleet.models.modelfiles import model_files  # the model's parts and the draft model: what the fleet fetches
+
 GROUP = "mirror"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -127,8 +129,6 @@ def nginx_vars(cfg: dict, nameservers: list[str], fetchers: list[str] | None = N
     validated variables and its nameservers; `fetchers`: the addresses allowed to fetch
     (allow_list of the server hosts), None for any."""
     up = origin(cfg["model_url"])
-    from voltafleet.planning.hostplan import model_files  # the model's parts and the draft model: what the fleet fetches
-
     paths = sorted({urlsplit(f.url).path for f in model_files(cfg) if origin(f.url) == up}
                    | set(cfg.get("mirror_extra_paths") or []))
     return {

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 
-from voltafleet.inputs.errors import Problem
+from voltafleet.ground.errors import Problem
 
 # Flags the seed (and older guides) use that the pinned llama.cpp no longer has at all.
 REPLACED = {

@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 
 import posixpath
-import re
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 from voltafleet.inputs import checks
 from voltafleet.planning import flags as flagmod
@@ -26,6 +24,7 @@ from voltafleet.planning import fingerprint as fpmod
 from voltafleet.gpu import gpuhealth, nvidia
 from voltafleet.planning import hostcpu, hostmem, vram
 from voltafleet.models.gguf_header import Header
+from voltafleet.models.modelfiles import ModelFile, draft_path, model_files
 
 GIB = 1024 ** 3
 ENV_DIR = "/etc/voltafleet/llama-server"   # one <instance>.env per llama-server
@@ -42,13 +41,6 @@ class Instance:
     @property
     def unit(self) -> str:
         return f"llama-server@{self.index}.service"
-
-
-@dataclass(frozen=True)
-class ModelFile:
-    url: str
-    dest: str
-    sha256: str | None  # None only with model_allow_unverified
 
 
 @dataclass(frozen=True)
@@ -159,52 +151,6 @@ def cuda_archs(cfg: dict, gpus: list[dict]) -> list[int]:
 def health_url(cfg: dict, port: int) -> str:
     bind = cfg["server_host"]
     return f"http://{'127.0.0.1' if bind in ('0.0.0.0', '::', '') else bind}:{port}/health"
-
-
-def model_filename(url: str) -> str:
-    name = posixpath.basename(urlparse(url).path)
-    if not name.endswith(".gguf"):
-        raise ValueError(f"model_url {url!r} does not name a .gguf file")
-    return name
-
-
-def draft_path(cfg: dict) -> str | None:
-    url = cfg["model_draft_url"]
-    return model_dest(cfg["model_dir"], url, cfg["model_draft_sha256"]) if url else None
-
-
-SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-
-
-def model_files(cfg: dict) -> list[ModelFile]:
-    """Every file to fetch: each part of a split GGUF (`-00001-of-00003.gguf`; llama-server
-    is given the first and finds the rest), then the draft model. model_sha256 is one
-    checksum, or a list with one per part."""
-    url, shas = cfg["model_url"], cfg["model_sha256"]
-    m = SPLIT.search(url)
-    urls = [url] if not m else [url[:m.start()] + f"-{i:05d}-of-{m.group(2)}.gguf"
-                                for i in range(1, int(m.group(2)) + 1)]
-    if shas is None:
-        shas = [None] * len(urls)  # model_allow_unverified
-    elif isinstance(shas, str):
-        if len(urls) > 1:
-            raise ValueError(f"model_url is a split GGUF of {len(urls)} parts: model_sha256 must list "
-                             "one checksum per part")
-        shas = [shas]
-    elif len(shas) != len(urls):
-        raise ValueError(f"model_sha256 lists {len(shas)} checksums for {len(urls)} file(s)")
-    # every part of a split GGUF in one directory (llama-server finds them by name), keyed by the first part
-    out = [ModelFile(u, model_dest(cfg["model_dir"], u, shas[0]), s) for u, s in zip(urls, shas)]
-    if cfg["model_draft_url"]:
-        out.append(ModelFile(cfg["model_draft_url"], draft_path(cfg), cfg["model_draft_sha256"]))
-    return out
-
-
-def model_dest(model_dir: str, url: str, sha256: str | None) -> str:
-    """Where a model file lives on a host: keyed by its content (the sha256's first 16 hex
-    digits), so a new checksum under the same file name is a new file and the last good one
-    stays for a rollback until the next pass; unverified files under `unverified/`."""
-    return posixpath.join(model_dir, sha256[:16] if sha256 else "unverified", model_filename(url))
 
 
 def build_spec(cfg: dict, archs: list[int], commit: str) -> BuildSpec:

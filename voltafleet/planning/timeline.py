@@ -1,5 +1,5 @@
 """How long a rollout would take: the timeline model of `python -m rollout --plan`. Pure
-logic, no pyinfra: it reads what each host would change (voltafleet.planning.dryrun) and the
+logic, no pyinfra: it reads what each host would change (voltafleet.state.dryrun) and the
 measured constants (the `plan_*` variables of group_vars), and returns per host, per batch
 and in total the seconds the rolling driver would need.
 

@@ -1,4 +1,4 @@
-"""The rolling driver's outcome for node_exporter's textfile collector on the controller,
+"""The textfile format (gauge) and the rolling driver's outcome for node_exporter's textfile collector on the controller,
 so that a failed rollout raises an alert (monitoring/alerts.yml, VoltafleetRolloutFailed).
 No pyinfra: the driver calls it with its fleet report.
 
@@ -15,9 +15,24 @@ import time
 from pathlib import Path
 
 from voltafleet.state.rolling import STATUSES
-from voltafleet.measure.smoke import gauge
 
 TEXTFILE = "voltafleet-rollout.prom"
+
+
+def gauge(name: str, text: str, rows: list[tuple[dict, float | None]]) -> list[str]:
+    """One gauge in the textfile format; rows without a value are left out (never a made-up 0)."""
+    rows = [(labels, v) for labels, v in rows if v is not None]
+    if not rows:
+        return []
+    out = [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+    for labels, v in rows:
+        lab = ",".join(f'{k}="{_escape(x)}"' for k, x in labels.items())
+        out.append(f"{name}{{{lab}}} {int(v) if float(v).is_integer() else float(v)!r}")
+    return out
+
+
+def _escape(value) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def rollout_textfile(report: dict, now: float | None = None) -> str:

@@ -177,7 +177,7 @@ class Timings:
 class Smoke(Record):
     """smoke-<host>.json: the smoke client's figures of every instance, judged on the controller
     (voltafleet/measure/smoke.py), and the verdict. `instances` are the client's own per-instance
-    mappings (voltafleet/measure/smoke_client.py: port, ttft_ms, single_tps, aggregate_tps, errors,
+    mappings (voltafleet/hostside/smoke_client.py: port, ttft_ms, single_tps, aggregate_tps, errors,
     probes, gpu...), or {"port", "instance", "error"}."""
 
     KIND = "smoke"
@@ -254,7 +254,7 @@ class Tune(Record):
     status: str                       # measured | failed
     reason: str = ""
     probe: str | None = None          # the golden probe's verdict in its smoke test
-    reps: list[dict] = field(default_factory=list)  # the workload's repetitions (voltafleet/measure/workload.py)
+    reps: list[dict] = field(default_factory=list)  # the workload's repetitions (voltafleet/hostside/workload.py)
     loaded_mib: float | None = None   # the GPU's memory once loaded, before any request
     after_load_mib: float | None = None
     planned_mib: float | None = None  # the VRAM plan of the setting (CUDA)
@@ -320,7 +320,7 @@ class Fetch(Record):
 @dataclass
 class Plan(Record):
     """plan-<host>.json (`python -m rollout --plan`): what a rollout would change on the host,
-    decided without changing anything (voltafleet/planning/dryrun.py, where it is called HostChange)."""
+    decided without changing anything (voltafleet/state/dryrun.py, where it is called HostChange)."""
 
     KIND = "plan"
 

@@ -31,7 +31,6 @@ import sys
 import threading
 import time
 
-DISAGREEMENT = 0.15  # report single-stream figures that differ by more than this
 PROMPT = ("You are a helpful assistant running on a fleet of GPU servers. "
           "Describe in a few sentences how a load balancer spreads requests over many servers.")
 OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
@@ -43,21 +42,6 @@ REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active"
 THROTTLE_BITS = {0x1: "idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
                  0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
                  0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
-REASON_WORDS = {"sw_thermal_slowdown": "thermal slowdown", "hw_thermal_slowdown": "thermal slowdown",
-                "sw_power_cap": "power cap", "hw_power_brake_slowdown": "power brake slowdown",
-                "hw_slowdown": "hardware slowdown"}
-SLOWDOWNS = frozenset(REASON_WORDS)  # the reasons that cost tok/s (not idle, sync boost, clock settings)
-
-
-def reason_words(reasons) -> str:
-    """"thermal slowdown, power cap" for the slowdown reasons among `reasons` (HW Slowdown
-    only when no more precise hardware reason says why)."""
-    seen = [r for r in REASON_WORDS if r in reasons]
-    if len(seen) > 1 and "hw_slowdown" in seen:
-        seen.remove("hw_slowdown")
-    return ", ".join(dict.fromkeys(REASON_WORDS[r] for r in seen))
-
-
 # sched_reserve at -lv 4: "graph: nodes = N, splits = S" or, when the prompt and decode graphs
 # differ, "graph (pp bs=512, tg bs=4): nodes = N / M, splits = S / T"
 SPLITS_RE = re.compile(r"sched_reserve: graph[^:]*: nodes = [\d /]+, splits = (\d+)(?: / (\d+))?")
@@ -66,21 +50,6 @@ SPLITS_RE = re.compile(r"sched_reserve: graph[^:]*: nodes = [\d /]+, splits = (\
 def graph_splits(log: str) -> list[int]:
     """Every split count the scheduler logged (both of a "S / T" pair), in log order."""
     return [int(n) for m in SPLITS_RE.finditer(log) for n in m.groups() if n is not None]
-
-
-def expected_splits(cuda: bool) -> int:
-    """Graph splits of a model served whole. CUDA: 2 (the token embedding stays on the CPU
-    by design: one split for its get_rows, one for the GPU); a CPU-only build: 1 backend, 1."""
-    return 2 if cuda else 1
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile (p in 0..100): a value that was measured; None for no values."""
-    v = sorted(x for x in values if x is not None)
-    if not v:
-        return None
-    rank = max(1, -(-len(v) * p // 100))
-    return v[int(rank) - 1]
 
 
 # ---------------------------------------------------------------- client (runs on the host)
