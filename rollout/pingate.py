@@ -37,12 +37,13 @@ def say(msg: str) -> None:
 
 
 def group_argv(group: str) -> list[str]:
-    """The llama-server argv a host of the group gets (all.yml + its file), every optional flag on (a key
-    file, a draft model) so that each flag voltafleet can render is checked."""
+    """The llama-server argv a host of the group gets (the inventory loader's merge: all.yml, the group's file
+    and its tuned values), every optional flag on (a key file, a draft model) so that each flag voltafleet can
+    render is checked."""
+    from voltafleet.inputs.groupvars import host_vars
     from voltafleet.planning import flags
 
-    cfg = yaml.safe_load((REPO / "group_vars/all.yml").read_text())
-    cfg.update(yaml.safe_load((REPO / f"group_vars/{group}.yml").read_text()) or {})
+    cfg = dict(host_vars([group], {}, "the pin gate").values)
     cfg.update(server_ctx=cfg.get("server_ctx") or 8192, server_parallel=cfg.get("server_parallel") or 4,
                voltafleet_backend="cuda")
     return flags.server_args(cfg, "MODEL", port=8080, api_key_file="/etc/KEY", draft_path="DRAFT")
@@ -81,29 +82,34 @@ def releases(report: dict) -> dict[str, str]:
 
 def compiled(report: dict) -> list[str]:
     """Hosts whose build record in the rollout's run directory says they compiled."""
-    from voltafleet.state import records, runctx
+    from voltafleet.state import records
 
     run = runctx.RunDir(REPO / "reports" / f"rollout-{report.get('rollout')}")
     return sorted({r.host for r in run.all(records.Build) if r.built})
 
 
-def canary_help(report: dict) -> tuple[str | None, str | None]:
-    """(the canary's new llama-server --help, where it came from), asked on the host over the lab's ssh."""
+def lab_ssh(host: str, command: str):
+    """One command on a lab host over the lab's ssh (its known_hosts checked): the CompletedProcess."""
     import subprocess
 
     from lab.fleet import load_state
 
-    state = load_state()
+    return subprocess.run(["ssh", "-F", load_state()["ssh_config"], host, command], capture_output=True, text=True,
+                          timeout=60)
+
+
+def canary_help(report: dict) -> tuple[str | None, str | None]:
+    """(the canary's new llama-server --help, where it came from), asked on the host (a static release)."""
+    from lab.fleet import load_state
+
     canary = (report.get("canary") or [None])[0]
-    host = next((h for h in state["hosts"] if h["name"] == canary), None)
-    if host is None:
+    if canary not in {h["name"] for h in load_state()["hosts"]}:
         return None, None
-    out = subprocess.run(["ssh", "-F", state["ssh_config"], canary,
-                          "LD_LIBRARY_PATH=/opt/voltafleet/current/lib /opt/voltafleet/current/bin/llama-server --help"],
-                         capture_output=True, text=True, timeout=60)
+    command = "/opt/voltafleet/current/bin/llama-server --help"
+    out = lab_ssh(canary, command)
     if out.returncode != 0 or "--port" not in out.stdout:
         return None, None
-    return out.stdout, f"{canary}:/opt/voltafleet/current/bin/llama-server --help"
+    return out.stdout, f"{canary}:{command}"
 
 
 def lab_move(ref: str, old_ref: str, clients: int, tmp: Path, log: Path) -> tuple[pingate.Step, str | None, str | None]:
@@ -122,29 +128,23 @@ def lab_move(ref: str, old_ref: str, clients: int, tmp: Path, log: Path) -> tupl
     finally:
         summary = load.stop()
     failed = (summary.get("failed") or 0) + (summary.get("cut") or 0)
-    moved_r = releases(moved)
+    moved_r, back_r = releases(moved), releases(back)
     one = len(set(moved_r.values())) == 1 and not set(moved_r.values()) & set(before.values())
     expected = {h: moved_r[h] if one else "one new release on every host" for h in before}
-    step = pingate.lab_step({"requests": summary.get("requests", 0), "failed": failed}, moved_r, releases(back),
+    step = pingate.lab_step({"requests": summary.get("requests", 0), "failed": failed}, moved_r, back_r,
                             expected, before, compiled(back), (rc1 == 0, rc2 == 0))
     step.figures.update(summary={k: summary.get(k) for k in ("requests", "served", "failed", "cut", "ttft_p50_ms")},
                         to_ref=moved.get("rollout"), back=back.get("rollout"), compiled_to_ref=compiled(moved),
-                        releases={"before": before, "to_ref": moved_r, "back": releases(back)})
+                        releases={"before": before, "to_ref": moved_r, "back": back_r})
     return step, help_text, source
 
 
 def current_releases() -> dict[str, str]:
-    import subprocess
-
+    """{lab host: the release it serves now}."""
     from lab.fleet import load_state
 
-    state = load_state()
-    out = {}
-    for h in state["hosts"]:
-        r = subprocess.run(["ssh", "-F", state["ssh_config"], h["name"], "basename $(readlink /opt/voltafleet/current)"],
-                           capture_output=True, text=True, timeout=60)
-        out[h["name"]] = r.stdout.strip()
-    return out
+    return {h["name"]: lab_ssh(h["name"], "basename $(readlink /opt/voltafleet/current)").stdout.strip()
+            for h in load_state()["hosts"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 
 from voltafleet.planning.fingerprint import cmake_flags
+from voltafleet.state.pingate import KERNEL_FAMILIES
 
-KERNELS = re.compile(r"\.text\.(\S*(?:mul_mat_q|mul_mat_vec_q|flash_attn)\S*)")
+# the kernel sections of the families the gate asks for (its KERNEL_FAMILIES), by name
+KERNELS = re.compile(r"\.text\.(\S*(?:%s)\S*)" % "|".join(rx.pattern for rx in KERNEL_FAMILIES.values()))
 
 
 def nvcc_version(nvcc: str) -> str:

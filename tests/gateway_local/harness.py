@@ -63,8 +63,9 @@ def missing_gateway() -> str | None:
 
 def missing() -> str | None:
     """Why the local gateway cannot run here (None: it can)."""
-    if missing_gateway():
-        return missing_gateway()
+    why = missing_gateway()
+    if why:
+        return why
     if not pinned_server():
         return "no llama-server of the pinned commit (the lab builds one)"
     if not os.path.exists(model()):

@@ -104,8 +104,13 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/sw.js"): _r(NOBODY, why="the web UI (--no-webui)"),
 }
 
-METHODS = {"get": "GET", "post": "POST", "del": "DELETE", "put": "PUT", "patch": "PATCH", "Get": "GET", "Post": "POST",
-           "Delete": "DELETE", "Put": "PUT", "Patch": "PATCH"}
+
+
+def _method(name: str) -> str:
+    """An HTTP method from a registration's name: ctx_http.del, srv->Get and the like."""
+    return "DELETE" if name.lower() == "del" else name.upper()
+
+
 _CTX = re.compile(r'ctx_http\.(get|post|del|put|patch)\s*\(\s*"([^"]+)"')
 _SRV = re.compile(r'srv->(Get|Post|Delete|Put|Patch)\s*\(\s*params\.api_prefix\s*\+\s*"([^"]+)"\s*,')
 _GCP = re.compile(r'getenv\("AIP_PREDICT_ROUTE",\s*"([^"]+)"')
@@ -117,8 +122,7 @@ def source_routes(*texts: str) -> set[tuple[str, str]]:
     (server-http.cpp)."""
     out: set[tuple[str, str]] = set()
     for text in texts:
-        out |= {(METHODS[m], p) for m, p in _CTX.findall(text)}
-        out |= {(METHODS[m], p) for m, p in _SRV.findall(text)}
+        out |= {(_method(m), p) for m, p in _CTX.findall(text) + _SRV.findall(text)}
         out |= {("POST", p) for p in _GCP.findall(text)}
     return out
 

@@ -277,13 +277,9 @@ end
 -- Each callback under pcall: an error in the counting counts (stage count) and aborts the answer (a
 -- filter error) rather than passing it on uncounted.
 function Usage:http_payload(txn, msg)
-  local ok, n, cut = pcall(self.payload, self, txn, msg)
+  local ok, n = pcall(self.payload, self, txn, msg)
   if not ok then
     fail(txn, "count", n)
-    return -1
-  end
-  if cut then
-    self.cut = true
     return -1
   end
   if self.cut then return -1 end
@@ -332,8 +328,8 @@ local PIECE = 65536  -- bytes of a file read before the task gives the thread ba
 local TICK_MS = 200  -- the task's period: other workers' lines reach this one's figures within it
 -- ready: the month loaded; failed: why it could not be (the budgets are refused meanwhile); day, month: the
 -- UTC day and month the figures are of; base: {team: tokens of the month before today}; today: {team: tokens};
--- rd: the day's file read so far (pos bytes, partial: an unfinished last line); prev: the previous day's
--- reader, still to be read to its end into base; compact: a day's file to compact
+-- pos, partial: how far the day's file was read (bytes, an unfinished last line); prev: the same for the
+-- previous day's file, still to be read to its end into base; compact: set when a day ended (compact old days)
 local book = {ready = false, failed = nil, base = {}, today = {}, partial = "", pos = 0}
 local ME = nil  -- this worker's pid (read in the worker: the master loads this file)
 local appender = {day = nil, f = nil}  -- this worker's append handle on the day's file
@@ -399,11 +395,17 @@ local function read_from(path, pos, partial)
   return data:sub(1, cut - 1), pos, data:sub(cut)
 end
 
+-- read_from, or an error naming the file (the task's pcall counts it: budget_files).
+local function lines_of(path, pos, partial)
+  local text, newpos, rest = read_from(path, pos or 0, partial or "")
+  if text == nil then error("cannot read " .. path .. ": " .. tostring(newpos)) end
+  return text, newpos, rest
+end
+
 -- A day that ended over a day ago is never written again: its lines become one a team in <day>.sum
 -- (written aside, renamed), then its .log goes; readers take the .log while it exists. Returns its sums.
 local function compact(name)
-  local text, err = read_from(name .. ".log", 0, "")
-  if text == nil then error("cannot read " .. name .. ".log: " .. tostring(err)) end
+  local text = lines_of(name .. ".log")
   local s = {}
   add(s, text)
   if text == "" then return s end
@@ -420,14 +422,15 @@ end
 
 local function day_name(y, m, d) return string.format("%s/%04d-%02d-%02d", BUDGET_DIR, y, m, d) end
 
--- The month's days before today, {team: tokens}: each day from its .sum, else its .log (compacted first
--- when it is older than yesterday); the previous month's files removed. Runs in the task.
 local function exists(path)
   local f = io.open(path, "r")
   if f then f:close() end
   return f ~= nil
 end
 
+-- The month's days before today, {team: tokens}: each day from its .sum, else its .log (compacted first
+-- when it is older than yesterday); the previous month's files removed. Runs in the task; only_compact:
+-- the compaction and the removal alone (the sums are in memory already).
 local function month_before_today(now, only_compact)
   local d = os.date("!*t", now)
   local base = {}
@@ -435,19 +438,13 @@ local function month_before_today(now, only_compact)
     local name = day_name(d.year, d.month, i)
     local log = exists(name .. ".log")
     if not log and exists(name .. ".sum") then
-      if not only_compact then
-        local text, err = read_from(name .. ".sum", 0, "")
-        if text == nil then error("cannot read " .. name .. ".sum: " .. tostring(err)) end
-        add(base, text)
-      end
+      if not only_compact then add(base, (lines_of(name .. ".sum"))) end
     elseif i < d.day - 1 then
       if log then
         for t, n in pairs(compact(name)) do base[t] = (base[t] or 0) + n end
       end
     elseif not only_compact then
-      local text, err = read_from(name .. ".log", 0, "")
-      if text == nil then error("cannot read " .. name .. ".log: " .. tostring(err)) end
-      add(base, text)
+      add(base, (lines_of(name .. ".log")))
     end
   end
   local py, pm = d.year, d.month - 1
@@ -483,8 +480,7 @@ local function tick()
   if not book.ready then
     local base = month_before_today(now)
     local today = {}
-    local text, pos, partial = read_from(BUDGET_DIR .. "/" .. day_of(now) .. ".log", 0, "")
-    if text == nil then error(pos) end
+    local text, pos, partial = lines_of(BUDGET_DIR .. "/" .. day_of(now) .. ".log")
     add(today, text)
     book.day, book.month, book.base, book.today, book.pos, book.partial = day_of(now), month_of(now), base, today, pos, partial
     book.ready, book.failed = true, nil
@@ -493,14 +489,12 @@ local function tick()
   if book.day ~= day_of(now) then roll(now) end
   if book.prev then
     local p = book.prev
-    local text, pos, partial = read_from(BUDGET_DIR .. "/" .. p.day .. ".log", p.pos, p.partial)
-    if text == nil then error(pos) end
+    local text = lines_of(BUDGET_DIR .. "/" .. p.day .. ".log", p.pos, p.partial)
     if book.prev == p then add(book.base, text, ME) end
     book.prev = nil
   end
   local day = book.day
-  local text, pos, partial = read_from(BUDGET_DIR .. "/" .. day .. ".log", book.pos, book.partial)
-  if text == nil then error(pos) end
+  local text, pos, partial = lines_of(BUDGET_DIR .. "/" .. day .. ".log", book.pos, book.partial)
   if book.day == day then
     add(book.today, text, ME)
     book.pos, book.partial = pos, partial
@@ -659,7 +653,6 @@ local function counter(out, teams, name, field, help)
   end
 end
 
--- Each team's budgets (BUDGETS_MAP) and its use in the current UTC day and month (the files' figures).
 -- The gateway's own errors by stage (each refused its request: 503, or an answer cut) and whether the
 -- budgets' figures are loaded.
 local function error_metrics(out)
@@ -678,6 +671,7 @@ local function error_metrics(out)
   out[#out + 1] = string.format("voltafleet_gateway_budgets_ready %d", book.ready and 1 or 0)
 end
 
+-- Each team's budgets (BUDGETS_MAP) and its use in the current UTC day and month (the files' figures).
 local function budget_metrics(out)
   if book.ready then roll(os.time()) end
   local b, limits = book.ready and book or {today = {}, base = {}}, budgets()
