@@ -24,6 +24,7 @@ from roles.gateway_api import drain_host, is_gateway, is_mirror, is_server, mirr
 from roles.run import run_context
 from roles.activation import activation
 from roles.gateway import gateway
+from roles.gateway_pair import gateway_pair
 from roles.helpers import helpers
 from roles.llama_cpp import llama_cpp
 from roles.mirror import mirror
@@ -46,6 +47,7 @@ elif not is_server(host):
             mirror()  # before any server host's model fetch
         if is_gateway(host):
             gateway()
+            gateway_pair()  # two gateways or more: keepalived moves the fleet's address to a live one
 if phase == "all":
     mirrors_and_gateways_first(host.state)  # every host, this line: the server hosts' operations come after
 if is_server(host) and phase not in ("profile", "gateway"):  # the gateway phase: gateways and mirrors only

@@ -26,7 +26,7 @@ _overrides = {
 
 
 def _connect(h: dict) -> dict:
-    return {"ssh_hostname": "127.0.0.1", "ssh_port": h["ssh_port"], "ssh_user": "root",
+    return {"ssh_hostname": h["address"], "ssh_port": h["ssh_port"], "ssh_user": "root",
             "ssh_key": _lab["ssh_key"], "ssh_known_hosts_file": _lab["known_hosts"],
             "ssh_strict_host_key_checking": "yes"}
 
@@ -36,17 +36,19 @@ _hosts = [
     for h in _lab["hosts"]
 ]
 _groups = {"lab": _hosts}
-if _lab.get("gateway"):  # `python -m lab up --gateway`: HAProxy in front of the lab's servers
-    _gw = _lab["gateway"]
-    _groups["gateway"] = [(_gw["name"], {**_connect(_gw), **_per_host.get(_gw["name"], {})})]
-    _groups["lab"] = _hosts + [(_gw["name"], {})]  # group_vars/lab.yml applies to it too
-    if os.environ.get(MIRROR_ENV) == "1":  # the gateway host is the model mirror too: nginx caching the lab's
-        _groups["mirror"] = [(_gw["name"], {})]  # model mirror on 127.0.0.1:<mirror_port>; servers fetch through it
+if _lab.get("gateways"):  # `python -m lab up --gateway`: the HAProxy pair in front of the lab's servers, each
+    # with its own address on the lab's bridge (VRRP, peers, its exporter, the model cache), the fleet's between them
+    _groups["gateway"] = [(g["name"], {**_connect(g), "gateway_address": g["address"], "gateway_metrics_bind": g["metrics"],
+                                       "mirror_listen": g["address"], **_per_host.get(g["name"], {})})
+                          for g in _lab["gateways"]]
+    _groups["lab"] = _hosts + [(g["name"], {}) for g in _lab["gateways"]]  # group_vars/lab.yml applies to them too
+    if os.environ.get(MIRROR_ENV) == "1":  # the first gateway host is the model mirror too: nginx caching the lab's
+        _groups["mirror"] = [(_lab["gateway"]["name"], {})]  # model mirror on <its address>:<mirror_port>
 elif os.environ.get(MIRROR_ENV) == "1":
     raise SystemExit(f"lab: {MIRROR_ENV}=1 makes the gateway host the model mirror, and the lab has no gateway. "
                      "Fix: run `python -m lab up --gateway`.")
 _loaded = load_or_exit(_groups, origin="inventory/lab.py", overrides=_overrides)
-lab = [h for h in _loaded["lab"] if h[0] != (_lab.get("gateway") or {}).get("name")]
+lab = [h for h in _loaded["lab"] if h[0] not in {g["name"] for g in _lab.get("gateways", [])}]
 if "gateway" in _loaded:
     gateway = _loaded["gateway"]
 if "mirror" in _loaded:

@@ -1,7 +1,10 @@
 """The lab fleet: real Debian hosts on this machine, reached over SSH like any server.
 
-Each host is a systemd-nspawn container booted with systemd, sharing the loopback
-network, with its sshd on its own 127.0.0.1 port. Beside the hosts run the two
+Each server host is a systemd-nspawn container booted with systemd, sharing this machine's
+network, with its sshd on its own 127.0.0.1 port; its servers bind the lab's private bridge
+(vf-lab0, 10.231.0.1). The gateway pair (`--gateway`: vf-lab-gw, vf-lab-gw2) has a network of
+its own on that bridge (10.231.0.11, .12; sshd there), the fleet's address 10.231.0.10 moving
+between them (keepalived, configured by the rollout). Beside the hosts run the two
 mirrors a deploy needs without the internet: llama.cpp's git repository (git
 daemon) and a model mirror (nginx, which honours HTTP Range requests). With
 VOLTAFLEET_LAB_MIRROR=1 the gateway host is also the fleet's `mirror` (roles/mirror):
@@ -55,10 +58,21 @@ GIT_PORT = 9418
 HTTP_PORT = 8808
 MODEL_NAME = "tiny-qwen35.gguf"  # the production architecture (hybrid qwen35), a few MB
 # VOLTAFLEET_LAB_MIRROR=1: inventory/lab.py puts the gateway host into the `mirror` group too, nginx
-# caching this mirror on 127.0.0.1:MIRROR_PORT (group_vars/lab.yml's mirror_port), the servers
+# caching this mirror on its own address's MIRROR_PORT (group_vars/lab.yml's mirror_port), the servers
 # fetching the model through it
 MIRROR_ENV = "VOLTAFLEET_LAB_MIRROR"
 MIRROR_PORT = 18808
+# The lab's private network (issue 52): a bridge on this machine, no uplink. The server hosts share this
+# machine's network and their servers bind BRIDGE_ADDR (the gateways reach them there, nothing outside the
+# machine does); each gateway host has its own network namespace on the bridge (nspawn --network-bridge),
+# so the fleet's address GATEWAY_VIP moves between them (keepalived, VRRP unicast), and killing a gateway
+# host takes its address and link away as a power cut would.
+BRIDGE = "vf-lab0"
+LAB_NET = "10.231.0"
+BRIDGE_ADDR = f"{LAB_NET}.1"
+GATEWAY_VIP = f"{LAB_NET}.10"
+GATEWAY_PORT = 18800  # group_vars/lab.yml's gateway_bind (on GATEWAY_VIP)
+GATEWAY_METRICS_PORT = 18404  # each gateway's own gateway_metrics_bind (on its own address)
 
 
 def log(msg: str) -> None:
@@ -280,7 +294,7 @@ def ensure_gemma() -> dict:
             tmp.unlink()
             raise SystemExit(f"lab: assembled {GEMMA_NAME} has sha256 {got}, expected {GEMMA_SHA256}")
         tmp.rename(model)
-    return {"url": f"http://127.0.0.1:{HTTP_PORT}/models/{GEMMA_NAME}", "sha256": GEMMA_SHA256,
+    return {"url": f"http://{BRIDGE_ADDR}:{HTTP_PORT}/models/{GEMMA_NAME}", "sha256": GEMMA_SHA256,
             "prompt": GEMMA_PROMPT}
 
 
@@ -302,6 +316,7 @@ http {{
     types {{ application/octet-stream gguf; text/plain sha256; }}
     server {{
         listen 127.0.0.1:{port};
+        listen {bridge}:{port};
         root {root};
         location / {{ autoindex on; }}
         # the same files at 2 MB/s, for tests that break a transfer half way
@@ -309,14 +324,33 @@ http {{
         # what Hugging Face's resolve answer carries for an LFS file (python -m voltafleet.inputs.pin_model)
         location = /models/{model} {{ add_header X-Linked-Etag "{model_sha256}"; }}
     }}
+    # the gateways' apt (they have no route off the lab's bridge): Debian's archive only, through this machine
+    server {{
+        listen {bridge}:{apt_port};
+        resolver {resolver};
+        location / {{
+            if ($http_host !~ "^deb\\.debian\\.org$") {{ return 403; }}
+            proxy_http_version 1.1;
+            proxy_pass http://$http_host$request_uri;
+        }}
+    }}
 }}
 """
+APT_PORT = 3142  # the gateways' apt proxy on the bridge (NGINX_CONF)
+
+
+def resolver() -> str:
+    """This machine's first nameserver (the apt proxy resolves Debian's archive with it)."""
+    for line in Path("/etc/resolv.conf").read_text().splitlines():
+        if line.startswith("nameserver "):
+            return line.split()[1]
+    return "127.0.0.53"
 
 
 def ensure_http_mirror(model_sha256: str) -> None:
     pidfile = STATE / "nginx.pid"
     conf = STATE / "nginx.conf"
-    text = NGINX_CONF.format(state=STATE, port=HTTP_PORT, root=CACHE / "mirror/http", model=MODEL_NAME,
+    text = NGINX_CONF.format(state=STATE, port=HTTP_PORT, bridge=BRIDGE_ADDR, apt_port=APT_PORT, resolver=resolver(), root=CACHE / "mirror/http", model=MODEL_NAME,
                              model_sha256=model_sha256)
     if pid_alive(pidfile) and port_open(HTTP_PORT):
         if conf.exists() and conf.read_text() == text:
@@ -401,11 +435,42 @@ def ensure_key() -> Path:
     return key
 
 
-GATEWAY_INDEX = 9  # the gateway host: vf-lab-gw, sshd on 127.0.0.1:2209
+GATEWAY_INDEXES = (9, 8)  # the gateway hosts: vf-lab-gw (sshd on 10.231.0.11:2209), vf-lab-gw2 (10.231.0.12:2208)
+
+
+def gateway_name(i: int) -> str:
+    k = GATEWAY_INDEXES.index(i)
+    return "vf-lab-gw" if k == 0 else f"vf-lab-gw{k + 1}"
+
+
+def gateway_address(i: int) -> str:
+    return f"{LAB_NET}.{11 + GATEWAY_INDEXES.index(i)}"
+
+
+NETWORK_FILE = """\
+[Match]
+Name=host0
+
+[Network]
+Address={address}/24
+LinkLocalAddressing=no
+"""
+
+
+def ensure_bridge() -> None:
+    """The lab's private bridge with this machine's address on it (idempotent)."""
+    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
+        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    if f" {BRIDGE_ADDR}/24 " not in subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", BRIDGE],
+                                                    capture_output=True, text=True).stdout:
+        run(["ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE])
+    run(["ip", "link", "set", BRIDGE, "up"])
 
 
 def make_host(i: int, rootfs: Path, key: Path) -> dict:
-    name, port = (host_name(i) if i != GATEWAY_INDEX else "vf-lab-gw"), SSH_PORT_BASE + i
+    gateway = i in GATEWAY_INDEXES
+    name, port = (gateway_name(i) if gateway else host_name(i)), SSH_PORT_BASE + i
+    address = gateway_address(i) if gateway else "127.0.0.1"
     hdir = STATE / "hosts" / name
     root = hdir / "rootfs"
     if not (hdir / "ready").exists():
@@ -421,13 +486,26 @@ def make_host(i: int, rootfs: Path, key: Path) -> dict:
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name,
              "-f", str(root / "etc/ssh/ssh_host_ed25519_key")])
         (root / "etc/ssh/sshd_config.d/lab.conf").write_text(
-            f"Port {port}\nListenAddress 127.0.0.1\n"
+            f"Port {port}\nListenAddress {address}\n"
             "HostKey /etc/ssh/ssh_host_ed25519_key\n"
             "PasswordAuthentication no\nPermitRootLogin prohibit-password\n")
+        if gateway:  # its own address on the lab's bridge, set by systemd-networkd at boot
+            (root / "etc/systemd/network").mkdir(parents=True, exist_ok=True)
+            (root / "etc/systemd/network/10-lab.network").write_text(NETWORK_FILE.format(address=address))
+            wants = root / "etc/systemd/system/multi-user.target.wants"
+            wants.mkdir(parents=True, exist_ok=True)
+            (wants / "systemd-networkd.service").symlink_to("/lib/systemd/system/systemd-networkd.service")
+            (root / "etc/apt/apt.conf.d/01voltafleet-lab-proxy").write_text(
+                f'Acquire::http::Proxy "http://{BRIDGE_ADDR}:{APT_PORT}";\n')
         (hdir / "ready").touch()
     hostkey = (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
-    return {"name": name, "ssh_port": port, "server_port_base": SERVER_PORT_BASE + 10 * i,
-            "dir": str(hdir), "known_host": f"[127.0.0.1]:{port} {hostkey[0]} {hostkey[1]}"}
+    host = {"name": name, "address": address, "ssh_port": port, "dir": str(hdir),
+            "known_host": f"[{address}]:{port} {hostkey[0]} {hostkey[1]}"}
+    if gateway:
+        host["metrics"] = f"{address}:{GATEWAY_METRICS_PORT}"
+    else:
+        host["server_port_base"] = SERVER_PORT_BASE + 10 * i
+    return host
 
 
 def boot_host(host: dict) -> None:
@@ -437,23 +515,41 @@ def boot_host(host: dict) -> None:
         return
     ccache = CACHE / "ccache"
     ccache.mkdir(parents=True, exist_ok=True)
-    log(f"{host['name']}: booting (sshd on 127.0.0.1:{host['ssh_port']})")
+    log(f"{host['name']}: booting (sshd on {host['address']}:{host['ssh_port']})")
     console = open(hdir / "console.log", "ab")
     proc = subprocess.Popen(
         ["systemd-nspawn", "-D", str(hdir / "rootfs"), "--boot", "--register=no",
          "--keep-unit", "-M", host["name"],
          # the compiler cache lives on this machine between runs and lab rebuilds
-         f"--bind={ccache}:/var/cache/voltafleet/ccache"],
+         f"--bind={ccache}:/var/cache/voltafleet/ccache"]
+        + ([f"--network-bridge={BRIDGE}"] if host["address"] != "127.0.0.1" else []),
         stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
         start_new_session=True)
     pidfile.write_text(str(proc.pid))
+
+
+def crash(host: dict) -> None:
+    """Power a lab host off at once: its container's init killed (SIGKILL), which ends every process
+    in it; a gateway's network namespace, address and link go with them, as in a power cut."""
+    pid = pid_alive(Path(host["dir"]) / "nspawn.pid")
+    if not pid:
+        return
+    for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
+        os.kill(int(child), signal.SIGKILL)
+    wait_for(lambda: not _alive(pid), 30, f"{host['name']}'s container to end")
+
+
+def boot(host: dict) -> None:
+    """Boot a lab host that is down (after crash) and wait for its sshd and systemd."""
+    state = load_state()
+    start_hosts([host], Path(state["ssh_key"]), Path(state["known_hosts"]))
 
 
 def ssh_ok(host: dict, key: Path, known_hosts: Path) -> bool:
     r = subprocess.run(
         ["ssh", "-i", str(key), "-p", str(host["ssh_port"]), "-o", "BatchMode=yes",
          "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
-         "-o", "ConnectTimeout=3", "root@127.0.0.1", "systemctl is-system-running --wait"],
+         "-o", "ConnectTimeout=3", f"root@{host['address']}", "systemctl is-system-running --wait"],
         capture_output=True, text=True, timeout=120)
     return r.stdout.strip() in ("running", "degraded")
 
@@ -464,9 +560,9 @@ def write_access(every: list[dict], key: Path) -> tuple[Path, Path]:
     known_hosts.write_text("".join(h["known_host"] + "\n" for h in every))
     ssh_config = STATE / "ssh_config"  # strict host keys, multiplexed connections
     ssh_config.write_text("".join(
-        f"Host {h['name']}\n  HostName 127.0.0.1\n  Port {h['ssh_port']}\n  User root\n  IdentityFile {key}\n"
+        f"Host {h['name']}\n  HostName {h['address']}\n  Port {h['ssh_port']}\n  User root\n  IdentityFile {key}\n"
         f"  IdentitiesOnly yes\n  BatchMode yes\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {known_hosts}\n"
-        f"  HostKeyAlias [127.0.0.1]:{h['ssh_port']}\n"
+        f"  HostKeyAlias [{h['address']}]:{h['ssh_port']}\n"
         f"  ControlMaster auto\n  ControlPath {STATE}/cm-%r@%h:%p\n  ControlPersist 60s\n" for h in every))
     return known_hosts, ssh_config
 
@@ -475,7 +571,7 @@ def start_hosts(every: list[dict], key: Path, known_hosts: Path) -> None:
     for h in every:
         boot_host(h)
     for h in every:
-        wait_for(lambda h=h: port_open(h["ssh_port"]), 90, f"sshd of {h['name']}")
+        wait_for(lambda h=h: port_open(h["ssh_port"], h["address"]), 90, f"sshd of {h['name']}")
         wait_for(lambda h=h: ssh_ok(h, key, known_hosts), 120, f"systemd of {h['name']}")
 
 
@@ -485,7 +581,7 @@ def add_host(i: int) -> dict:
     key = Path(state["ssh_key"])
     new = make_host(i, ensure_rootfs(), key)
     state["hosts"] = [h for h in state["hosts"] if h["name"] != new["name"]] + [new]
-    every = state["hosts"] + ([state["gateway"]] if state.get("gateway") else [])
+    every = state["hosts"] + state.get("gateways", [])
     known_hosts, _ = write_access(every, key)
     start_hosts([new], key, known_hosts)
     STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
@@ -500,21 +596,27 @@ def up(n_hosts: int, gateway: bool = False) -> dict:
     model = ensure_model()
     gemma = ensure_gemma()
     ensure_git_daemon()
+    ensure_bridge()
     ensure_http_mirror(model["sha256"])
     key = ensure_key()
     previous = load_state(required=False)
     kept = [int(h["name"].rsplit("-", 1)[1]) for h in (previous or {}).get("hosts", [])]
     gateway = gateway or bool((previous or {}).get("gateway"))
-    wanted = sorted(set(range(1, n_hosts + 1)) | set(kept)) + ([GATEWAY_INDEX] if gateway else [])
+    wanted = sorted(set(range(1, n_hosts + 1)) | set(kept)) + (list(GATEWAY_INDEXES) if gateway else [])
     with ThreadPoolExecutor(len(wanted)) as pool:  # the rootfs copies side by side
         made = list(pool.map(lambda i: make_host(i, rootfs, key), wanted))
-    hosts, gw = (made[:-1], made[-1]) if gateway else (made, None)
+    hosts = [h for h in made if "server_port_base" in h]
+    gws = [h for h in made if "server_port_base" not in h]
     every = made
     known_hosts, ssh_config = write_access(every, key)
     start_hosts(every, key, known_hosts)
     state = {
         "hosts": hosts,
-        "gateway": gw,
+        "gateway": gws[0] if gws else None,  # the first gateway (the model cache with VOLTAFLEET_LAB_MIRROR=1)
+        "gateways": gws,                      # the gateway pair, GATEWAY_VIP between them
+        "gateway_vip": GATEWAY_VIP if gws else None,
+        "gateway_url": f"http://{GATEWAY_VIP}:{GATEWAY_PORT}" if gws else None,
+        "server_address": BRIDGE_ADDR,        # where the gateways (and tests) reach every lab server
         "ssh_key": str(key),
         "known_hosts": str(known_hosts),
         "ssh_config": str(ssh_config),
@@ -525,7 +627,7 @@ def up(n_hosts: int, gateway: bool = False) -> dict:
         "llama_cpp_pin_tag": PIN_TAG,
         "llama_cpp_new_ref": NEW_TAG,
         "llama_cpp_new_commit": git_info["new_commit"],
-        "model_url": f"http://127.0.0.1:{HTTP_PORT}/models/{MODEL_NAME}",
+        "model_url": f"http://{BRIDGE_ADDR}:{HTTP_PORT}/models/{MODEL_NAME}",
         "model_sha256": model["sha256"],
         "model_size": model["size"],
         "gemma": gemma,
@@ -545,7 +647,7 @@ def remove_host(i: int) -> None:
         stop_pidfile(Path(h["dir"]) / "nspawn.pid")
         shutil.rmtree(h["dir"], ignore_errors=True)
     state["hosts"] = keep
-    write_access(keep + ([state["gateway"]] if state.get("gateway") else []), Path(state["ssh_key"]))
+    write_access(keep + state.get("gateways", []), Path(state["ssh_key"]))
     STATE_FILE.write_text(json.dumps(state, indent=2) + "\n")
 
 
@@ -579,13 +681,14 @@ def status() -> int:
         alive = pid_alive(Path(h["dir"]) / "nspawn.pid")
         up_ = "up" if alive and port_open(h["ssh_port"]) else "down"
         print(f"{h['name']:<10} {h['ssh_port']:>6} {h['server_port_base']:>8}  {up_}")
-    if state.get("gateway"):
-        g = state["gateway"]
-        alive = pid_alive(Path(g["dir"]) / "nspawn.pid") and port_open(g["ssh_port"])
-        print(f"{g['name']:<10} {g['ssh_port']:>6} {'gateway':>8}  {'up' if alive else 'down'}")
+    for g in state.get("gateways", []):
+        alive = pid_alive(Path(g["dir"]) / "nspawn.pid") and port_open(g["ssh_port"], g["address"])
+        print(f"{g['name']:<10} {g['ssh_port']:>6} {'gateway':>8}  {'up' if alive else 'down'} ({g['address']})")
     print(f"git mirror:   {state['llama_cpp_repo']} ({'up' if port_open(GIT_PORT) else 'down'})")
     print(f"model mirror: {state['model_url']} ({'up' if port_open(HTTP_PORT) else 'down'})")
     if state.get("gateway"):
-        print(f"model cache:  http://127.0.0.1:{MIRROR_PORT}/ on {state['gateway']['name']} "
-              f"({'up' if port_open(MIRROR_PORT) else 'down'}; {MIRROR_ENV}=1 makes it the `mirror` group)")
+        g = state["gateway"]
+        print(f"gateways:     {state['gateway_url']} (keepalived moves {GATEWAY_VIP} to a live one)")
+        print(f"model cache:  http://{g['address']}:{MIRROR_PORT}/ on {g['name']} "
+              f"({'up' if port_open(MIRROR_PORT, g['address']) else 'down'}; {MIRROR_ENV}=1 makes it the `mirror` group)")
     return 0

@@ -9,9 +9,11 @@ from pyinfra import logger
 from pyinfra.api import OperationError, operation
 
 from roles.facts import HAProxyServers
-from roles.run import fleet_plan, host_config, once_per_run, run_context
+from roles.run import ConfigRefused, fleet_plan, host_config, once_per_run, run_context
 from roles.shell import sh
 from voltafleet.front import gateway as gw
+from voltafleet.front import pair
+from voltafleet.ground.errors import Problem, format_errors
 from voltafleet.front.tiers import GATEWAY_GROUP, runs_llama_server
 from voltafleet.models import mirror
 
@@ -72,6 +74,18 @@ def mirrors_and_gateways_first(state) -> None:
     """In a run whose inventory has mirrors or gateways: every host's step after theirs."""
     if any(is_mirror(h) or is_gateway(h) for h in state.inventory):
         after_mirrors_and_gateways(name="Mirrors and gateways configured (server hosts from here)")
+
+
+def fleet_pair(state) -> pair.Pair | None:
+    """The gateway group as one address (voltafleet/front/pair.py): None for one gateway; every gateway
+    of the inventory, reachable in this run or not. Refuses the run, naming each host and key, when the
+    group's variables cannot work as one address."""
+    gateways = [(h.name, host_config(h), h.data.get("ssh_hostname")) for h in state.inventory if is_gateway(h)]
+    found = pair.problems(gateways)
+    if found:
+        raise ConfigRefused("\n".join(format_errors(name, [Problem(what, fix, key=key)], "configuration refused")
+                                      for name, key, what, fix in found))
+    return pair.decide(gateways)
 
 
 def gateway_hosts(state) -> list:

@@ -28,7 +28,6 @@ from voltafleet.state import pingate, refs, runctx
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("v100_16gb", "v100_32gb", "latency", "lab")
-LAB_GATEWAY = "http://127.0.0.1:18800"
 EXIT = {pingate.PASS: 0, pingate.FAIL: 1, "incomplete": 3}  # the command's exit code by verdict
 
 
@@ -120,7 +119,9 @@ def lab_move(ref: str, old_ref: str, clients: int, tmp: Path, log: Path) -> tupl
     say(f"the lab fleet to {ref}, then back to {old_ref}, under {clients} pooled keep-alive clients")
     # steady, light traffic (a pause between a client's requests): it crosses every drain and restart while the
     # canary's compile keeps the machine's cores
-    load = Load(LAB_GATEWAY, clients=clients, tokens=16, seconds=3600, max_requests=100000, pause_s=0.25).start()
+    from lab.fleet import load_state
+
+    load = Load(load_state()["gateway_url"], clients=clients, tokens=16, seconds=3600, max_requests=100000, pause_s=0.25).start()
     try:
         rc1, moved = roll(ref, tmp, log)
         help_text, source = canary_help(moved) if rc1 == 0 else (None, None)

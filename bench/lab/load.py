@@ -5,7 +5,7 @@ requests in turn. For tests
 and for the numbers of a rollout: requests served, failed, cut, refused busy, and TTFT
 percentiles.
 
-    .venv/bin/python -m bench.lab.load --url http://127.0.0.1:18800 --clients 8 --seconds 60 \
+    .venv/bin/python -m bench.lab.load --url http://10.231.0.10:18800 --clients 8 --seconds 60 \
         [--client httpx|openai] [--during "python -m rollout inventory/lab.py --batch 1"]
 
 Outcomes are told apart: `cut` is a stream that started and broke (an instance that crashed
@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 import httpx
 
 ALLOWED_HOSTS = ("127.0.0.1", "localhost", "::1")
+LAB_NETWORK = "10.231.0."  # the lab's private bridge (lab/fleet.py LAB_NET): only this machine reaches it
 PROMPT = "Tell me about load balancers."
 
 
@@ -49,8 +50,8 @@ class Load:
                  body: dict | None = None, headers: dict | None = None, streams_only: bool = False,
                  model: str = "qwen3.6-27b", honor_retry_after: bool = False, pause_s: float = 0.0):
         u = urlparse(url)
-        if u.hostname not in ALLOWED_HOSTS:
-            raise ValueError(f"load only goes to this machine's loopback, not {u.hostname}")
+        if u.hostname not in ALLOWED_HOSTS and not (u.hostname or "").startswith(LAB_NETWORK):
+            raise ValueError(f"load only goes to this machine's loopback or the lab's bridge, not {u.hostname}")
         if client not in ("httpx", "openai"):
             raise ValueError(f"client {client!r}: httpx or openai")
         self.url, self.kind = url.rstrip("/"), client
@@ -233,7 +234,7 @@ def summary(results: list[dict]) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:18800")
+    p.add_argument("--url", default="http://10.231.0.10:18800")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--client", default="httpx", choices=["httpx", "openai"])
     p.add_argument("--tokens", type=int, default=32)

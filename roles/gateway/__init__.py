@@ -30,7 +30,7 @@ from pyinfra.operations import apt, files, systemd
 
 from roles.factcache import host_fact
 
-from roles.gateway_api import is_server, server_address
+from roles.gateway_api import fleet_pair, is_server, server_address
 
 from roles.run import ConfigRefused, changes, config, fleet_plan, host_config, sources
 from roles.shell import sh
@@ -190,10 +190,12 @@ def gateway() -> None:
                  cache_time=24 * 3600, no_recommends=True)
     backends = server_backends(host.state)
     tier_check(cfg, backends)
+    pair = fleet_pair(host.state)  # two gateways or more: one address, one table of limits, budgets counted across
+
     team_maps(cfg, backends)
     staged = files.template(
         name=f"HAProxy configuration ({len(backends)} backends, staged)", src=str(TEMPLATE), dest=STAGED,
-        mode="644", jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True}, **gw.template_vars(cfg, backends))
+        mode="644", jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True}, **gw.template_vars(cfg, backends, pair.haproxy_vars(host.name) if pair else None))
     files.put(name="503 page: no free slot (Retry-After)", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"])),
               dest=ERRORFILE, mode="644")
     for t in gw.tier_backends(backends)[1:]:

@@ -22,7 +22,7 @@ from roles.shell import SMOKE_CLIENT, bin_path, q, sh
 from voltafleet.gpu import gpuhealth
 from voltafleet.models import probe as probemod
 from voltafleet.measure import smoke as smokemod
-from voltafleet.planning.hostplan import API_KEY_PATH, HostPlan
+from voltafleet.planning.hostplan import API_KEY_PATH, HostPlan, connect_host
 from voltafleet.state.records import Smoke
 from voltafleet.state.rollback import StepFailed
 from voltafleet.state.runctx import RunDir
@@ -41,6 +41,8 @@ def client_command(plan: HostPlan, probe_only: bool = False) -> str:
     args = [bin_path(plan, SMOKE_CLIENT)]
     for inst in plan.instances:
         args += ["--port", str(inst.port)]
+    if connect_host(cfg) != "127.0.0.1":  # servers bound to one address of the host
+        args += ["--host", connect_host(cfg)]
     args += ["--tokens", str(cfg["smoke_tokens"]), "--parallel", str(cfg["smoke_parallel"] or cfg["server_parallel"]),
              "--health-timeout", str(cfg["smoke_health_timeout_s"]), "--unit-prefix", "llama-server@",
              "--gpu-sample-interval", str(cfg["smoke_gpu_sample_s"] if plan.cuda else 0)]

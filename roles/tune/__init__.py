@@ -24,7 +24,7 @@ from roles.run import report_dir, run_context
 
 from roles.shell import bin_path, q, restart_command, sh, WORKLOAD_CLIENT
 from roles.facts import Gpus
-from voltafleet.planning.hostplan import API_KEY_PATH, HostPlan
+from voltafleet.planning.hostplan import API_KEY_PATH, HostPlan, connect_host
 from voltafleet.state.records import Outcome, Tune
 from voltafleet.state.runctx import RunDir
 from voltafleet.measure.tune import Workload, gpu_used_command, gpu_used_mib
@@ -44,6 +44,8 @@ def held(plan: HostPlan):
 def workload_command(plan: HostPlan) -> str:
     inst = plan.instances[0]
     args = [bin_path(plan, WORKLOAD_CLIENT), "--port", str(inst.port), *Workload.of(plan.cfg).argv()]
+    if connect_host(plan.cfg) != "127.0.0.1":  # a server bound to one address of the host
+        args += ["--host", connect_host(plan.cfg)]
     if plan.cfg["server_api_key_file"]:
         args += ["--api-key-file", API_KEY_PATH]
     args += ["--gpu", str(inst.index)] if plan.cuda else ["--unit", inst.unit]

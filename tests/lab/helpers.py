@@ -13,15 +13,51 @@ from pathlib import Path
 import testinfra
 import yaml
 
-from lab.fleet import MIRROR_ENV, load_state
+from lab.fleet import BRIDGE_ADDR, GATEWAY_PORT, GATEWAY_VIP, MIRROR_ENV, load_state
 from voltafleet.front import gateway
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
+GATEWAY_URL = f"http://{GATEWAY_VIP}:{GATEWAY_PORT}"  # the fleet's one address, on whichever gateway holds it
+SERVER_HOST = BRIDGE_ADDR  # where every lab host's servers listen (the lab's bridge)
+
+
 def lab() -> dict:
     return load_state()
+
+
+def gateways() -> list[dict]:
+    """The lab's gateway hosts (the pair), the first one first."""
+    return lab().get("gateways") or []
+
+
+def holder() -> dict | None:
+    """The gateway holding the fleet's address now (None: none does)."""
+    for g in gateways():
+        r = th(g).run(f"ip -o -4 addr show | grep -qF ' {GATEWAY_VIP}/'")
+        if r.rc == 0:
+            return g
+    return None
+
+
+def wait_holder(name: str | None = None, seconds: float = 30) -> dict:
+    """Until a gateway (that one, when named) holds the fleet's address; it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        g = holder()
+        if g is not None and name in (None, g["name"]):
+            return g
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no gateway{' ' + name if name else ''} holds {GATEWAY_VIP} after {seconds:.0f} s "
+                                 f"(now: {g and g['name']})")
+        time.sleep(0.2)
+
+
+def metrics_url(path: str = "/metrics", g: dict | None = None) -> str:
+    """A gateway's own stats frontend (default: the one holding the fleet's address)."""
+    return f"http://{(g or wait_holder())['metrics']}{path}"
 
 
 _HOSTS: dict[str, testinfra.host.Host] = {}
@@ -115,7 +151,8 @@ _HOST_STATE = ("readlink /opt/voltafleet/current; readlink /opt/voltafleet/good;
                "for i in 0 1 2 3; do systemctl show -P ActiveState,MainPID,NRestarts llama-server@$i.service "
                "| tr '\\n' ' '; echo; done; c++ -dumpfullversion; mount | grep -c vf- ; "
                "systemctl list-units --failed --plain --no-legend | wc -l")
-_GATEWAY_STATE = ("md5sum /etc/haproxy/haproxy.cfg; systemctl show -P MainPID haproxy; "
+_GATEWAY_STATE = ("md5sum /etc/haproxy/haproxy.cfg /etc/keepalived/keepalived.conf 2>&1; "
+                  "systemctl show -P MainPID haproxy keepalived; "
                   "echo 'show servers state llama' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock "
                   "| awk 'NR>2 {print $4, $6, $7}'")
 
@@ -124,8 +161,8 @@ def fleet_state() -> dict:
     """{host: what it shows now} for every lab host and the gateway (see _HOST_STATE)."""
     st = lab()
     out = {h["name"]: th(h).run(_HOST_STATE).stdout for h in st["hosts"]}
-    if st.get("gateway"):
-        out[st["gateway"]["name"]] = th(st["gateway"]).run(_GATEWAY_STATE).stdout
+    for g in st.get("gateways") or []:
+        out[g["name"]] = th(g).run(_GATEWAY_STATE).stdout
     return out
 
 

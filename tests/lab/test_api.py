@@ -1,8 +1,9 @@
 """The API a client expects, through the lab gateway with the OpenAI SDK (issue 32, first part):
 one stable model name on every instance, and usage in the stream."""
 import openai
+from tests.lab.helpers import GATEWAY_URL, SERVER_HOST
 
-URL = "http://127.0.0.1:18800/v1"
+URL = GATEWAY_URL + "/v1"
 
 
 def client() -> openai.OpenAI:
@@ -110,7 +111,7 @@ def tokens(text: str) -> int:
     from tests.lab.helpers import lab
 
     port = lab()["hosts"][0]["server_port_base"]
-    return len(httpx.post(f"http://127.0.0.1:{port}/tokenize", json={"content": text}, timeout=30).json()["tokens"])
+    return len(httpx.post(f"http://{SERVER_HOST}:{port}/tokenize", json={"content": text}, timeout=30).json()["tokens"])
 
 
 def test_thoughts_arrive_in_reasoning_content_within_the_fleet_budget_and_can_be_turned_off(gw):
@@ -158,7 +159,7 @@ def test_a_request_with_tools_renders_through_the_real_qwen_template(gw):
     from tests.lab.helpers import lab
 
     port = lab()["hosts"][0]["server_port_base"]
-    served = httpx.post(f"http://127.0.0.1:{port}/apply-template", json=req, timeout=30).json()["prompt"]
+    served = httpx.post(f"http://{SERVER_HOST}:{port}/apply-template", json=req, timeout=30).json()["prompt"]
     assert httpx.post(URL.removesuffix("/v1") + "/apply-template", json=req, timeout=30).status_code == 404
     assert served == PROMPT.read_text()
     template = (ensure_sdist() / "vendor/llama.cpp/models/templates/Qwen3.5-4B.jinja").read_text()
@@ -194,7 +195,7 @@ def test_response_format_json_schema_holds_on_every_instance(gw):
                max_tokens=300, temperature=1.0, response_format=fmt)
     ports = [(h["name"], h["server_port_base"] + i) for h in lab()["hosts"] for i in (0, 1)]
     for name, port in ports:
-        direct = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="lab", max_retries=0, timeout=120)
+        direct = openai.OpenAI(base_url=f"http://{SERVER_HOST}:{port}/v1", api_key="lab", max_retries=0, timeout=120)
         for think in (True, False):
             r = direct.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": think}})
             assert r.choices[0].finish_reason == "stop" and valid(r.choices[0].message.content), (name, port, r)

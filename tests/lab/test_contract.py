@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.lab.helpers import PYINFRA, REPO, deploy, env_file, lab, pids, rollout, run_env, ssh
+from tests.lab.helpers import PYINFRA, REPO, SERVER_HOST, deploy, env_file, lab, pids, rollout, run_env, ssh
 from voltafleet.state.lock import FleetLock
 
 MODELS = "/var/lib/voltafleet/models"
@@ -19,7 +19,7 @@ MODELS = "/var/lib/voltafleet/models"
 
 def serves(h, i=0) -> bool:
     """The instance answers a real completion (not only /health)."""
-    out = ssh(h, f"curl -s -m 30 http://127.0.0.1:{h['server_port_base'] + i}/completion "
+    out = ssh(h, f"curl -s -m 30 http://{SERVER_HOST}:{h['server_port_base'] + i}/completion "
                  "-d '{\"prompt\":\"hi\",\"n_predict\":4}'", check=False)
     return '"tokens_predicted":4' in out
 

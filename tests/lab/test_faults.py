@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lab import fleet
-from tests.lab.helpers import PYINFRA, REPO, current_release, deploy, env_file, fresh_cache, lab, rollout, ssh
+from tests.lab.helpers import PYINFRA, REPO, SERVER_HOST, current_release, deploy, env_file, fresh_cache, lab, rollout, ssh
 
 RECORD = REPO / "reports" / "faults.jsonl"
 MODELS = "/var/lib/voltafleet/models"
@@ -27,13 +27,13 @@ def serving(h) -> dict:
             # the checksum of the model instance 0 serves (its -m), not of every file kept
             "model": ssh(h, "f=$(sed -n 's/.*-m \\([^ ]*\\).*/\\1/p' /etc/voltafleet/llama-server/0.env); "
                             "sha256sum \"$f\" | cut -d' ' -f1"),
-            "health": ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{h['server_port_base']}/health",
+            "health": ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' http://{SERVER_HOST}:{h['server_port_base']}/health",
                           check=False)}
 
 
 def completes(h) -> bool:
     """Every instance of the host answers a real completion request."""
-    return all('"tokens_predicted":4' in ssh(h, f"curl -s -m 30 http://127.0.0.1:{h['server_port_base'] + i}/completion "
+    return all('"tokens_predicted":4' in ssh(h, f"curl -s -m 30 http://{SERVER_HOST}:{h['server_port_base'] + i}/completion "
                                                 "-d '{\"prompt\":\"hi\",\"n_predict\":4}'", check=False)
                for i in (0, 1))
 
@@ -242,7 +242,7 @@ def test_build_host_lost_during_a_shared_build_is_reported_and_a_rerun_builds(ca
     assert "Unexpected error in Python callback" not in text  # one line, never a traceback
     for h in hosts[1:]:
         assert current_release(h) == before[h["name"]]  # nothing switched on the others
-        assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
+        assert ssh(h, f"curl -sf http://{SERVER_HOST}:{h['server_port_base']}/health")
     run = deploy({"llama_cpp_cmake_extra": ["-DLLAMA_FAULT_TEST=ON"]}, tmp_path, env=fresh_cache(tmp_path))
     assert run.rc == 0, run
     assert len({current_release(h) for h in hosts}) == 1

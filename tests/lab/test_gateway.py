@@ -11,10 +11,10 @@ import time
 import pytest
 
 from bench.lab.load import Load
-from tests.lab.helpers import REPO, deploy, forget, gateway_stat, lab, main_pid, rollout, run_env, ssh, th
+from tests.lab.helpers import GATEWAY_URL, REPO, deploy, forget, gateway_stat, lab, main_pid, rollout, run_env, ssh, th
 
 
-URL = "http://127.0.0.1:18800"
+URL = GATEWAY_URL
 
 
 def test_every_instance_is_a_health_checked_backend(gw):
@@ -36,7 +36,7 @@ def test_requests_and_prometheus_metrics_through_the_gateway(gw):
         t.join(timeout=70)
     s = load.stop()
     assert s["served"] >= 6 and s["failed"] == 0, s
-    metrics = ssh(gw, "curl -s http://127.0.0.1:18404/metrics")
+    metrics = ssh(gw, f"curl -s http://{gw['metrics']}/metrics")
     assert "haproxy_backend_http_responses_total" in metrics
 
 

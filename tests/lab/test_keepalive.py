@@ -9,10 +9,10 @@ import pytest
 
 from bench.lab.load import Load
 from lab.fleet import port_open
-from tests.lab.helpers import REPO, deploy, gateway_stat, lab, ssh
+from tests.lab.helpers import GATEWAY_URL, REPO, SERVER_HOST, deploy, gateway_stat, lab, ssh
 
 
-URL = "http://127.0.0.1:18800"
+URL = GATEWAY_URL
 
 
 def served_by(gw) -> dict[str, int]:
@@ -113,15 +113,15 @@ def test_closed_by_default_slots_props_and_listeners(gw):
         assert c.get("/health").status_code == 200
     for i in (0, 1):
         port = h["server_port_base"] + i
-        assert listeners(h, port) == {"127.0.0.1"}                 # only the host and the gateway reach it
-    assert listeners(gw, 18404) == {"127.0.0.1"}                   # stats and exporter: loopback
+        assert listeners(h, port) == {SERVER_HOST}                 # the lab's bridge: only this machine and the gateways reach it
+    assert listeners(gw, 18404) == {gw["address"]}                 # stats and exporter: the gateway's own address on the bridge
     # from the outside: the lab shares this machine's network, so its own non-loopback address is a
     # client on the network; every port above refuses it and answers on loopback
     outside = [a for a in ssh(h, "hostname -I").split() if "." in a and not a.startswith("127.")]
     if not outside:
         pytest.skip("this machine has no non-loopback IPv4 address to try the ports from")
-    for port in (h["server_port_base"], h["server_port_base"] + 1, 18404):
-        assert port_open(port), port
+    for port, at in ((h["server_port_base"], SERVER_HOST), (h["server_port_base"] + 1, SERVER_HOST), (18404, gw["address"])):
+        assert port_open(port, at), port
         assert not port_open(port, outside[0]), f"{outside[0]}:{port} accepts a connection from the network"
 
 

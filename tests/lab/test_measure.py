@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from bench.gpu.v100_measure import SHIPPED
-from tests.lab.helpers import lab, ssh
+from tests.lab.helpers import SERVER_HOST, lab, ssh
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,5 +20,5 @@ def test_the_first_host_measurement_runs_on_a_real_host(converged):
     assert all(v > 0 for v in out["prompt_tps"].values()) and out["decode_tps"] > 0
     assert out["cuda_context_mib"] is None and out["pool_growth_mib"] is None and out["slots"] == 4
     # instance 0 kept serving on its own port throughout
-    assert "ok" in ssh(host, "curl -s http://127.0.0.1:$(sed -n 's/.*--port \\([0-9]*\\).*/\\1/p' "
+    assert "ok" in ssh(host, f"curl -s http://{SERVER_HOST}:$(sed -n 's/.*--port \\([0-9]*\\).*/\\1/p' "
                              "/etc/voltafleet/llama-server/0.env)/health")

@@ -1,6 +1,6 @@
 """The model mirror on the lab fleet: with VOLTAFLEET_LAB_MIRROR=1 (these tests set it for their
 own runs) the gateway host vf-lab-gw is also the `mirror` group, Debian's nginx caching the lab's
-model mirror (the controller's nginx on 127.0.0.1:8808) on 127.0.0.1:18808 in 1 MiB pieces
+model mirror (the controller's nginx on the lab's bridge, 10.231.0.1:8808) on its own address's port 18808 in 1 MiB pieces
 (group_vars/lab.yml). Every server host fetches the model through it: the controller's access
 log shows the file's bytes sent once however many hosts fetch it; a download cut half way still
 resumes through the cache; a wrong sha256 is still refused on the server host.
@@ -12,10 +12,11 @@ import re
 
 import pytest
 
-from lab.fleet import MIRROR_PORT, STATE
+from lab.fleet import BRIDGE_ADDR, GATEWAY_INDEXES, MIRROR_PORT, STATE, gateway_address
 from tests.lab.helpers import MIRROR, deploy, lab, ssh, still, th
 
-BASE = f"http://127.0.0.1:{MIRROR_PORT}"
+AT = f"{gateway_address(GATEWAY_INDEXES[0])}:{MIRROR_PORT}"  # the first gateway's own address on the bridge
+BASE = f"http://{AT}"
 SLICE = 1 << 20  # group_vars/lab.yml's mirror_slice_mb
 CACHE = "/var/cache/voltafleet-mirror"  # group_vars/all.yml's mirror_cache_dir
 FETCH = "/opt/voltafleet/bin/vf-fetch-model"  # the model role's own script, as installed on a converged host
@@ -83,8 +84,8 @@ def test_the_mirror_is_debians_nginx_with_slices_and_a_second_run_changes_nothin
     assert th(gw).service("nginx").is_running and th(gw).service("nginx").is_enabled
     assert "--with-http_slice_module" in ssh(gw, "nginx -V 2>&1")
     conf = ssh(gw, "cat /etc/nginx/conf.d/voltafleet-mirror.conf")
-    for line in (f"listen 127.0.0.1:{MIRROR_PORT};", "slice 1m;", "proxy_cache_key $uri$is_args$args$slice_range;",
-                 "proxy_cache_lock on;", "~^/ http://127.0.0.1:8808$upstream_http_location;"):
+    for line in (f"listen {AT};", "slice 1m;", "proxy_cache_key $uri$is_args$args$slice_range;",
+                 "proxy_cache_lock on;", f"~^/ http://{BRIDGE_ADDR}:8808$upstream_http_location;"):
         assert line in conf, line
     assert absent(gw, "/etc/nginx/sites-enabled/default")  # Debian's welcome page (port 80) is off
     assert ssh(hosts[0], f"curl -s -o /dev/null -w '%{{http_code}}' -r 0-99 {BASE}/models/{model_name()}") == "206"
@@ -102,7 +103,7 @@ def test_every_host_fetches_the_model_through_the_cache_and_the_upstream_sends_i
         # a model_dir of their own: every host fetches the model again, at once (one pyinfra operation)
         run = deploy({"model_dir": MODELS}, tmp_path, env=MIRROR)
         assert run.rc == 0, run
-        assert f"(through 127.0.0.1:{MIRROR_PORT})" in run.out
+        assert f"(through {AT})" in run.out
         for h in every:
             assert ssh(h, f"sha256sum < {dest} | cut -d' ' -f1") == st["model_sha256"], h["name"]
             assert ssh(h, f"cut -d' ' -f1 {dest}.verified") == st["model_sha256"]

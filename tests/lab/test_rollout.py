@@ -6,8 +6,8 @@ back what it changed, so the files and tests run in any order.
 import pytest
 
 from lab import fleet
-from tests.lab.helpers import (build_info, compiled_here, current_release, deploy, lab, main_pid, report,
-                               fresh_cache, rollout, ssh, th)
+from tests.lab.helpers import (SERVER_HOST, build_info, compiled_here, current_release, deploy, fresh_cache, lab,
+                               main_pid, report, rollout, ssh, th)
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def test_every_instance_is_active_under_systemd(hosts):
         for i in (0, 1):
             unit = th(h).service(f"llama-server@{i}.service")
             assert unit.is_running and unit.is_enabled
-            assert th(h).run(f"curl -sf http://127.0.0.1:{h['server_port_base'] + i}/health").rc == 0
+            assert th(h).run(f"curl -sf http://{SERVER_HOST}:{h['server_port_base'] + i}/health").rc == 0
 
 
 def test_smoke_report_has_the_three_numbers(hosts):
@@ -45,8 +45,8 @@ def test_smoke_report_has_the_three_numbers(hosts):
 
 
 def test_servers_answer_with_the_model_over_ssh(hosts):
-    out = ssh(hosts[0], "curl -s http://127.0.0.1:%d/completion -d '{\"prompt\":\"hi\",\"n_predict\":4,\"temperature\":0}'"
-              % hosts[0]["server_port_base"])
+    out = ssh(hosts[0], "curl -s http://%s:%d/completion -d '{\"prompt\":\"hi\",\"n_predict\":4,\"temperature\":0}'"
+              % (SERVER_HOST, hosts[0]["server_port_base"]))
     assert '"tokens_predicted":4' in out and "hello" in out
 
 
@@ -127,7 +127,7 @@ def test_failed_build_never_touches_current_or_the_servers(converged, tmp_path):
     assert "voltafleet: build failed, log in" in run.out and "current release untouched" in run.out
     for h in all_hosts:
         assert (current_release(h), main_pid(h, 0)) == before[h["name"]]
-        assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
+        assert ssh(h, f"curl -sf http://{SERVER_HOST}:{h['server_port_base']}/health")
     run = deploy()
     assert run.rc == 0 and run.changed == 0, run
 
@@ -139,7 +139,7 @@ def test_bad_ref_is_refused_before_any_change(converged, tmp_path):
     assert run.rc != 0
     assert "llama_cpp_ref: 'no-such-tag' is not a tag, branch or commit" in run.out
     assert current_release(h) == before and main_pid(h, 0) == pid
-    assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
+    assert ssh(h, f"curl -sf http://{SERVER_HOST}:{h['server_port_base']}/health")
 
 
 def test_failed_smoke_rolls_back_to_the_last_good_flags(converged, tmp_path):
@@ -151,7 +151,7 @@ def test_failed_smoke_rolls_back_to_the_last_good_flags(converged, tmp_path):
     assert "single-stream" in run.out and "rolled back" in run.out
     assert ssh(h, "cat /etc/voltafleet/llama-server/0.env") == env_before
     assert ssh(h, "systemctl is-active llama-server@0.service") == "active"
-    assert ssh(h, f"curl -sf http://127.0.0.1:{h['server_port_base']}/health")
+    assert ssh(h, f"curl -sf http://{SERVER_HOST}:{h['server_port_base']}/health")
     # the fleet converges again with the unchanged config
     run = deploy()
     assert run.rc == 0 and run.changed == 0, run

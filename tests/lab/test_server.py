@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.lab.helpers import deploy, lab, main_pid, ssh, th
+from tests.lab.helpers import SERVER_HOST, deploy, lab, main_pid, ssh, th
 
 KEY = "vf-test-key-6c1b0e9f2a"
 
@@ -16,7 +16,7 @@ def hosts(converged):
 
 
 def health(h, i=0):
-    return ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{h['server_port_base'] + i}/health",
+    return ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' http://{SERVER_HOST}:{h['server_port_base'] + i}/health",
                check=False)
 
 
@@ -102,9 +102,9 @@ def test_api_key_is_a_file_never_argv_unit_or_env(hosts, tmp_path):
     assert KEY not in ssh(h, "journalctl -u 'llama-server@*' --no-pager -o cat")
     assert KEY not in run.out
     body = "-d '{\"prompt\":\"hi\",\"n_predict\":2}'"
-    assert ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/completion {body}") == "401"
+    assert ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' http://{SERVER_HOST}:{port}/completion {body}") == "401"
     assert ssh(h, f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {KEY}' "
-                  f"http://127.0.0.1:{port}/completion {body}") == "200"
+                  f"http://{SERVER_HOST}:{port}/completion {body}") == "200"
 
 
 def test_fleet_converges_back(hosts):

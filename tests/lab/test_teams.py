@@ -15,12 +15,11 @@ import openai
 import pytest
 
 from bench.lab.load import Load
-from tests.lab.helpers import deploy, lab, pids, ssh
+from tests.lab.helpers import GATEWAY_URL, SERVER_HOST, deploy, lab, metrics_url, pids, ssh
 from voltafleet.front import gateway, teams
 
 
-URL = "http://127.0.0.1:18800"
-METRICS = "http://127.0.0.1:18404" + teams.METRICS_PATH
+URL = GATEWAY_URL
 KEY = {name: "vf-" + secrets.token_urlsafe(24) for name in ("web", "web2", "batch", "slow", "stranger")}
 BATCH_SHARE = 0.25  # of the lab's 24 slots: 6 requests in flight
 
@@ -37,8 +36,8 @@ def team_vars(web_keys=("web",)) -> dict:
 
 
 def gateway_only(vars: dict, tmp) -> None:
-    """A gateway-only run (pyinfra --limit the gateway): the servers are not even connected to."""
-    run = deploy(vars, tmp, limit=lab()["gateway"]["name"])
+    """A gateway-only run (pyinfra --limit gateway: the pair): the servers are not even connected to."""
+    run = deploy(vars, tmp, limit="gateway")
     assert run.rc == 0, run
     assert "vf-lab-1" not in run.out  # no server host in this run
 
@@ -82,7 +81,7 @@ def under_load(change) -> dict:
 def usage() -> dict[tuple[str, str], float]:
     """{(metric, labels): value} from the gateway's /metrics/teams."""
     out = {}
-    for line in httpx.get(METRICS, timeout=10).text.splitlines():
+    for line in httpx.get(metrics_url(teams.METRICS_PATH), timeout=10).text.splitlines():
         m = re.match(r"^(voltafleet_team_\w+)\{([^}]*)\} (\S+)$", line)
         if m:
             out[(m.group(1), m.group(2))] = float(m.group(3))
@@ -309,7 +308,7 @@ def servers_predicted() -> float:
     total = 0.0
     for h in lab()["hosts"]:
         for i in (0, 1):
-            text = httpx.get(f"http://127.0.0.1:{h['server_port_base'] + i}/metrics", timeout=10).text
+            text = httpx.get(f"http://{SERVER_HOST}:{h['server_port_base'] + i}/metrics", timeout=10).text
             total += float(re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.M).group(1))
     return total
 
@@ -429,7 +428,7 @@ def wait_new_worker(old: int) -> int:
     while time.monotonic() < deadline:
         try:
             pid = haproxy_pid()
-            if pid != old and httpx.get(METRICS, timeout=5).status_code == 200:
+            if pid != old and httpx.get(metrics_url(teams.METRICS_PATH, lab()["gateway"]), timeout=5).status_code == 200:
                 return pid
         except (AssertionError, AttributeError, httpx.HTTPError):
             pass

@@ -11,10 +11,10 @@ import secrets
 import httpx
 
 from bench.lab.load import Load
-from tests.lab.helpers import deploy, env_file, gateway_stat, lab, main_pid, rollout
+from tests.lab.helpers import GATEWAY_URL, SERVER_HOST, deploy, env_file, gateway_stat, lab, main_pid, rollout
 
 
-URL = "http://127.0.0.1:18800"
+URL = GATEWAY_URL
 KEY = {name: "vf-" + secrets.token_urlsafe(24) for name in ("ide", "web")}
 LATENCY = {"server_tier": "latency", "server_parallel": 2, "server_ctx": 2048, "smoke_min_single_tps": 6,
            "server_spec_mtp": True, "server_spec_draft_max": 2}
@@ -57,7 +57,7 @@ def test_two_teams_on_two_tiers_overflow_and_a_rollout_of_the_latency_tier(gw, t
         assert {r["pxname"] for n, r in rows.items() if not n.startswith(fast)} == {"llama"}
         # the tier's servers draft with the model's MTP head (and passed the golden probe to get here)
         port = hosts[2]["server_port_base"]
-        answer = httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "hi", "n_predict": 16}, timeout=60).json()
+        answer = httpx.post(f"http://{SERVER_HOST}:{port}/completion", json={"prompt": "hi", "n_predict": 16}, timeout=60).json()
         assert answer["timings"]["draft_n"] > 0, answer["timings"]
         assert "draft-mtp" in env_file(hosts[2]) and "draft-mtp" not in env_file(hosts[0])
         # each team alone: its requests reach its tier only (2 ide clients fit the tier's 4 slots)

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from bench.lab.load import Load
-from tests.lab.helpers import REPO, env_file, gateway_stat, lab, rollout, run_env
+from tests.lab.helpers import GATEWAY_URL, REPO, env_file, gateway_stat, lab, rollout, run_env
 from voltafleet.measure import tune
 
 
 TUNED = REPO / "group_vars" / f"lab{tune.SUFFIX}"
-URL = "http://127.0.0.1:18800"
+URL = GATEWAY_URL
 
 
 @pytest.fixture

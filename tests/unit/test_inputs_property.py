@@ -167,7 +167,7 @@ def test_a_trailing_newline_is_refused(key):
     if good is None or key == "server_api_key_file":
         good = {"model_draft_url": "https://h.example/d.gguf", "model_draft_sha256": "b" * 64,
                 "server_api_key_file": "/etc/voltafleet/key", "model_sha256": "a" * 64,
-                "server_address": "gpu01.internal", "mirror_address": "mirror01.internal", "smoke_textfile_dir": "/var/lib/x",
+                "server_address": "gpu01.internal", "mirror_address": "mirror01.internal", "gateway_address": "10.0.0.11", "gateway_vip": "10.0.0.10", "smoke_textfile_dir": "/var/lib/x",
                 "nvidia_driver_version": "580.95.05", "server_spec_ngram": "ngram-mod", "tune_try": "slots"}[key]
     value = good + "\n"
     with pytest.raises(ConfigError) as e:

@@ -343,11 +343,14 @@ def lab_inventory(tmp_path, mirror_env: str | None, gateway: bool = True):
     """inventory/lab.py on a made-up lab state (VOLTAFLEET_LAB): {group: [(host, data)]} or the error."""
     state = tmp_path / "lab"
     state.mkdir(exist_ok=True)
-    hosts = [{"name": f"vf-lab-{i}", "ssh_port": 2200 + i, "server_port_base": 18000 + 10 * i} for i in (1, 2, 3)]
+    hosts = [{"name": f"vf-lab-{i}", "address": "127.0.0.1", "ssh_port": 2200 + i, "server_port_base": 18000 + 10 * i}
+             for i in (1, 2, 3)]
+    gws = [{"name": n, "address": a, "ssh_port": p, "metrics": f"{a}:18404"}
+           for n, a, p in (("vf-lab-gw", "10.231.0.11", 2209), ("vf-lab-gw2", "10.231.0.12", 2208))] if gateway else []
     (state / "lab.json").write_text(json.dumps({
-        "hosts": hosts, "gateway": {"name": "vf-lab-gw", "ssh_port": 2209} if gateway else None,
+        "hosts": hosts, "gateway": gws[0] if gws else None, "gateways": gws,
         "ssh_key": "/k", "known_hosts": "/kh", "llama_cpp_repo": "git://127.0.0.1:9418/llama.cpp.git",
-        "llama_cpp_ref": "c" * 40, "model_url": "http://127.0.0.1:8808/models/tiny-qwen35.gguf",
+        "llama_cpp_ref": "c" * 40, "model_url": "http://10.231.0.1:8808/models/tiny-qwen35.gguf",
         "model_sha256": "b" * 64}))
     env = {k: v for k, v in os.environ.items() if k not in ("VOLTAFLEET_LAB_MIRROR", "VOLTAFLEET_VARS",
                                                             "VOLTAFLEET_LAB_HOST_VARS")}
@@ -366,10 +369,14 @@ def test_the_lab_gateway_is_the_mirror_when_asked(tmp_path):
     plain = lab_inventory(tmp_path, None)
     assert sorted(plain) == ["gateway", "lab"]
     groups = lab_inventory(tmp_path, "1")
-    assert [h for h, _ in groups["mirror"]] == ["vf-lab-gw"] and [h for h, _ in groups["gateway"]] == ["vf-lab-gw"]
+    assert [h for h, _ in groups["mirror"]] == ["vf-lab-gw"]
+    assert [h for h, _ in groups["gateway"]] == ["vf-lab-gw", "vf-lab-gw2"]  # the pair, the first also the mirror
     assert [h for h, _ in groups["lab"]] == ["vf-lab-1", "vf-lab-2", "vf-lab-3"]
+    gw2 = dict(groups["gateway"])["vf-lab-gw2"]
+    assert (gw2["gateway_address"], gw2["gateway_metrics_bind"], gw2["mirror_listen"]) == \
+        ("10.231.0.12", "10.231.0.12:18404", "10.231.0.12")  # each on its own address on the bridge
     mirrors = mirror.mirrors_of(groups["mirror"])
-    assert mirrors == (mirror.Mirror("vf-lab-gw", "127.0.0.1", fleet.MIRROR_PORT, "http://127.0.0.1:8808"),)
-    assert mirror.fetch_url("http://127.0.0.1:8808/models/tiny-qwen35.gguf", "vf-lab-1", mirrors) == \
-        f"http://127.0.0.1:{fleet.MIRROR_PORT}/models/tiny-qwen35.gguf"
+    assert mirrors == (mirror.Mirror("vf-lab-gw", "10.231.0.11", fleet.MIRROR_PORT, "http://10.231.0.1:8808"),)
+    assert mirror.fetch_url("http://10.231.0.1:8808/models/tiny-qwen35.gguf", "vf-lab-1", mirrors) == \
+        f"http://10.231.0.11:{fleet.MIRROR_PORT}/models/tiny-qwen35.gguf"
     assert "Fix: run `python -m lab up --gateway`" in lab_inventory(tmp_path, "1", gateway=False)

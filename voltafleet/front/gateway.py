@@ -198,8 +198,9 @@ def tier_backends(backends: list[Backend], errorfile: str = ERRORFILE) -> list[d
              "errorfile": tiers.errorfile(t, errorfile)} for t in tiers.ordered({b.tier for b in backends})]
 
 
-def template_vars(cfg: dict, backends: list[Backend]) -> dict:
-    """Everything templates/haproxy.cfg.j2 reads, from the gateway host's variables."""
+def template_vars(cfg: dict, backends: list[Backend], pair: dict | None = None) -> dict:
+    """Everything templates/haproxy.cfg.j2 reads, from the gateway host's variables; `pair`: this
+    gateway's part of the gateway pair (voltafleet/front/pair.py Pair.haproxy_vars), None for one gateway."""
     return dict(
         backends=backends, tiers=tier_backends(backends), bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
         stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
@@ -207,7 +208,7 @@ def template_vars(cfg: dict, backends: list[Backend]) -> dict:
         queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
         affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
         model_alias=cfg["server_model_alias"], errorfile=ERRORFILE, teams=teams_vars(cfg, backends),
-        routes=routes_vars())
+        routes=routes_vars(), pair=pair)
 
 
 def routes_vars() -> dict:

@@ -1,5 +1,6 @@
 """The smoke test's measuring client, shipped to every server host as voltafleet-smoke
-(standard library only); it runs there, against 127.0.0.1, so no server port has to be open
+(standard library only); it runs there, against the address the servers bind (--host; 127.0.0.1 for
+a wildcard bind), so no server port has to be open
 to the controller:
 
     python3 voltafleet-smoke --port 8080 --port 8081 --tokens 128 --parallel 4 \
@@ -55,9 +56,12 @@ def graph_splits(log: str) -> list[int]:
 # ---------------------------------------------------------------- client (runs on the host)
 
 
+HOST = ["127.0.0.1"]  # --host: the address the servers bind (the host's own)
+
+
 def _request(port: int, method: str, path: str, body: dict | None, key: str | None,
              timeout: float = 600) -> http.client.HTTPResponse:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn = http.client.HTTPConnection(HOST[0], port, timeout=timeout)
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -314,6 +318,7 @@ def measure(port: int, tokens: int, parallel: int, key: str | None, health_timeo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="voltafleet smoke client")
     p.add_argument("--port", type=int, action="append", required=True)
+    p.add_argument("--host", default="127.0.0.1", help="the address the servers bind (default 127.0.0.1)")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--health-timeout", type=float, default=600)
@@ -326,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-sample-interval", type=float, default=1.0,
                    help="sample every GPU with nvidia-smi this often (s) while measuring; 0: never")
     a = p.parse_args(argv)
+    HOST[0] = a.host
     prompts = {name: open(f).read() for name, f in (("probe", a.probe_prompt_file),
                                                      ("probe_long", a.probe_long_prompt_file)) if f}
     key = open(a.api_key_file).read().strip() if a.api_key_file else None

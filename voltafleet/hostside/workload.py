@@ -33,6 +33,7 @@ WORDS = ("the fleet serves every team its answer while the canary measures what 
          "hardware under the plan").split()
 
 
+HOST = ["127.0.0.1"]  # --host: the address the server binds (the host's own)
 MAX_TURNS = 4  # a conversation's turns before the client starts a new one (bounds the prompt)
 
 
@@ -55,14 +56,14 @@ class Client:
 
     def __init__(self, port: int, key: str | None, rng: random.Random, thinking_budget: int | None = None):
         self.port, self.key, self.rng, self.thinking_budget = port, key, rng, thinking_budget
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        self.conn = http.client.HTTPConnection(HOST[0], port, timeout=600)
         self.messages: list[dict] = []
         self.turns, self.max_turns = 0, MAX_TURNS
 
     def reset(self) -> None:
         """A new connection for the next request (after a stream, or one that failed)."""
         self.conn.close()
-        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        self.conn = http.client.HTTPConnection(HOST[0], self.port, timeout=600)
 
     def body(self, messages: list[dict], answer_tokens: int) -> bytes:
         body = {"messages": messages, "max_tokens": answer_tokens, "stream": True, "ignore_eos": True,
@@ -256,6 +257,7 @@ def highest(*values: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="voltafleet's tune workload")
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1", help="the address the server binds (default 127.0.0.1)")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)
@@ -269,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--thinking-budget", type=int, help="thinking tokens before the answer (the server forces the "
                    "end of the thought); none: the model ends it itself")
     a = p.parse_args(argv)
+    HOST[0] = a.host
     key = open(a.api_key_file).read().strip() if a.api_key_file else None
     probe = Peak(a.gpu, a.unit, a.pid)
     after_load = probe.read() if a.gpu is not None else None

@@ -178,6 +178,18 @@ SCHEMA: dict[str, Var] = {
     "gateway_team_requests_per_minute": Var(int, min=1, max=1_000_000),
     "gateway_team_retry_after_s": Var(int, min=1, max=3600),
     "gateway_tier_overflow": Var(str, choices=teamvars.OVERFLOWS),
+    # two gateways or more (issue 52): one address between them (keepalived), one set of limits
+    "gateway_vip": Var(str, nullable=True, pattern=re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$"),
+                       hint="an IPv4 address on the gateways' network, e.g. 10.0.0.10"),
+    "gateway_vip_prefix": Var(int, min=8, max=32),
+    "gateway_vip_interface": Var(str, pattern=re.compile(r"^[A-Za-z0-9_.-]{1,15}$"), hint="a network interface like eth0"),
+    "gateway_vrrp_router_id": Var(int, min=1, max=255),
+    "gateway_vrrp_preempt_delay_s": Var(int, min=0, max=1000),
+    "gateway_address": Var(str, nullable=True, check=urls.server_host_error,
+                           hint="the address the other gateways reach this one at"),
+    "gateway_peers_port": _ports(),
+    "gateway_budget_peer_port": _ports(),
+    "gateway_budget_peer_poll_ms": Var(int, min=100, max=60000),
     "rollout_max_minutes": Var(int, min=1, max=7 * 24 * 60),
     # model mirror (nginx on the hosts of the `mirror` group; voltafleet/models/mirror.py)
     "mirror_port": _ports(),

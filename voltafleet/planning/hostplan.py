@@ -148,9 +148,14 @@ def cuda_archs(cfg: dict, gpus: list[dict]) -> list[int]:
                    if g.get("compute_cap") not in (None, "", "unknown")})
 
 
-def health_url(cfg: dict, port: int) -> str:
+def connect_host(cfg: dict) -> str:
+    """Where a program on the server host reaches its servers: the address they bind (127.0.0.1 for a wildcard)."""
     bind = cfg["server_host"]
-    return f"http://{'127.0.0.1' if bind in ('0.0.0.0', '::', '') else bind}:{port}/health"
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+
+
+def health_url(cfg: dict, port: int) -> str:
+    return f"http://{connect_host(cfg)}:{port}/health"
 
 
 def build_spec(cfg: dict, archs: list[int], commit: str) -> BuildSpec:

@@ -551,6 +551,102 @@ local function whole(v)
   return tonumber(v)
 end
 
+-- Two gateways or more behind one address (issue 52; voltafleet/front/pair.py, voltafleet/front/budgets.py's
+-- spent_text): this gateway answers its own counts to the others (vf_budget_spent, on the budget port that only
+-- their addresses reach), and a task reads theirs every PEER_POLL_MS; a budget check adds them to its own. A
+-- peer's last counts are kept in BUDGET_DIR/peer-<name> (written aside, renamed), so a gateway that restarts
+-- while its peer is down still counts what the peer served. A peer that cannot be read keeps its last counts;
+-- voltafleet_gateway_budget_peer_age_seconds says how old they are.
+local PEERS = {}
+for name, url in (os.getenv("VOLTAFLEET_BUDGET_PEERS") or ""):gmatch("([^ =]+)=([^ ]+)") do
+  PEERS[#PEERS + 1] = {name = name, url = url}
+end
+local PEER_POLL_MS = tonumber(os.getenv("VOLTAFLEET_BUDGET_PEER_POLL_MS") or "1000") or 1000
+local peer_book = {}  -- {name: {day, month, today = {team: n}, month_total = {team: n}, at = epoch s, text}}
+
+-- This gateway's own counts: "day <YYYY-MM-DD>\nmonth <YYYY-MM>\n<team> <day tokens> <month tokens>\n"...
+local function spent_text()
+  local out = {"day " .. book.day, "month " .. book.month}
+  local seen = {}
+  for _, src in ipairs({book.today, book.base}) do
+    for t in pairs(src) do
+      if not seen[t] then
+        seen[t] = true
+        local day = book.today[t] or 0
+        out[#out + 1] = string.format("%s %d %d", t, day, (book.base[t] or 0) + day)
+      end
+    end
+  end
+  return table.concat(out, "\n") .. "\n"
+end
+
+local function parse_spent(text)
+  local day, month = text:match("^day (%d%d%d%d%-%d%d%-%d%d)\nmonth (%d%d%d%d%-%d%d)\n")
+  if not day then error("not a gateway's token counts") end
+  local got = {day = day, month = month, today = {}, month_total = {}, text = text}
+  for team, d, m in text:gmatch("\n([^ \n]+) (%d+) (%d+)") do
+    got.today[team], got.month_total[team] = tonumber(d), tonumber(m)
+  end
+  return got
+end
+
+local function keep_peer(name, text)
+  local path = BUDGET_DIR .. "/peer-" .. name
+  local f = io.open(path .. ".tmp", "w")
+  if not f then error("cannot write " .. path .. ".tmp") end
+  f:write(text)
+  f:close()
+  if not os.rename(path .. ".tmp", path) then error("cannot rename " .. path .. ".tmp") end
+end
+
+-- A team's use as its budget counts it: this gateway's and every peer's counts of the same UTC day and month.
+local function used_of(team)
+  local day = book.today[team] or 0
+  local month = (book.base[team] or 0) + day
+  for _, p in pairs(peer_book) do
+    if p.day == book.day then day = day + (p.today[team] or 0) end
+    if p.month == book.month then month = month + (p.month_total[team] or 0) end
+  end
+  return {day = day, month = month}
+end
+
+if #PEERS > 0 then
+  core.register_task(function()
+    for _, p in ipairs(PEERS) do  -- the last counts kept before a restart
+      local ok, got = pcall(function() return parse_spent(lines_of(BUDGET_DIR .. "/peer-" .. p.name)) end)
+      if ok then got.at = 0; peer_book[p.name] = got end
+    end
+    while true do
+      for _, p in ipairs(PEERS) do
+        local ok, err = pcall(function()
+          local r = core.httpclient():get{url = p.url, timeout = math.max(PEER_POLL_MS, 500)}
+          if not r or r.status ~= 200 then error("answered " .. tostring(r and r.status)) end
+          local got = parse_spent(r.body)
+          got.at = os.time()
+          if not peer_book[p.name] or peer_book[p.name].text ~= got.text then keep_peer(p.name, got.text) end
+          peer_book[p.name] = got
+        end)
+        if not ok then alert("budget_peer " .. p.name, err) end
+      end
+      core.msleep(PEER_POLL_MS)
+    end
+  end)
+end
+
+core.register_service("vf_budget_spent", "http", function(applet)
+  local ok, body = pcall(function()
+    if not book.ready then error("not loaded") end
+    roll(os.time())
+    return spent_text()
+  end)
+  applet:set_status(ok and 200 or 503)
+  body = ok and body or "not ready\n"
+  applet:add_header("content-type", "text/plain")
+  applet:add_header("content-length", tostring(string.len(body)))
+  applet:start_response()
+  applet:send(body)
+end)
+
 -- Before every team's request: a team with a budget (txn.budget_day, txn.budget_month: its map entry) whose
 -- use in the UTC day or month reached it gets txn.vf_budget_body and txn.vf_budget_retry (the frontend's
 -- 429). txn.vf_budget_ok says the check was made; budgets still loading or unreadable are refused (503).
@@ -568,8 +664,7 @@ core.register_action("vf_budget", {"http-req"}, guard("budget", function(txn)
   end
   local now = os.time()
   roll(now)
-  local used = {day = book.today[team] or 0}
-  used.month = (book.base[team] or 0) + used.day
+  local used = used_of(team)
   local period = nil
   for _, p in ipairs({"month", "day"}) do
     if period == nil and budget[p] > 0 and used[p] >= budget[p] then period = p end
@@ -695,9 +790,18 @@ local function budget_metrics(out)
          .. "voltafleet_team_prompt_tokens_total), each request at the moment it was logged; kept in files across "
          .. "reloads and restarts; resets at 00:00 UTC (day) and on the 1st 00:00 UTC (month)", "gauge")
   for _, t in ipairs(names) do
-    local day = b.today[t] or 0
-    out[#out + 1] = string.format('voltafleet_team_budget_used_tokens{team="%s",period="day"} %d', t, day)
-    out[#out + 1] = string.format('voltafleet_team_budget_used_tokens{team="%s",period="month"} %d', t, (b.base[t] or 0) + day)
+    local u = book.ready and used_of(t) or {day = 0, month = 0}
+    out[#out + 1] = string.format('voltafleet_team_budget_used_tokens{team="%s",period="day"} %d', t, u.day)
+    out[#out + 1] = string.format('voltafleet_team_budget_used_tokens{team="%s",period="month"} %d', t, u.month)
+  end
+  if #PEERS > 0 then
+    metric(out, "voltafleet_gateway_budget_peer_age_seconds", "Seconds since this gateway last read another gateway's "
+           .. "token counts (its budgets count them); a dead peer's last counts are kept and grow old", "gauge")
+    for _, p in ipairs(PEERS) do
+      local at = peer_book[p.name] and peer_book[p.name].at or 0
+      out[#out + 1] = string.format('voltafleet_gateway_budget_peer_age_seconds{peer="%s"} %d', p.name,
+                                    at > 0 and os.time() - at or os.time())
+    end
   end
   metric(out, "voltafleet_team_budget_reset_timestamp_seconds", "When the current UTC day or month ends (its budgets reset), Unix time", "gauge")
   local now = os.time()

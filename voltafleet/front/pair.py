@@ -1,0 +1,155 @@
+"""Two gateways or more behind one address (issue 52): decided once from the gateway group's
+variables, pure (no pyinfra).
+
+- **One address.** keepalived on every gateway holds `gateway_vip` on the live one (VRRP, unicast
+  to the other gateways: no multicast needed). Its health check is HAProxy itself answering on its
+  own stats frontend (ALIVE_PATH), not only its process: a gateway whose HAProxy stops answering
+  gives the address up within about two seconds, a dead host within three adverts (~3.6 s). The
+  first gateway of the inventory has the highest priority and takes the address back once it has
+  been healthy for `gateway_vrrp_preempt_delay_s`. HAProxy binds the address on every gateway
+  (`transparent`: a socket may bind an address the host does not hold yet), so the one that gets it
+  serves at once, without a reload.
+- **One set of limits.** The teams' table (requests in flight, per minute) is one HAProxy `peers`
+  section across the gateways: every entry a gateway updates is pushed to the others, so the
+  gateway that takes the address over continues each team's counts. The token budgets' counts are
+  each gateway's own files (voltafleet/front/budgets.py); every gateway reads the others' counts
+  every `gateway_budget_peer_poll_ms` on their budget port (SPENT_PATH, answered to the other
+  gateways' addresses only) and adds them to its own before it admits a request.
+
+    >>> p = decide([("gw1", {**EXAMPLE, "gateway_address": "10.0.0.11"}, None),
+    ...             ("gw2", {**EXAMPLE, "gateway_address": "10.0.0.12"}, None)])
+    >>> p.priority("gw1"), p.priority("gw2"), [m.address for m in p.others("gw1")]
+    (150, 140, ['10.0.0.12'])
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+PEERS = "vf_gateways"                      # HAProxy's peers section
+ALIVE_PATH = "/voltafleet/alive"           # on the stats frontend: keepalived's check of HAProxy itself
+SPENT_PATH = "/voltafleet/budgets/spent"   # on the budget port: this gateway's own token counts
+KEEPALIVED_CONF = "/etc/keepalived/keepalived.conf"
+KEEPALIVED_STAGED = "/etc/keepalived/keepalived.conf.voltafleet"
+TOP_PRIORITY = 150                         # the first gateway's; each next one 10 lower
+EXAMPLE = {"gateway_vip": "10.0.0.10", "gateway_vip_prefix": 24, "gateway_vip_interface": "eth0",
+           "gateway_vrrp_router_id": 52, "gateway_vrrp_preempt_delay_s": 60, "gateway_address": None,
+           "gateway_peers_port": 10000, "gateway_budget_peer_port": 10001, "gateway_budget_peer_poll_ms": 1000,
+           "gateway_bind": "10.0.0.10:8000", "gateway_metrics_bind": "127.0.0.1:8404"}
+SHARED = ("gateway_vip", "gateway_vip_prefix", "gateway_vrrp_router_id", "gateway_bind", "gateway_peers_port",
+          "gateway_budget_peer_port")
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    address: str       # where the other gateways reach it (VRRP, peers, its counts)
+    alive_url: str     # its HAProxy's own check, from the host itself
+
+
+@dataclass(frozen=True)
+class Pair:
+    vip: str
+    prefix: int
+    interface: str
+    router_id: int
+    preempt_delay_s: int
+    peers_port: int
+    budget_port: int
+    poll_ms: int
+    members: tuple[Member, ...]
+
+    def member(self, name: str) -> Member:
+        return next(m for m in self.members if m.name == name)
+
+    def priority(self, name: str) -> int:
+        return TOP_PRIORITY - 10 * [m.name for m in self.members].index(name)
+
+    def others(self, name: str) -> list[Member]:
+        return [m for m in self.members if m.name != name]
+
+    def keepalived_vars(self, name: str) -> dict:
+        """Everything templates/keepalived.conf.j2 reads, for gateway `name`."""
+        me = self.member(name)
+        return dict(gateway=name, vip=self.vip, prefix=self.prefix, interface=self.interface, router_id=self.router_id,
+                    priority=self.priority(name), preempt_delay_s=self.preempt_delay_s, address=me.address,
+                    peers=[m.address for m in self.others(name)], alive_url=me.alive_url)
+
+    def haproxy_vars(self, name: str) -> dict:
+        """The HAProxy template's `pair` block, for gateway `name`."""
+        others = self.others(name)
+        return dict(peers=PEERS, local=name, port=self.peers_port, members=self.members, alive_path=ALIVE_PATH,
+                    budget_bind=f"{self.member(name).address}:{self.budget_port}", spent_path=SPENT_PATH,
+                    other_addresses=" ".join(m.address for m in others), poll_ms=self.poll_ms,
+                    budget_peers=" ".join(f"{m.name}=http://{m.address}:{self.budget_port}{SPENT_PATH}" for m in others))
+
+
+def address(name: str, cfg: dict, ssh_hostname: str | None) -> str:
+    """Where the other gateways reach gateway `name`: gateway_address, else its ssh_hostname, else its name."""
+    return cfg.get("gateway_address") or ssh_hostname or name
+
+
+def alive_url(cfg: dict) -> str:
+    """The HAProxy check keepalived runs on the gateway itself: its stats frontend (a wildcard bind: loopback)."""
+    host, port = cfg["gateway_metrics_bind"].rsplit(":", 1)
+    host = host.strip("[]")
+    return f"http://{'127.0.0.1' if host in ('', '*', '0.0.0.0', '::') else host}:{port}{ALIVE_PATH}"
+
+
+def decide(gateways: list[tuple[str, dict, str | None]]) -> Pair | None:
+    """The pair from the gateway group's hosts (name, variables, ssh_hostname) in inventory order;
+    None for one gateway or none (no keepalived, no peers). Assumes problems() found none."""
+    if len(gateways) < 2:
+        return None
+    cfg = gateways[0][1]
+    return Pair(vip=cfg["gateway_vip"], prefix=cfg["gateway_vip_prefix"], interface=cfg["gateway_vip_interface"],
+                router_id=cfg["gateway_vrrp_router_id"], preempt_delay_s=cfg["gateway_vrrp_preempt_delay_s"],
+                peers_port=cfg["gateway_peers_port"], budget_port=cfg["gateway_budget_peer_port"],
+                poll_ms=cfg["gateway_budget_peer_poll_ms"],
+                members=tuple(Member(n, address(n, c, h), alive_url(c)) for n, c, h in gateways))
+
+
+def _ipv4(text: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
+    except ValueError:
+        return False
+
+
+def problems(gateways: list[tuple[str, dict, str | None]]) -> list[tuple[str, str, str, str]]:
+    """(host, key, what, fix) for each reason the gateway group cannot run as one address; [] when it can
+    (one gateway always can)."""
+    if len(gateways) < 2:
+        return []
+    out = []
+    names = ", ".join(n for n, _, _ in gateways)
+    first_name, first, _ = gateways[0]
+    for name, cfg, ssh_hostname in gateways:
+        if not cfg["gateway_vip"]:
+            out.append((name, "gateway_vip", f"is null, but the gateway group holds {len(gateways)} hosts ({names}): "
+                        "without one address the clients would need a list of gateways",
+                        "set gateway_vip to a free address on the gateways' network (group_vars/gateway.yml)"))
+            continue
+        for key in SHARED:
+            if cfg[key] != first[key]:
+                out.append((name, key, f"is {cfg[key]!r}, {first_name}'s is {first[key]!r}: the gateways of one "
+                            "address must agree", f"set {key} once for the gateway group (group_vars/gateway.yml)"))
+        host = cfg["gateway_bind"].rsplit(":", 1)[0].strip("[]")
+        if host not in (cfg["gateway_vip"], "0.0.0.0", "*", ""):
+            out.append((name, "gateway_bind", f"is {cfg['gateway_bind']}, not on gateway_vip {cfg['gateway_vip']}: "
+                        "clients would reach one gateway, not the one holding the address",
+                        f'set gateway_bind: "{cfg["gateway_vip"]}:{cfg["gateway_bind"].rsplit(":", 1)[1]}"'))
+        me = address(name, cfg, ssh_hostname)
+        if not _ipv4(me) or ipaddress.ip_address(me).is_loopback:
+            out.append((name, "gateway_address", f"is {me!r} (gateway_address, else ssh_hostname): the other gateways "
+                        "need this gateway's own IPv4 address (VRRP unicast, peers, the source its token counts "
+                        "are answered to)", "set gateway_address to the host's address on the gateways' network"))
+        elif me == cfg["gateway_vip"]:
+            out.append((name, "gateway_address", f"is the shared address {me}",
+                        "set gateway_address to the host's own address, not gateway_vip"))
+    addresses = [address(n, c, h) for n, c, h in gateways]
+    for name, a in zip([n for n, _, _ in gateways], addresses):
+        if addresses.count(a) > 1:
+            out.append((name, "gateway_address", f"is {a}, another gateway's too",
+                        "give each gateway its own gateway_address"))
+    return out
