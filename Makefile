@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 LAB_HOSTS ?= 3
-HOST_PACKAGES := debootstrap systemd-container nginx-light git ccache openssh-client curl python3-venv haproxy socat faketime
+HOST_PACKAGES := debootstrap systemd-container iproute2 nginx-light git ccache openssh-client curl python3-venv haproxy socat faketime
 
 .PHONY: host-packages promtool setup lab-up lab-down demo test unit bench
 
@@ -37,7 +37,7 @@ lab-up: setup
 lab-down: setup
 	$(PY) -m lab down
 
-# The main job: bring the lab fleet up (3 servers + HAProxy gateway), then a rolling
+# The main job: bring the lab fleet up (3 servers + a pair of HAProxy gateways, one address), then a rolling
 # rollout: preflight on every host, the canary, then the rest; the smoke tables and the fleet report.
 # Then the pin gate for llama.cpp b11434 (issue 50): the fleet to it and back under load; its verdict is
 # `incomplete` here (exit 3: no CUDA 12.x nvcc for the sm_70 compile, no GPU for the proof), never a pass.

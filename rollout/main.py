@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", default="reports", help="where the fleet report goes (default reports/)")
     p.add_argument("--no-gateway", action="store_true",
                    help="roll without the gateway: instances restart without a drain (the gateway is down or absent)")
+    p.add_argument("--gateways-only", action="store_true",
+                   help="configure the gateways (and mirrors) only, one gateway at a time while the others serve the "
+                        "fleet's address; no server host changes (preflight still reads them for the backends)")
     p.add_argument("--textfile-dir", default=None,
                    help="also write voltafleet-rollout.prom here (node_exporter's textfile collector on the controller)")
     p.add_argument("--record-probe", action="store_true",
@@ -59,6 +62,8 @@ def refusal(a, fleet: Fleet, canary: list[str]) -> str | None:
     if a.tune and (len(canary) != 1 or canary[0] not in fleet.servers or a.plan or a.record_probe):
         return ("--tune measures one server host: give it with --canary HOST (or --canary 1), "
                 "without --plan or --record-probe")
+    if a.gateways_only and (a.tune or a.plan or a.no_gateway or a.record_probe):
+        return "--gateways-only runs the gateway phase alone: without --tune, --plan, --no-gateway or --record-probe"
     if a.record_probe and not canary:
         return "--record-probe records the canary's probe: give a canary"
     return None

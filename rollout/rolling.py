@@ -60,6 +60,10 @@ class Rollout:
         t0 = time.time()
         if not self.preflight() or not self.configure():
             return 2
+        if self.args.gateways_only:
+            say(f"gateways configured ({' | '.join(', '.join(s) for s in rolling.gateway_steps(self.configured, self.gateways))}"
+                f", one run each) in {round(time.time() - t0, 1)} s; no server host was changed")
+            return 0
         stopped = self.roll()
         return self.report(stopped, round(time.time() - t0, 1))
 
@@ -94,13 +98,20 @@ class Rollout:
         return True
 
     def configure(self) -> bool:
-        """Every gateway and mirror, before the first batch (their hosts only)."""
+        """Every gateway and mirror, before the first batch (their hosts only); two gateways or more: one
+        gateway a run, the others serving the fleet's address meanwhile (rolling.gateway_steps)."""
         if not self.configured or self.runner.interrupt.asked:
             return True
-        if self.timed("gateway", self.configured, self.session.ctx("gateway")) != 0:
-            say(f"the {'gateway or mirror' if self.fleet.mirrors else 'gateway'} could not be configured "
-                f"({', '.join(self.configured)}): no server host was changed")
-            return False
+        steps = rolling.gateway_steps(self.configured, self.gateways)
+        for n, step in enumerate(steps):
+            if self.runner.interrupt.asked:
+                return True
+            if self.timed("gateway" if n == 0 else f"gateway-{n + 1}", step, self.session.ctx("gateway")) != 0:
+                done = [h for s in steps[:n] for h in s]
+                say(f"the {'gateway or mirror' if self.fleet.mirrors else 'gateway'} could not be configured "
+                    f"({', '.join(step)}): no server host was changed"
+                    + (f" ({', '.join(done)} already configured, serving)" if done else ""))
+                return False
         return True
 
     def roll(self) -> str | None:

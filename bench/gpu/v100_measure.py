@@ -50,8 +50,11 @@ def env_of(path: str) -> dict:
 
 
 def spare_port(args: list[str], port: int) -> list[str]:
+    """Instance 0's argv on a spare port, listening on loopback only (the measurement's own copy)."""
     args = list(args)
     args[args.index("--port") + 1] = str(port)
+    if "--host" in args:
+        args[args.index("--host") + 1] = "127.0.0.1"
     return args
 
 

@@ -36,12 +36,12 @@ from pathlib import Path
 import httpx
 import yaml
 
-from lab.fleet import load_state
+from lab.fleet import BRIDGE_ADDR, GATEWAY_PORT, GATEWAY_VIP, load_state
 from voltafleet.front import gateway
 
 REPO = Path(__file__).resolve().parents[2]
 
-URL = "http://127.0.0.1:18800"
+URL = f"http://{GATEWAY_VIP}:{GATEWAY_PORT}"  # the lab's gateway pair's one address
 SYSTEM = ("You are the support assistant of a company that runs fleets of GPU servers for language models. "
           "Answer briefly, precisely and politely. ") * 24  # a long shared system prompt (~600 tokens)
 WORDS = ("gpu driver server fleet rollout gateway slot cache prompt token model build compile kernel memory "
@@ -229,7 +229,7 @@ def warm(st: dict) -> None:
     """One request straight to every instance: the model's pages in, before any mode is timed."""
     for h in st["hosts"]:
         for i in range(2):
-            with httpx.Client(base_url=f"http://127.0.0.1:{h['server_port_base'] + i}", timeout=300) as c:
+            with httpx.Client(base_url=f"http://{BRIDGE_ADDR}:{h['server_port_base'] + i}", timeout=300) as c:
                 ask(c, first_messages(f"warm-{h['name']}-{i}")[:1] + [{"role": "user", "content": "Hello."}])
 
 
@@ -269,7 +269,7 @@ def main() -> int:
     g = st["gemma"]
     gemma = {"model_url": g["url"], "model_sha256": g["sha256"], "smoke_probe_prompt": g["prompt"],
              "server_ctx": 16384, "smoke_tokens": 16, "smoke_parallel": 2}
-    gw_ssh = ["ssh", "-F", st["ssh_config"], st["gateway"]["name"]]
+    gw_ssh = ["ssh", "-F", st["ssh_config"], st["gateway"]["name"]]  # the first gateway: it holds the address
     results: list[dict] = []
     record = {"argv": sys.argv, "conversations": a.conversations, "turns": a.turns, "parallel": a.parallel,
               "think_s": a.think, "factor": a.factor, "queue_timeout_s": a.queue_timeout, "runs": results}
@@ -280,7 +280,7 @@ def main() -> int:
         warm(st)
         for rep in range(a.reps):
             for mode in a.modes:
-                pyinfra(["--limit", st["gateway"]["name"]], {**gemma, "gateway_affinity": mode == "on",
+                pyinfra(["--limit", "gateway"], {**gemma, "gateway_affinity": mode == "on",
                                                          "gateway_hash_balance_factor": a.factor, **queue})
                 r = run_mode(f"{run_id}-{mode}{rep}", a.conversations, a.turns, a.parallel, gw_ssh, a.think, a.factor)
                 results.append({"mode": mode, "rep": rep, **r})

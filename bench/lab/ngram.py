@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from lab.fleet import load_state
+from lab.fleet import BRIDGE_ADDR, load_state
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def main() -> int:
     st = load_state()
     g = st["gemma"]
     h = st["hosts"][0]
-    url = f"http://127.0.0.1:{h['server_port_base']}"
+    url = f"http://{BRIDGE_ADDR}:{h['server_port_base']}"
     base = {"model_url": g["url"], "model_sha256": g["sha256"], "smoke_probe_prompt": g["prompt"],
             "smoke_tokens": 16, "smoke_parallel": 2, "server_ctx_checkpoints": 16}
     record: dict = {"host": h["name"], "instance_url": url, "runs": a.runs, "tokens": a.tokens, "modes": {}}

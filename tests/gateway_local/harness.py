@@ -88,7 +88,7 @@ def sha(key: str) -> str:
 
 def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, metrics_port: int,
            budgets: dict[str, dict] | None = None, tier_ports: dict[str, tuple[int, int]] | None = None,
-           over: dict | None = None) -> str:
+           over: dict | None = None, pair: dict | None = None) -> str:
     """haproxy.cfg for this machine: the project's template and variables, one llama-server
     backend (16 slots, the throughput tier) and one a tier of tier_ports {tier: (port, slots)}
     (the host `<tier>`), the teams' keys {team: key} and more fields of each team's entry
@@ -110,7 +110,7 @@ def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, 
     served = {b.tier: 1 for b in backends}
     problems = tiers.fleet_problems(teams.parse(cfg["gateway_teams"]), served, "harness")
     assert not problems, problems
-    args = gateway.template_vars(cfg, backends)
+    args = gateway.template_vars(cfg, backends, pair)
     args.update(admin_socket=str(tmp / "admin.sock"), state_file=str(tmp / "server-state"),
                 errorfile=str(tmp / "503.http"))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), trim_blocks=True,
@@ -153,9 +153,13 @@ class Local:
 
     def __init__(self, tmp: Path, keys: dict[str, str], slots: int = 16, ctx_per_slot: int = 4096,
                  budgets: dict[str, dict] | None = None, tiers: dict[str, int] | None = None,
-                 over: dict | None = None, threads: int | None = None):
+                 over: dict | None = None, threads: int | None = None, pair: dict | None = None,
+                 gw_ports: tuple[int, int] | None = None):
         self.tmp, self.keys, self.slots, self.ctx, self.budgets = tmp, keys, slots, ctx_per_slot, budgets
         self.server_port, self.gw_port, self.metrics_port = BASE_PORT, BASE_PORT + 1, BASE_PORT + 2
+        if gw_ports:  # a second gateway in front of the same server (a pair: `pair`, its part of it)
+            self.gw_port, self.metrics_port = gw_ports
+        self.pair = pair
         self.tier_ports = {t: (BASE_PORT + 3 + i, n) for i, (t, n) in enumerate((tiers or {}).items())}
         self.over, self.threads = over, threads  # threads: each server's -t (None: llama-server's default)
         self.procs: list[subprocess.Popen] = []
@@ -199,7 +203,7 @@ class Local:
     def start_gateway(self) -> "Local":
         cfg = self.tmp / "haproxy.cfg"
         cfg.write_text(config(self.tmp, self.keys, self.server_port, self.gw_port, self.metrics_port, self.budgets,
-                              self.tier_ports, self.over))
+                              self.tier_ports, self.over, self.pair))
         subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], check=True)
         self.start_haproxy()
         return self

@@ -104,7 +104,7 @@ def test_a_new_model_under_the_same_file_name_is_rolled_back_to_the_old_one(thre
 
 
 def test_a_second_rollout_refuses_at_once_naming_the_holder(three, tmp_path):
-    names = [h["name"] for h in lab()["hosts"]] + ([lab()["gateway"]["name"]] if lab().get("gateway") else [])
+    names = [h["name"] for h in lab()["hosts"]] + [g["name"] for g in lab().get("gateways") or []]
     path = FleetLock.for_hosts(names, "x").path
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, %r)\n"
@@ -129,14 +129,14 @@ def test_a_second_rollout_refuses_at_once_naming_the_holder(three, tmp_path):
 
 
 def test_a_limited_run_keeps_every_hosts_backends_on_the_gateway(three, tmp_path):
-    gw = lab()["gateway"]
     want = sorted(f"{h['name']}-{i}" for h in lab()["hosts"] for i in (0, 1))
     e = run_env(None, None, tmp_path)
-    proc = subprocess.run([PYINFRA, "-y", "--limit", three[0]["name"], "--limit", gw["name"], "inventory/lab.py",
+    proc = subprocess.run([PYINFRA, "-y", "--limit", three[0]["name"], "--limit", "gateway", "inventory/lab.py",
                            "deploy.py"], cwd=REPO, env=e, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    listed = sorted(line.split()[1] for line in ssh(gw, "grep -E '^ +server ' /etc/haproxy/haproxy.cfg").splitlines())
-    assert listed == want
+    for gw in lab()["gateways"]:  # both gateways of the pair (a run must reach every one: drains)
+        listed = sorted(line.split()[1] for line in ssh(gw, "grep -E '^ +server ' /etc/haproxy/haproxy.cfg").splitlines())
+        assert listed == want, gw["name"]
 
 
 def test_every_host_is_judged_on_its_own_record_of_the_run(three, tmp_path):

@@ -198,7 +198,8 @@ def test_a_killed_server_cuts_only_its_open_streams_leaves_rotation_and_returns(
 def test_an_invalid_configuration_leaves_the_running_gateway_untouched(gw, tmp_path):
     before_cfg = ssh(gw, "cat /etc/haproxy/haproxy.cfg")
     pid = ssh(gw, "systemctl show -P MainPID haproxy")
-    run = deploy(host_vars={gw["name"]: {"gateway_bind": "127.0.0.1:99999"}}, tmp=tmp_path)
+    bad = {"gateway_bind": "10.231.0.10:99999"}  # on the pair's address (both gateways agree), a port HAProxy refuses
+    run = deploy(host_vars={g["name"]: bad for g in lab()["gateways"]}, tmp=tmp_path)
     assert run.rc != 0
     assert "the new HAProxy configuration is invalid; the running gateway is untouched" in run.out
     assert ssh(gw, "cat /etc/haproxy/haproxy.cfg") == before_cfg

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from bench.lab.load import Load
-from tests.lab.helpers import GATEWAY_URL, SERVER_HOST, deploy, lab, metrics_url, pids, ssh
+from tests.lab.helpers import GATEWAY_URL, SERVER_HOST, deploy, gateways, lab, metrics_url, pids, ssh, wait_holder
 from voltafleet.front import gateway, teams
 
 
@@ -480,3 +480,43 @@ def test_the_budget_counts_survive_a_reload_and_a_restart_of_the_gateway(team_fl
     assert budget_used(name) == used and budget_used("web", "month") == web
     assert native_status(key).status_code == 429
     gateway_only(team_vars(), team_fleet)
+
+
+def test_a_budget_spent_half_through_each_gateway_refuses_at_the_same_total_as_through_one(team_fleet):
+    """Through one gateway (spent_budget_team): 40 + p tokens twice, then the third refused. Here the first
+    through vf-lab-gw; the address moved to vf-lab-gw2 (the first's HAProxy stopped); the second through it,
+    the third refused there; back on the first, the first refuses too (issue 52)."""
+    first, second = gateways()
+    name, key = "p" + secrets.token_hex(4), "vf-" + secrets.token_urlsafe(24)
+    v = team_vars()
+    v["gateway_teams"].append({"name": name, "key_sha256": sha(key), "tokens_per_day": 60})
+    gateway_only(v, team_fleet)
+    assert wait_holder()["name"] == first["name"]
+    assert native_status(key).status_code == 200
+    one = budget_used(name)
+    time.sleep(1.5)  # the second reads the first's counts every gateway_budget_peer_poll_ms (1 s)
+    ssh(first, "systemctl stop haproxy")
+    try:
+        wait_holder(second["name"])
+        assert native_status(key).status_code == 200  # 40 + p < 60: the second admits it, counting the first's
+        time.sleep(0.3)
+        assert budget_used(name) == 2 * one  # the second's figure: both requests
+        r = native_status(key)
+        assert r.status_code == 429 and f"has used {int(2 * one)} of its daily budget of 60" in r.json()["error"]["message"]
+    finally:
+        ssh(first, "systemctl start haproxy")
+        wait_holder(first["name"])
+    time.sleep(1.5)  # the first reads the second's counts
+    assert native_status(key).status_code == 429 and budget_used(name) == 2 * one
+    gateway_only(team_vars(), team_fleet)
+
+
+def test_a_gateways_counts_are_answered_to_the_other_gateway_only(team_fleet):
+    from voltafleet.front import pair
+
+    first, second = gateways()
+    url = f"http://{first['address']}:10001{pair.SPENT_PATH}"
+    assert httpx.get(url, timeout=5).status_code == 403  # this machine, a client on the bridge: refused
+    out = ssh(second, f"curl -s -w '\\n%{{http_code}}' {url}")
+    assert out.endswith("\n200") and out.startswith("day "), out  # the other gateway reads them
+    assert ssh(second, f"curl -s -o /dev/null -w '%{{http_code}}' http://{first['address']}:10001/metrics") == "404"

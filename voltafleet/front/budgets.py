@@ -95,3 +95,43 @@ def sums(text: str) -> dict[str, int]:
         if len(parts) in (2, 3) and parts[1].isdigit():
             out[parts[0]] = out.get(parts[0], 0) + int(parts[1])
     return out
+
+
+# Two gateways or more (issue 52, voltafleet/front/pair.py): each answers its own counts to the others
+# (the Lua's vf_budget_spent) and adds theirs, of the same UTC day and month, before it admits a request.
+
+def spent_text(day: str, month: str, today: dict[str, int], month_before_today: dict[str, int]) -> str:
+    """A gateway's own counts as it answers them to the other gateways: the UTC day and month, then a
+    line a team, `<team> <day tokens> <month tokens>` (the month's including the day's).
+
+    >>> spent_text("2026-12-05", "2026-12", {"web": 5}, {"web": 10, "batch": 7})
+    'day 2026-12-05\\nmonth 2026-12\\nweb 5 15\\nbatch 0 7\\n'
+    """
+    teams = list(dict.fromkeys([*today, *month_before_today]))
+    lines = [f"day {day}", f"month {month}"] + [
+        f"{t} {today.get(t, 0)} {month_before_today.get(t, 0) + today.get(t, 0)}" for t in teams]
+    return "\n".join(lines) + "\n"
+
+
+def parse_spent(text: str) -> tuple[str, str, dict[str, tuple[int, int]]]:
+    """(day, month, {team: (day tokens, month tokens)}) from another gateway's answer; ValueError otherwise."""
+    lines = text.splitlines()
+    if len(lines) < 2 or not lines[0].startswith("day ") or not lines[1].startswith("month "):
+        raise ValueError("not a gateway's token counts")
+    teams = {}
+    for line in lines[2:]:
+        team, d, m = line.split()
+        teams[team] = (int(d), int(m))
+    return lines[0][4:], lines[1][6:], teams
+
+
+def used_across(team: str, day: str, month: str, own: dict[str, int], peers: list[str]) -> dict[str, int]:
+    """A team's use as its budget counts it on one gateway: its own {day, month} and each other gateway's
+    last answer (spent_text) counted only for the same UTC day and month."""
+    out = {"day": own.get("day", 0), "month": own.get("month", 0)}
+    for text in peers:
+        p_day, p_month, teams = parse_spent(text)
+        d, m = teams.get(team, (0, 0))
+        out["day"] += d if p_day == day else 0
+        out["month"] += m if p_month == month else 0
+    return out

@@ -44,6 +44,20 @@ def batches(hosts: list[str], canary: list[str], batch: str | int) -> list[list[
     return out + [rest[i:i + size] for i in range(0, len(rest), size)]
 
 
+def gateway_steps(configured: list[str], gateways: list[str]) -> list[list[str]]:
+    """The gateway phase's pyinfra runs: one run of every gateway and mirror; with two gateways or more
+    (one address between them), the mirrors with the first gateway, then each other gateway alone, so
+    one gateway changes at a time while the others serve.
+
+    >>> gateway_steps(["gw1", "gw2", "m1"], ["gw1", "gw2"])
+    [['gw1', 'm1'], ['gw2']]
+    """
+    if len(gateways) < 2:
+        return [configured] if configured else []
+    rest = [h for h in configured if h not in gateways]
+    return [[gateways[0]] + rest] + [[g] for g in gateways[1:] if g in configured]
+
+
 def should_stop(results: dict[str, str], fail_percent: float, canary: list[str]) -> str | None:
     """Why the rollout stops now, or None to go on. `results`: host -> status so far.
 
