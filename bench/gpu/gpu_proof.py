@@ -324,7 +324,7 @@ def _median(values):
 
 
 def think_round(recs: list) -> dict:
-    """One round (1 or 16 requests at once): the median request's figures (proof_bench.think_figures,
+    """One round (1 or 16 requests at once): the median request's figures (bench.gpu.proof.thinking.think_figures,
     and the server's decode tok/s), and the round's aggregate tok/s: every streamed token over the
     time from the first request sent to the last token."""
     out = {f: _median([q.get(f) for q in recs]) for f in THINK_FIGURES}
@@ -459,10 +459,12 @@ def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT,
 
 
 # What the GPU machine runs with python3 (stdlib only), each at its repository path so that it imports
-# there as here: `PYTHONPATH=DEST python3 -m bench.gpu.proof_bench`.
-MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py",
-                   "bench/gpu/voltarule.py", "voltafleet/__init__.py", "voltafleet/hostside/__init__.py",
-                   "voltafleet/hostside/smoke_client.py",
+# there as here: `PYTHONPATH=DEST python3 -m bench.gpu.proof_bench`. The phases' package goes whole, so a
+# module added to it is shipped with the rest.
+PROOF_PHASES = tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "bench/gpu/proof").glob("*.py")))
+MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proof_bench.py", *PROOF_PHASES,
+                   "bench/gpu/qwen35_bench.py", "bench/gpu/voltarule.py", "voltafleet/__init__.py",
+                   "voltafleet/hostside/__init__.py", "voltafleet/hostside/smoke_client.py",
                    "voltafleet/hostside/workload.py")
 
 

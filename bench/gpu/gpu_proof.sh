@@ -5,7 +5,7 @@
 #   facts -> CUDA build through vf-build-release.sh with voltafleet's argv -> the shape-exact
 #   Qwen3.6-27B Q4_K_S -> the Volta-rule variant (bench/gpu/voltarule.py: Volta's exact kernel choice) and
 #   the same with FORCE_MMQ -> bench/gpu/proof_bench.py: peaks, llama-bench, the servers, the probes (issue 27)
-# PHASES picks proof_bench's phases (default: issue 27's); the FORCE_MMQ variant is skipped when every
+# PHASES picks proof_bench's phases (its PHASES table; default: issue 27's); the FORCE_MMQ variant is skipped when every
 # phase names the Volta-rule build (e.g. issue 32: PHASES=think32:volta), the tiny probe model unless probe27 runs.
 set -u
 W=$(cd "$(dirname "$0")" && pwd)
@@ -15,6 +15,11 @@ mkdir -p "$RES"
 if [ "${1:-}" = __run ]; then
   export PYTHONUNBUFFERED=1
   log() { echo "[$(date +%T)] $*" | tee -a "$RES/progress.txt"; }
+  PH=${PHASES:-peak:volta,bench27:volta,bench27:mmq,serve27:volta,serve27:mmq,probe27,peak:mmq}
+  # a phase list proof_bench would refuse (proof_bench.refused) ends the run here, before the build
+  why=$(PYTHONPATH=$W python3 -c 'import sys; from bench.gpu.proof_bench import refused; print(refused(sys.argv[1].split(",")) or "")' "$PH") ||
+    why="bench.gpu.proof_bench does not import"
+  if [ -n "$why" ]; then log "phases: $why"; echo failed > "$RES/DONE"; exit 1; fi
   log "facts"
   { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; command -v nvcc
     nvcc --version; g++ --version | head -1; cmake --version | head -1; nproc; command -v ccache; } > "$RES/facts.txt" 2>&1
@@ -59,7 +64,6 @@ PY
     "/tmp/$1/bin/llama-server" --version >> "$RES/build-$1.txt" 2>&1
     log "$(grep " rc=" "$RES/build-$1.txt")"
   }
-  PH=${PHASES:-peak:volta,bench27:volta,bench27:mmq,serve27:volta,serve27:mmq,probe27,peak:mmq}
   python3 "$W/bench/gpu/voltarule.py" "$src" > "$RES/voltarule.diff" || { log "voltarule: anchors moved"; echo failed > "$RES/DONE"; exit 1; }
   variant volta
   # the FORCE_MMQ variant unless every phase names the Volta-rule build (issue 32: think32:volta)

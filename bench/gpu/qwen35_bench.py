@@ -171,7 +171,11 @@ def llama_bench(bindir: str, model: str, args: list[str], tg: int, reps: int) ->
     return out
 
 
-class Run:
+class Record:
+    """A run's plan.json and its results.json (read back when RES already holds one, saved after
+    every step), with the GPU's memory before any server (`baseline`). The GPU proof's runner
+    (bench/gpu/proof/runner.py) builds on it too."""
+
     def __init__(self, a):
         self.a = a
         self.plan = json.load(open(a.plan))
@@ -184,6 +188,10 @@ class Run:
     def save(self):
         json.dump(self.results, open(self.path + ".tmp", "w"), indent=1)
         os.replace(self.path + ".tmp", self.path)
+
+
+class Run(Record):
+    """This pipeline's phases (ladder, bench, reuse, mtp), each a method that main() calls by name."""
 
     def model(self, name: str) -> str:
         return os.path.join(self.a.models, f"{name}.gguf")

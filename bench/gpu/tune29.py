@@ -6,7 +6,7 @@ gets it and its VRAM plan for a V100-32GB (32,768 MiB; a setting that does not f
 refused, never run), and the build it runs on: the shipped FORCE_MMQ release (`mmq`), or for the
 build-variant setting the Volta-rule release (`volta`).
 
-The GPU side (phase tune29 of proof_bench.py, Proof29.tune29): each setting's server, its GPU's memory
+The GPU side (phase tune29 of proof_bench.py: bench/gpu/proof/tuning.py): each setting's server, its GPU's memory
 once loaded (`loaded_mib`, since issue 38: runs 1 and 2 have only the workload's `after_load_mib`,
 read after the golden probe's request), then the group's workload (voltafleet/hostside/workload.py, as
 shipped to hosts: tune_* of group_vars/all.yml) on it, tune_repetitions times; the records go to

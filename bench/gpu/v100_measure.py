@@ -3,7 +3,7 @@ with one of its GPUs out of rotation; stdlib only, with the two modules it impor
 their repository paths so that they import there as here):
 
     tar cf - bench/__init__.py bench/gpu/__init__.py bench/gpu/v100_measure.py bench/gpu/qwen35_bench.py \
-        bench/gpu/proof_bench.py | ssh HOST 'mkdir -p /tmp/vf-measure && tar xf - -C /tmp/vf-measure'
+        bench/gpu/proof/__init__.py bench/gpu/proof/runner.py | ssh HOST 'mkdir -p /tmp/vf-measure && tar xf - -C /tmp/vf-measure'
     ssh HOST 'cd /tmp/vf-measure && sudo python3 -m bench.gpu.v100_measure [--instance 0]'
 
 It starts the host's own release (ROOT/current/bin/llama-server) with instance INSTANCE's argv
@@ -37,7 +37,7 @@ from bench.gpu.qwen35_bench import Server, complete, gpu_mem, prompt_ids
 
 # what goes to the host (the tar line above): this module, what it imports, and their packages' __init__
 SHIPPED = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/v100_measure.py", "bench/gpu/qwen35_bench.py",
-           "bench/gpu/proof_bench.py")
+           "bench/gpu/proof/__init__.py", "bench/gpu/proof/runner.py")
 
 
 def env_of(path: str) -> dict:
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         out["prompt_tps"] = prompt
         out["decode_tps"] = round(statistics.median(
             complete(a.port, prompt_ids(4000 + r, 32), 128)["decode_tps"] for r in range(a.reps)), 1)
-        from bench.gpu.proof_bench import Sampler, concurrent  # the GPU proof's sampler and release-all-at-once
+        from bench.gpu.proof.runner import Sampler, concurrent  # the GPU proof's sampler and release-all-at-once
         sampler = Sampler(s.p.pid)
         concurrent(a.port, [(lambda i=i: complete(a.port, prompt_ids(5000 + i, longest), 8)) for i in range(slots)])
         time.sleep(0.5)

@@ -51,6 +51,12 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
               "gguf-py/gguf/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py", "bench/gpu/voltarule.py",
               "voltafleet/hostside/smoke_client.py", "voltafleet/hostside/workload.py"):
         assert (dest / f).is_file(), f
+    # every module of the phases' package, byte for byte
+    proof = sorted(p.name for p in (REPO / "bench/gpu/proof").glob("*.py"))
+    assert {"__init__.py", "runner.py", "loads.py", "thinking.py"} <= set(proof)
+    assert sorted(p.name for p in (dest / "bench/gpu/proof").glob("*.py")) == proof
+    for f in proof:
+        assert (dest / "bench/gpu/proof" / f).read_bytes() == (REPO / "bench/gpu/proof" / f).read_bytes(), f
     assert not (dest / "gguf-py/tests").exists()
     assert (dest / "vf-build-release.sh").read_bytes() == (REPO / "roles/llama_cpp/files/vf-build-release.sh").read_bytes()
     plan = json.loads((dest / "plan.json").read_text())
@@ -141,6 +147,11 @@ def test_the_pack_runs_where_only_python3_is(tmp_path, checkout):
     r = plain_python3(dest, "-c", "import bench.gpu.proof_bench, bench.gpu.qwen35_bench, voltafleet.hostside.smoke_client, "
                                   "voltafleet.hostside.workload")
     assert r.returncode == 0, r.stderr
+    # a phase list it cannot run is refused there before anything starts (no plan read, no results written)
+    r = plain_python3(dest, "-m", "bench.gpu.proof_bench", "--plan", str(tmp_path / "no-plan.json"), "--bin", "/nowhere",
+                      "--models", "/nowhere", "--res", str(tmp_path), "--phases", "tg,think33:volta")
+    assert r.returncode == 2 and "unknown phase 'think33'" in r.stderr and "think32:BUILD" in r.stderr, r.stderr
+    assert not (tmp_path / "results.json").exists()
     r = plain_python3(dest, str(dest / "voltafleet/hostside/workload.py"), "--help")  # the tune29 phase runs it by its path
     assert r.returncode == 0, r.stderr
     r = plain_python3(dest, str(dest / "bench/gpu/voltarule.py"), str(tmp_path / "no-source"))
@@ -154,9 +165,9 @@ def test_the_first_v100_host_measurement_runs_from_what_is_shipped(tmp_path):
     for f in v100_measure.SHIPPED:
         (host / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f, host / f)
-    # proof_bench: its module level (Sampler, concurrent); its phases import voltafleet's clients, not shipped here
-    assert unresolved_imports(host, [f for f in v100_measure.SHIPPED if f != "bench/gpu/proof_bench.py"]) == []
+    # the GPU proof's runner (Sampler, concurrent), not its phases, which import voltafleet's clients
+    assert unresolved_imports(host, v100_measure.SHIPPED) == []
     r = plain_python3(host, "-m", "bench.gpu.v100_measure", "--help")
     assert r.returncode == 0 and "--instance" in r.stdout, r.stderr
-    r = plain_python3(host, "-c", "from bench.gpu.proof_bench import Sampler, concurrent")
+    r = plain_python3(host, "-c", "from bench.gpu.proof.runner import Sampler, concurrent")
     assert r.returncode == 0, r.stderr

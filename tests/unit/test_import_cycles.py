@@ -88,7 +88,8 @@ def test_bench_is_in_the_graph_by_its_package_names():
     graph = {m: edges(m, p, known) for m, p in known.items()}
     assert {"bench.gpu.tune29", "bench.gpu.groups"} <= graph["bench.gpu.gpu_proof"]
     assert "bench.gpu.qwen35_bench" in graph["bench.gpu.proof_bench"]
-    assert "bench.gpu.proof_bench" in graph["bench.gpu.v100_measure"]  # an import inside a function
+    assert "bench.gpu.proof.runner" in graph["bench.gpu.v100_measure"]  # an import inside a function
+    assert "bench.gpu.proof.runner" in graph["bench.gpu.proof.loads"]  # the phases' package, by its package names
     assert "bench.gpu.groups" in graph["bench.gpu.tune29"]
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import gpu_proof, proof_bench
+from bench.gpu import gpu_proof
+from bench.gpu.proof import thinking
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN1 = ROOT / "bench/records/proof32/run1"
@@ -80,7 +81,7 @@ def test_the_budget_alone_decides_where_the_answer_starts(mode):
 def test_the_stored_figures_are_the_chunk_arrivals():
     for r in T["rounds"]:
         for q in r["recs"]:
-            assert proof_bench.think_figures(q) == {k: q[k] for k in proof_bench.think_figures(q)}
+            assert thinking.think_figures(q) == {k: q[k] for k in thinking.think_figures(q)}
 
 
 def test_the_quoted_table_is_the_medians_of_the_record():
