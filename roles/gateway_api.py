@@ -13,6 +13,7 @@ from roles.run import ConfigRefused, fleet_plan, host_config, once_per_run, run_
 from roles.shell import sh
 from voltafleet.front import gateway as gw
 from voltafleet.front import pair
+from voltafleet.inputs import pairvars
 from voltafleet.ground.errors import Problem, format_errors
 from voltafleet.front.tiers import GATEWAY_GROUP, runs_llama_server
 from voltafleet.models import mirror
@@ -81,7 +82,7 @@ def fleet_pair(state) -> pair.Pair | None:
     of the inventory, reachable in this run or not. Refuses the run, naming each host and key, when the
     group's variables cannot work as one address."""
     gateways = [(h.name, host_config(h), h.data.get("ssh_hostname")) for h in state.inventory if is_gateway(h)]
-    found = pair.problems(gateways)
+    found = pairvars.problems(gateways)
     if found:
         raise ConfigRefused("\n".join(format_errors(name, [Problem(what, fix, key=key)], "configuration refused")
                                       for name, key, what, fix in found))

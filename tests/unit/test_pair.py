@@ -11,6 +11,7 @@ import pytest
 
 from tests.fixture_vars import all_yml_vars
 from voltafleet.front import gateway, pair
+from voltafleet.inputs import pairvars
 from voltafleet.state import rolling
 
 
@@ -24,7 +25,7 @@ def two(**over) -> list:
 
 
 def test_one_gateway_is_no_pair_and_needs_nothing():
-    assert pair.decide([("gw", all_yml_vars(), None)]) is None and pair.problems([("gw", all_yml_vars(), None)]) == []
+    assert pair.decide([("gw", all_yml_vars(), None)]) is None and pairvars.problems([("gw", all_yml_vars(), None)]) == []
     assert pair.decide([]) is None
 
 
@@ -41,8 +42,8 @@ def test_the_first_gateway_holds_the_address_first_and_each_knows_the_others():
 
 
 def test_a_gateways_address_falls_back_to_its_ssh_hostname():
-    assert pair.address("gw", {"gateway_address": None}, "10.0.0.5") == "10.0.0.5"
-    assert pair.address("gw", {"gateway_address": "10.0.0.6"}, "10.0.0.5") == "10.0.0.6"
+    assert pairvars.address("gw", {"gateway_address": None}, "10.0.0.5") == "10.0.0.5"
+    assert pairvars.address("gw", {"gateway_address": "10.0.0.6"}, "10.0.0.5") == "10.0.0.6"
     assert pair.alive_url({"gateway_metrics_bind": "10.0.0.11:18404"}) == "http://10.0.0.11:18404/voltafleet/alive"
 
 
@@ -51,7 +52,7 @@ def test_a_gateways_address_falls_back_to_its_ssh_hostname():
     ({"gateway_bind": "10.0.0.99:8000"}, "gateway_bind", "not on gateway_vip"),
 ])
 def test_a_pair_without_its_address_is_refused_naming_each_host_and_key(change, key, words):
-    found = pair.problems([(n, {**c, **change}, h) for n, c, h in two()])
+    found = pairvars.problems([(n, {**c, **change}, h) for n, c, h in two()])
     assert {(host, k) for host, k, _, _ in found} == {("gw-a", key), ("gw-b", key)}
     assert all(words in what and fix for _, _, what, fix in found)
 
@@ -59,7 +60,7 @@ def test_a_pair_without_its_address_is_refused_naming_each_host_and_key(change, 
 def test_gateways_that_disagree_on_a_shared_value_are_refused():
     gws = two()
     gws[1] = ("gw-b", {**gws[1][1], "gateway_vrrp_router_id": 7}, None)
-    found = pair.problems(gws)
+    found = pairvars.problems(gws)
     assert [(h, k) for h, k, _, _ in found] == [("gw-b", "gateway_vrrp_router_id")]
     assert "gw-a's is 52" in found[0][2]
 
@@ -73,13 +74,13 @@ def test_gateways_that_disagree_on_a_shared_value_are_refused():
 def test_each_gateway_needs_its_own_address(address, ssh_hostname, words):
     gws = two()
     gws[1] = ("gw-b", gw_cfg(address), ssh_hostname)
-    found = pair.problems(gws)
+    found = pairvars.problems(gws)
     assert found and all(k == "gateway_address" for _, k, _, _ in found)
     assert any(words in what for _, _, what, _ in found), found
 
 
 def test_a_wildcard_bind_is_on_every_address_the_vip_included():
-    assert pair.problems(two(gateway_bind="0.0.0.0:8000")) == []
+    assert pairvars.problems(two(gateway_bind="0.0.0.0:8000")) == []
 
 
 def test_the_gateway_phase_changes_one_gateway_at_a_time_with_two():
@@ -179,3 +180,19 @@ def test_the_lua_answers_the_counts_in_the_specifications_format():
     assert 'text:match("^day (%d%d%d%d%-%d%d%-%d%d)\\nmonth (%d%d%d%d%-%d%d)\\n")' in lua
     assert "if p.day == book.day then day = day + (p.today[team] or 0) end" in lua
     assert "if p.month == book.month then month = month + (p.month_total[team] or 0) end" in lua
+
+
+def test_an_inventory_of_two_gateways_without_one_address_is_refused_at_load_naming_host_file_and_key():
+    from voltafleet.inputs.config import ConfigError
+    from voltafleet.inputs.groupvars import build_inventory
+
+    groups = {"gateway": [("gw-a", {"ssh_hostname": "10.0.0.11"}), ("gw-b", {"ssh_hostname": "10.0.0.12"})]}
+    with pytest.raises(ConfigError) as e:
+        build_inventory(groups, origin="inventory/test.py", overrides={"gateway_allow_unauthenticated": True, "server_allow_unauthenticated": True, "model_sha256": "a" * 64})
+    text = str(e.value)
+    assert "gw-a: configuration refused, no host was touched" in text
+    assert "group_vars/all.yml: gateway_vip: is null, but the gateway group holds 2 hosts (gw-a, gw-b)" in text
+    ok = build_inventory(groups, origin="inventory/test.py", overrides={
+        "gateway_allow_unauthenticated": True, "server_allow_unauthenticated": True, "model_sha256": "a" * 64, "gateway_vip": "10.0.0.10",
+        "gateway_bind": "10.0.0.10:8000"})
+    assert [h for h, _ in ok["gateway"]] == ["gw-a", "gw-b"]  # their ssh_hostname is each one's own address

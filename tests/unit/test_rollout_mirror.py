@@ -17,9 +17,10 @@ from voltafleet.inputs.groupvars import build_inventory
 _g = build_inventory({
     "v100_16gb": ["gpu-1", "gpu-2", "gpu-3"],
     "mirror": [("mirror-1", {"ssh_hostname": "10.0.0.5"}), ("mirror-2", {"mirror_address": "10.0.0.6"})],
-    "gateway": ["gw-1", ("mirror-2", {})],
+    "gateway": [("gw-1", {"gateway_address": "10.0.0.7"}), ("mirror-2", {"gateway_address": "10.0.0.6"})],
 }, origin="inventory/test.py", overrides={"model_sha256": "a" * 64, "server_allow_unauthenticated": True,
-                                 "gateway_allow_unauthenticated": True})
+                                 "gateway_allow_unauthenticated": True, "gateway_vip": "10.0.0.10",
+                                 "gateway_bind": "10.0.0.10:8000"})
 v100_16gb, mirror, gateway = _g["v100_16gb"], _g["mirror"], _g["gateway"]
 """
 
@@ -52,7 +53,8 @@ def runs(tmp_path, monkeypatch):
 def test_mirrors_are_configured_before_the_first_batch_and_never_rolled(runs):
     calls, inv, reports = runs
     assert driver.main([inv, "--canary", "1", "--batch", "2", "--report-dir", str(reports)]) == 0
-    assert calls == [("preflight", None), ("gateway", ["mirror-1", "mirror-2", "gw-1"]),  # no server host: no preflight again
+    # two gateways (one address): one gateway a run, the mirrors with the first; no server host, no preflight again
+    assert calls == [("preflight", None), ("gateway", ["mirror-2", "mirror-1"]), ("gateway", ["gw-1"]),
                      ("batch", ["gpu-1", "mirror-2", "gw-1"]), ("batch", ["gpu-2", "gpu-3", "mirror-2", "gw-1"])]
     plan = json.loads(next(reports.glob("rollout-*/fleet-plan.json")).read_text())
     assert plan["mirrors"] == [

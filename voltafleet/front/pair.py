@@ -23,8 +23,9 @@ variables, pure (no pyinfra).
 """
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
+
+from voltafleet.inputs.pairvars import address
 
 PEERS = "vf_gateways"                      # HAProxy's peers section
 ALIVE_PATH = "/voltafleet/alive"           # on the stats frontend: keepalived's check of HAProxy itself
@@ -36,8 +37,6 @@ EXAMPLE = {"gateway_vip": "10.0.0.10", "gateway_vip_prefix": 24, "gateway_vip_in
            "gateway_vrrp_router_id": 52, "gateway_vrrp_preempt_delay_s": 60, "gateway_address": None,
            "gateway_peers_port": 10000, "gateway_budget_peer_port": 10001, "gateway_budget_peer_poll_ms": 1000,
            "gateway_bind": "10.0.0.10:8000", "gateway_metrics_bind": "127.0.0.1:8404"}
-SHARED = ("gateway_vip", "gateway_vip_prefix", "gateway_vrrp_router_id", "gateway_bind", "gateway_peers_port",
-          "gateway_budget_peer_port")
 
 
 @dataclass(frozen=True)
@@ -84,11 +83,6 @@ class Pair:
                     budget_peers=" ".join(f"{m.name}=http://{m.address}:{self.budget_port}{SPENT_PATH}" for m in others))
 
 
-def address(name: str, cfg: dict, ssh_hostname: str | None) -> str:
-    """Where the other gateways reach gateway `name`: gateway_address, else its ssh_hostname, else its name."""
-    return cfg.get("gateway_address") or ssh_hostname or name
-
-
 def alive_url(cfg: dict) -> str:
     """The HAProxy check keepalived runs on the gateway itself: its stats frontend (a wildcard bind: loopback)."""
     host, port = cfg["gateway_metrics_bind"].rsplit(":", 1)
@@ -98,7 +92,8 @@ def alive_url(cfg: dict) -> str:
 
 def decide(gateways: list[tuple[str, dict, str | None]]) -> Pair | None:
     """The pair from the gateway group's hosts (name, variables, ssh_hostname) in inventory order;
-    None for one gateway or none (no keepalived, no peers). Assumes problems() found none."""
+    None for one gateway or none (no keepalived, no peers). Assumes problems() found none (the
+    inventory loader refuses such an inventory: voltafleet/inputs/pairvars.py)."""
     if len(gateways) < 2:
         return None
     cfg = gateways[0][1]
@@ -107,49 +102,3 @@ def decide(gateways: list[tuple[str, dict, str | None]]) -> Pair | None:
                 peers_port=cfg["gateway_peers_port"], budget_port=cfg["gateway_budget_peer_port"],
                 poll_ms=cfg["gateway_budget_peer_poll_ms"],
                 members=tuple(Member(n, address(n, c, h), alive_url(c)) for n, c, h in gateways))
-
-
-def _ipv4(text: str) -> bool:
-    try:
-        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
-    except ValueError:
-        return False
-
-
-def problems(gateways: list[tuple[str, dict, str | None]]) -> list[tuple[str, str, str, str]]:
-    """(host, key, what, fix) for each reason the gateway group cannot run as one address; [] when it can
-    (one gateway always can)."""
-    if len(gateways) < 2:
-        return []
-    out = []
-    names = ", ".join(n for n, _, _ in gateways)
-    first_name, first, _ = gateways[0]
-    for name, cfg, ssh_hostname in gateways:
-        if not cfg["gateway_vip"]:
-            out.append((name, "gateway_vip", f"is null, but the gateway group holds {len(gateways)} hosts ({names}): "
-                        "without one address the clients would need a list of gateways",
-                        "set gateway_vip to a free address on the gateways' network (group_vars/gateway.yml)"))
-            continue
-        for key in SHARED:
-            if cfg[key] != first[key]:
-                out.append((name, key, f"is {cfg[key]!r}, {first_name}'s is {first[key]!r}: the gateways of one "
-                            "address must agree", f"set {key} once for the gateway group (group_vars/gateway.yml)"))
-        host = cfg["gateway_bind"].rsplit(":", 1)[0].strip("[]")
-        if host not in (cfg["gateway_vip"], "0.0.0.0", "*", ""):
-            out.append((name, "gateway_bind", f"is {cfg['gateway_bind']}, not on gateway_vip {cfg['gateway_vip']}: "
-                        "clients would reach one gateway, not the one holding the address",
-                        f'set gateway_bind: "{cfg["gateway_vip"]}:{cfg["gateway_bind"].rsplit(":", 1)[1]}"'))
-        me = address(name, cfg, ssh_hostname)
-        if not _ipv4(me) or ipaddress.ip_address(me).is_loopback:
-            out.append((name, "gateway_address", f"is {me!r} (gateway_address, else ssh_hostname): the other gateways "
-                        "need this gateway's own IPv4 address (VRRP unicast, peers, the source its token counts "
-                        "are answered to)", "set gateway_address to the host's address on the gateways' network"))
-        elif me == cfg["gateway_vip"]:
-            out.append((name, "gateway_address", f"is the shared address {me}",
-                        "set gateway_address to the host's own address, not gateway_vip"))
-    addresses = [address(n, c, h) for n, c, h in gateways]
-    for name, a in zip([n for n, _, _ in gateways], addresses):
-        if addresses.count(a) > 1:
-            out.append((name, "gateway_address", f"is {a}, another gateway's too",
-                        "give each gateway its own gateway_address"))
-    return out

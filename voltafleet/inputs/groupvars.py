@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from voltafleet.front import teams, tiers
+from voltafleet.ground.errors import Problem
+from voltafleet.inputs import pairvars
 from voltafleet.inputs.config import ConfigError, Sourced, validate
 from voltafleet.state.runctx import ENV
 
@@ -124,7 +126,7 @@ def build_inventory(groups: dict[str, list], origin: str, overrides: dict | None
             memberships.setdefault(name, []).append(group)
             own.setdefault(name, {}).update(data)
     out: dict[str, list[tuple[str, dict]]] = {g: [] for g in groups}
-    loaded = []
+    loaded, ssh_hostnames = [], {}
     for name, member_of in memberships.items():
         data = own[name]
         connect = {k: v for k, v in data.items() if k.startswith(CONNECTOR_PREFIXES)}
@@ -141,7 +143,9 @@ def build_inventory(groups: dict[str, list], origin: str, overrides: dict | None
         for g in member_of:
             out[g].append((name, {**connect, **values}))
         loaded.append((name, values, member_of))
+        ssh_hostnames[name] = connect.get("ssh_hostname")
     tier_refusal(loaded)
+    pair_refusal(loaded, ssh_hostnames)
     return out
 
 
@@ -157,6 +161,19 @@ def tier_refusal(hosts: list[tuple[str, dict, list[str]]]) -> None:
                                         values[SOURCES_KEY].get("gateway_teams"))
         if problems:
             raise ConfigError(problems, host=name)
+
+
+def pair_refusal(hosts: list[tuple[str, dict, list[str]]], ssh_hostnames: dict) -> None:
+    """Two gateways or more must work as one address (voltafleet/inputs/pairvars.py): else the inventory
+    is refused, naming each gateway, the file and the key."""
+    gateways = [(name, values, ssh_hostnames.get(name)) for name, values, groups in hosts
+                if tiers.GATEWAY_GROUP in groups]
+    found = pairvars.problems(gateways)
+    if found:
+        sources = {name: values[SOURCES_KEY] for name, values, _ in gateways}
+        host = found[0][0]
+        raise ConfigError([Problem(what, fix, sources[name].get(key), key) for name, key, what, fix in found
+                           if name == host], host=host)
 
 
 def load_or_exit(*args: Any, **kw: Any) -> dict[str, list[tuple[str, dict]]]:
