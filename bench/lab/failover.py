@@ -107,7 +107,7 @@ def main() -> int:
     p.add_argument("--record", help="write the raw record (JSON) here")
     a = p.parse_args()
     moves = [move(k, a.clients) for k in ("haproxy", "host")]
-    record = {"argv": sys.argv, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "clients": a.clients,
+    record = {"argv": ["python", "-m", "bench.lab.failover", *sys.argv[1:]], "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "clients": a.clients,
               "after_s": AFTER_S, "moves": moves}
     for m in moves:
         print(f"{m['kind']:>8}: {m['from']} -> {m['to']} in {m['moved_s']} s; in flight {m['in_flight']}, cut "
