@@ -282,6 +282,35 @@ def plan38() -> dict:
     return {"host38": {"build": "mmq", "runs": 3, "configs": configs}}
 
 
+def host_plan(slots: int, ckpt: int, cms: int | None = None):
+    """voltafleet.planning.hostmem's plan of one v100_32gb instance at `slots` slots of 8K and `ckpt` checkpoints
+    (the shape-exact Qwen3.6-27B Q4_K_S's header)."""
+    from voltafleet.models.gguf_header import from_json
+    from voltafleet.planning import hostmem, vram
+
+    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
+    cfg = {**group_cfg("v100_32gb"), "voltafleet_backend": "cuda", "server_ctx": 8192 * slots,
+           "server_parallel": slots, "server_ctx_checkpoints": ckpt}
+    return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1)
+
+
+def plan49() -> dict:
+    """Issue 49's validation run (not the run the constants were fitted on: proof38 run1 and run2): plan38's
+    workloads on the shipped build (FORCE_MMQ), each server in a cgroup of its own whose memory.max is its
+    unit's MemoryMax (the plan x 1.10) on the H200 machine's kernel: the worst case first (every slot's
+    checkpoints at 16 x 32), the process term at 4, 8, 16 and 24 slots (no checkpoints), then 4, 32 and 8
+    checkpoints at 16 slots. Each config's plan goes with it (planned_mib: the instance's total)."""
+    def item(name, slots, ckpt, kind):
+        p = host_plan(slots, ckpt)
+        return {"name": name, "slots": slots, "ckpt": ckpt, "cms": None, "group": "v100_32gb",
+                "args": v32_at(slots, server_ctx_checkpoints=ckpt), "planned_mib": round(p.instance.total / 2**20, 1),
+                "memory_max_mib": -(-p.memory_max // 2**20), **kind}
+    configs = [item("fill-np16-ck32", 16, 32, FILL38)]
+    configs += [item(f"chat-np{n}-ck0", n, 0, CHAT38) for n in (16, 4, 24, 8)]
+    configs += [item(f"chat-np16-ck{n}", 16, n, CHAT38) for n in (4, 32, 8)]
+    return {"host49": {"build": "mmq", "runs": 3, "configs": configs}}
+
+
 # issue 41: the latency tier, v100_32gb's argv with 2 slots of 32K and the model's own MTP head
 LATENCY41 = {"server_parallel": 2, "server_ctx": 65536}
 DEPTHS41 = (1, 2, 3)
@@ -477,7 +506,7 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f, dest / f)
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
-            "tune29b": plan_tune29b(), **plan38(), **plan41()}
+            "tune29b": plan_tune29b(), **plan38(), **plan41(), **plan49()}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)

@@ -30,6 +30,7 @@ argument missing or not taken, is refused before anything starts. The phases, by
     think32:BUILD          streamed chats, thinking off, budgets 0/256/1024 and unbounded, at 1 and 16
                            clients over kept-alive connections: every reasoning and content chunk's arrival
     host38:BUILD           llama-server's host memory and context checkpoints under real chats
+    host49:BUILD           the same, each server in a cgroup at its unit's MemoryMax (issue 49's validation)
     tier41:BUILD           the latency tier (2 slots, MTP speculation) against the throughput tier
 
 BUILD: a build's label (default, cublas, volta, mmq: --bins, --cublas-bin, else --bin); a phase of a
@@ -71,6 +72,7 @@ PHASES = {
     # thinking, host memory, tiers
     "think32": thinking.thinking_budget,
     "host38": hostmem.host_memory_chats,
+    "host49": hostmem.host_memory_validation,
     "tier41": tiers.latency_tier,
 }
 

@@ -50,7 +50,7 @@ def test_the_table_is_the_phases_of_the_records():
     """The names stay those of the records (results.json's phase_seconds), each a function of the run
     and at most one argument; no class named after an issue is left."""
     assert list(proof_bench.PHASES) == ["vram", "vram_named", "peak", "pp", "tg", "bench27", "batched", "serve",
-                                        "serve27", "spec", "probe27", "tune29", "think32", "host38", "tier41"]
+                                        "serve27", "spec", "probe27", "tune29", "think32", "host38", "host49", "tier41"]
     assert [proof_bench.usage(n) for n in ("tg", "think32", "serve", "tune29")] == [
         "tg", "think32:BUILD", "serve[:NAMES]", "tune29[:KEY]"]
     for name, fn in proof_bench.PHASES.items():
@@ -79,7 +79,7 @@ def test_main_rejects_an_unknown_phase_before_any_server_starts(tmp_path, monkey
         proof_bench.main(argv + ["--phases", "tg,nosuch:volta,think32:volta"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "unknown phase 'nosuch' (in 'nosuch:volta')" in err and "think32:BUILD, host38:BUILD, tier41:BUILD" in err
+    assert "unknown phase 'nosuch' (in 'nosuch:volta')" in err and "think32:BUILD, host38:BUILD, host49:BUILD, tier41:BUILD" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -13,6 +13,8 @@ import time
 
 from bench.gpu.qwen35_bench import KEEP, Record, Server, gpu_mem
 
+MIB = 1 << 20
+
 
 class ProofRun(Record):
     """One run of the GPU proof: qwen35_bench's Record (plan, results.json, the GPU's baseline), the
@@ -29,10 +31,11 @@ class ProofRun(Record):
             return bins[label]
         return self.a.cublas_bin if label == "cublas" else self.a.bin
 
-    def server(self, label: str, name: str, args: list, model: str | None = None) -> Server:
-        """llama-server of build `label` with `args` (MODEL: the model file), up or failed; its log in /tmp."""
+    def server(self, label: str, name: str, args: list, model: str | None = None, cgroup: str | None = None) -> Server:
+        """llama-server of build `label` with `args` (MODEL: the model file), up or failed; its log in /tmp;
+        in the cgroup v2 folder `cgroup` when given."""
         return Server(f"{self.bindir(label)}/llama-server", args, model or self.model_path, self.port,
-                      f"/tmp/load-{label}-{name}.log")
+                      f"/tmp/load-{label}-{name}.log", cgroup=cgroup)
 
     @staticmethod
     def loglines(s: Server) -> list:
@@ -85,12 +88,31 @@ def proc_mem(pid: int) -> dict:
     return out
 
 
+def cgroup_mem(path: str | None) -> dict:
+    """A cgroup v2 folder's memory now, MiB (as voltafleet.measure.cgroupmem reads it): charged
+    (memory.current), its page cache (file), anonymous, the charge less its page cache (unreclaimable: what
+    the OOM killer weighs at the limit), the kernel's own peak, and memory.events; {} without a cgroup."""
+    if not path:
+        return {}
+    try:
+        stat = dict(line.split() for line in open(f"{path}/memory.stat"))
+        events = dict(line.split() for line in open(f"{path}/memory.events"))
+        current = int(open(f"{path}/memory.current").read())
+        peak = int(open(f"{path}/memory.peak").read()) if os.path.exists(f"{path}/memory.peak") else None
+    except (OSError, ValueError):
+        return {}
+    file = int(stat.get("active_file", 0)) + int(stat.get("inactive_file", 0))
+    return {"cg_current": current / MIB, "cg_file": file / MIB, "cg_anon": int(stat.get("anon", 0)) / MIB,
+            "cg_unreclaimable": (current - file) / MIB, "cg_peak": peak / MIB if peak is not None else None,
+            "cg_events": {k: int(v) for k, v in events.items()}}
+
+
 class HostSampler:
     """The process's host memory every 0.2 s while a workload runs: the peak of VmRSS, with its
-    parts at that moment."""
+    parts at that moment; with a cgroup, also the peak of its charge less its page cache."""
 
-    def __init__(self, pid: int):
-        self.pid, self.peak, self.samples, self.stop_ = pid, {}, 0, False
+    def __init__(self, pid: int, cgroup: str | None = None):
+        self.pid, self.cgroup, self.peak, self.cg_peak, self.samples, self.stop_ = pid, cgroup, {}, {}, 0, False
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
 
@@ -99,13 +121,16 @@ class HostSampler:
             m = proc_mem(self.pid)
             if m.get("VmRSS", 0) > self.peak.get("VmRSS", -1):
                 self.peak = m
+            c = cgroup_mem(self.cgroup)
+            if c and c["cg_unreclaimable"] > self.cg_peak.get("cg_unreclaimable", -1):
+                self.cg_peak = c
             self.samples += 1
             time.sleep(0.2)
 
     def stop(self) -> dict:
         self.stop_ = True
         self.t.join()
-        return {**self.peak, "samples": self.samples}
+        return {**self.peak, "samples": self.samples, **({"cgroup": self.cg_peak} if self.cgroup else {})}
 
 
 def concurrent(port: int, jobs: list) -> list:
