@@ -442,6 +442,56 @@ def host38_report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def host49_table(results: dict) -> list[dict]:
+    """Issue 49's validation: each config's repetitions against the plan at the checkpoints each one held
+    (process + model + host buffers + held x the logged size, voltafleet.planning.hostmem), for the
+    process's peak VmRSS and its cgroup's peak charge less page cache (what the kernel cannot reclaim at
+    memory.max); the medians of 3, the largest too, and whether the kernel ever killed it."""
+    rows = []
+    for r in results.get("host49", []):
+        inst = host_plan(r["slots"], r["ckpt"]).instance
+        fixed = (inst.process + inst.model + inst.host_buffers) / 2**20
+        reps = []
+        for rep in r["reps"]:
+            size = max(rep["ckpt"]["size_mib"] or [inst.checkpoint_bytes / 2**20])
+            planned = fixed + rep["ckpt"]["held"] * size
+            cg = rep["peak"].get("cgroup") or {}
+            reps.append({"held": rep["ckpt"]["held"], "planned": planned, "rss": rep["peak"].get("VmRSS"),
+                         "unreclaimable": cg.get("cg_unreclaimable"), "charged": cg.get("cg_current"),
+                         "errors": sum("error" in q for t in rep["turns"] for q in t["recs"])})
+        def med(k):
+            return _median([x[k] for x in reps if x[k] is not None])
+        row = {"name": r["name"], "slots": r["slots"], "ckpt": r["ckpt"], "reps": len(reps),
+               "memory_max_mib": r.get("memory_max_mib"), "planned_full_mib": r.get("planned_mib"),
+               "held": med("held"), "planned_mib": med("planned"), "rss_mib": med("rss"),
+               "unreclaimable_mib": med("unreclaimable"), "charged_mib": med("charged"),
+               "rss_max_mib": max((x["rss"] or 0) for x in reps) if reps else None,
+               "unreclaimable_max_mib": max((x["unreclaimable"] or 0) for x in reps) if reps else None,
+               "load_rss_mib": (r.get("mem_load") or {}).get("VmRSS"), "errors": sum(x["errors"] for x in reps),
+               "killed": not r.get("alive_at_end", True),
+               "events": (r.get("cgroup_end") or {}).get("cg_events"), "cgroup_error": r.get("cgroup_error")}
+        for k in ("rss", "unreclaimable"):
+            worst = max((x["planned"] and (x[k] or 0) / x["planned"]) for x in reps) if reps else None
+            row[f"{k}_over_plan_max"] = round(worst, 4) if worst is not None else None
+        rows.append(row)
+    return rows
+
+
+def host49_report(results: dict) -> str:
+    def f(v, d=0):
+        return "-" if v is None else f"{v:,.{d}f}"
+    lines = ["| config | held checkpoints | planned MiB (at held) | peak VmRSS MiB (median / max) | peak cgroup "
+             "unreclaimable MiB (median / max) | worst measured / planned (RSS, cgroup) | MemoryMax MiB | killed | "
+             "events max / oom_kill |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in host49_table(results):
+        ev = r["events"] or {}
+        lines.append(f"| {r['name']} | {f(r['held'])} | {f(r['planned_mib'])} | {f(r['rss_mib'])} / {f(r['rss_max_mib'])} | "
+                     f"{f(r['unreclaimable_mib'])} / {f(r['unreclaimable_max_mib'])} | {f(r['rss_over_plan_max'], 3)}, "
+                     f"{f(r['unreclaimable_over_plan_max'], 3)} | {f(r['memory_max_mib'])} | {'yes' if r['killed'] else 'no'} | "
+                     f"{ev.get('max', '-')} / {ev.get('oom_kill', '-')} |")
+    return "\n".join(lines)
+
+
 def sdist_checkout(cache: Path = SDIST_CACHE, sha256: str = SDIST_SHA256) -> Path:
     """vendor/llama.cpp of the pinned llama-cpp-python sdist (pip download, sha256 checked)."""
     tarball = cache / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
@@ -525,6 +575,9 @@ def main(argv: list[str]) -> int:
     if cmd == "report":
         from bench.gpu import proof_report
         print(proof_report.report(json.loads(Path(argv[1]).read_text())))
+        return 0
+    if cmd == "report49":
+        print(host49_report(json.loads(Path(argv[1]).read_text())))
         return 0
     if cmd == "report38":
         print(host38_report(json.loads(Path(argv[1]).read_text())))
