@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.lab.load import Load
 from lab import fleet
 
-AFTER_S = 6.0  # the load keeps running this long after the move: the requests judged "after"
+AFTER_S = 4.0  # the load keeps running this long after the move: the requests judged "after"
 
 
 def ssh(g: dict, command: str) -> subprocess.CompletedProcess:
@@ -78,7 +78,7 @@ def move(kind: str, clients: int = 4) -> dict:
     # answers of 128 tokens (a fraction of a second each): every client has one in flight most of the time
     load = Load(st["gateway_url"], clients=clients, tokens=128, seconds=300, max_requests=100000, pause_s=0.05).start()
     try:
-        time.sleep(2)
+        time.sleep(1)  # every client's pool holds a connection
         began = time.time()
         if kind == "haproxy":
             r = ssh(first, "systemctl stop haproxy")
