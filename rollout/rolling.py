@@ -44,9 +44,9 @@ class Rollout:
     def log(self, name: str) -> Path:
         return self.session.run_dir / f"{name}.log"
 
-    def timed(self, name: str, limit, ctx, label: str = "") -> int:
+    def timed(self, name: str, limit, ctx, label: str = "", serial: bool = False) -> int:
         t = time.time()
-        rc = self.runner.run(limit, ctx, self.log(name), label=label)
+        rc = self.runner.run(limit, ctx, self.log(name), label=label, serial=serial)
         self.seconds[name] = round(time.time() - t, 1)
         return rc
 
@@ -61,8 +61,9 @@ class Rollout:
         if not self.preflight() or not self.configure():
             return 2
         if self.args.gateways_only:
-            say(f"gateways configured ({' | '.join(', '.join(s) for s in rolling.gateway_steps(self.configured, self.gateways))}"
-                f", one run each) in {round(time.time() - t0, 1)} s; no server host was changed")
+            say(f"gateways configured ({', '.join(self.configured)}"
+                f"{', one at a time' if rolling.gateway_serial(self.gateways) else ''}) in {round(time.time() - t0, 1)} s; "
+                "no server host was changed")
             return 0
         stopped = self.roll()
         return self.report(stopped, round(time.time() - t0, 1))
@@ -98,20 +99,16 @@ class Rollout:
         return True
 
     def configure(self) -> bool:
-        """Every gateway and mirror, before the first batch (their hosts only); two gateways or more: one
-        gateway a run, the others serving the fleet's address meanwhile (rolling.gateway_steps)."""
+        """Every gateway and mirror, before the first batch (their hosts only); two gateways or more: host by
+        host, the run stopped at the first that fails, the others serving the fleet's address meanwhile."""
         if not self.configured or self.runner.interrupt.asked:
             return True
-        steps = rolling.gateway_steps(self.configured, self.gateways)
-        for n, step in enumerate(steps):
-            if self.runner.interrupt.asked:
-                return True
-            if self.timed("gateway" if n == 0 else f"gateway-{n + 1}", step, self.session.ctx("gateway")) != 0:
-                done = [h for s in steps[:n] for h in s]
-                say(f"the {'gateway or mirror' if self.fleet.mirrors else 'gateway'} could not be configured "
-                    f"({', '.join(step)}): no server host was changed"
-                    + (f" ({', '.join(done)} already configured, serving)" if done else ""))
-                return False
+        serial = rolling.gateway_serial(self.gateways)
+        if self.timed("gateway", self.configured, self.session.ctx("gateway"), serial=serial) != 0:
+            say(f"the {'gateway or mirror' if self.fleet.mirrors else 'gateway'} could not be configured "
+                f"({', '.join(self.configured)}{', host by host: the ones after it untouched' if serial else ''}): "
+                "no server host was changed")
+            return False
         return True
 
     def roll(self) -> str | None:

@@ -96,9 +96,11 @@ class Runner:
     env: dict = field(default_factory=lambda: dict(os.environ))
 
     def run(self, limit: list[str] | None, ctx: runctx.RunContext, log: Path, echo: bool = True,
-            label: str = "") -> int:
-        """One pyinfra run of deploy.py limited to `limit` (None: every host): its exit code."""
-        cmd = [PYINFRA, "-y", self.inventory, "deploy.py"]
+            label: str = "", serial: bool = False) -> int:
+        """One pyinfra run of deploy.py limited to `limit` (None: every host): its exit code. serial: host by
+        host, each host's whole deploy before the next, the run stopped at the first host that fails
+        (pyinfra --serial --fail-percent 0)."""
+        cmd = [PYINFRA, "-y", *(["--serial", "--fail-percent", "0"] if serial else []), self.inventory, "deploy.py"]
         for name in limit or []:
             cmd[1:1] = ["--limit", name]
         proc = subprocess.Popen(cmd, cwd=REPO, env={**self.env, **ctx.to_env()}, stdout=subprocess.PIPE,

@@ -58,10 +58,11 @@ def test_a_gateway_only_rollout_changes_one_gateway_at_a_time_and_loses_no_reque
     finally:
         summary = load.stop()
     assert run.rc == 0, run
-    assert "gateways configured (vf-lab-gw | vf-lab-gw2, one run each)" in run.out and "no server host was changed" in run.out
+    assert "gateways configured (vf-lab-gw, vf-lab-gw2, one at a time)" in run.out and "no server host was changed" in run.out
     first, second = (reloads(g, t0) for g in gateways())
     assert [w for _, w in first] == ["start", "end"] and [w for _, w in second] == ["start", "end"], (first, second)
-    assert first[1][0] <= second[0][0]  # the second gateway reloaded only once the first had
+    # one at a time (pyinfra --serial, in whichever order it takes the hosts): the reloads never overlap
+    assert first[1][0] <= second[0][0] or second[1][0] <= first[0][0], (first, second)
     for g in gateways():
         assert "inter 600" in ssh(g, "cat /etc/haproxy/haproxy.cfg")
     assert summary["requests"] > 20 and summary["served"] == summary["requests"], summary

@@ -31,9 +31,9 @@ def runs(tmp_path, monkeypatch):
     batch passes every host it rolls."""
     calls = []
 
-    def fake_pyinfra(self, limit, ctx, log, echo=True, label=""):
+    def fake_pyinfra(self, limit, ctx, log, echo=True, label="", serial=False):
         phase = RunContext.from_env(ctx.to_env()).phase  # what deploy.py would read
-        calls.append((phase, limit))
+        calls.append((phase, limit) if not serial else (phase, limit, "serial"))
         run_dir = RunDir(ctx.report_dir)
         if phase == "preflight":
             for h in ("gpu-1", "gpu-2", "gpu-3"):
@@ -53,8 +53,8 @@ def runs(tmp_path, monkeypatch):
 def test_mirrors_are_configured_before_the_first_batch_and_never_rolled(runs):
     calls, inv, reports = runs
     assert driver.main([inv, "--canary", "1", "--batch", "2", "--report-dir", str(reports)]) == 0
-    # two gateways (one address): one gateway a run, the mirrors with the first; no server host, no preflight again
-    assert calls == [("preflight", None), ("gateway", ["mirror-2", "mirror-1"]), ("gateway", ["gw-1"]),
+    # two gateways (one address): one run host by host (pyinfra --serial); no server host, no preflight again
+    assert calls == [("preflight", None), ("gateway", ["mirror-1", "mirror-2", "gw-1"], "serial"),
                      ("batch", ["gpu-1", "mirror-2", "gw-1"]), ("batch", ["gpu-2", "gpu-3", "mirror-2", "gw-1"])]
     plan = json.loads(next(reports.glob("rollout-*/fleet-plan.json")).read_text())
     assert plan["mirrors"] == [
@@ -68,7 +68,7 @@ def test_mirrors_are_configured_before_the_first_batch_and_never_rolled(runs):
 def test_a_canary_group_never_picks_a_mirror(runs):
     calls, inv, reports = runs
     assert driver.main([inv, "--canary", "mirror", "--batch", "1", "--report-dir", str(reports)]) == 0
-    batches = [limit for phase, limit in calls if phase == "batch"]
+    batches = [c[1] for c in calls if c[0] == "batch"]
     assert batches == [["gpu-1", "mirror-2", "gw-1"], ["gpu-2", "mirror-2", "gw-1"], ["gpu-3", "mirror-2", "gw-1"]]
 
 

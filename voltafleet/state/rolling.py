@@ -44,18 +44,15 @@ def batches(hosts: list[str], canary: list[str], batch: str | int) -> list[list[
     return out + [rest[i:i + size] for i in range(0, len(rest), size)]
 
 
-def gateway_steps(configured: list[str], gateways: list[str]) -> list[list[str]]:
-    """The gateway phase's pyinfra runs: one run of every gateway and mirror; with two gateways or more
-    (one address between them), the mirrors with the first gateway, then each other gateway alone, so
-    one gateway changes at a time while the others serve.
+def gateway_serial(gateways: list[str]) -> bool:
+    """Whether the gateway phase's one pyinfra run goes host by host (--serial, stopped at the first host
+    that fails): with two gateways or more (one address between them), so one gateway changes at a time,
+    its whole deploy (HAProxy reloaded, keepalived) before the next, while the others serve.
 
-    >>> gateway_steps(["gw1", "gw2", "m1"], ["gw1", "gw2"])
-    [['gw1', 'm1'], ['gw2']]
+    >>> gateway_serial(["gw1"]), gateway_serial(["gw1", "gw2"])
+    (False, True)
     """
-    if len(gateways) < 2:
-        return [configured] if configured else []
-    rest = [h for h in configured if h not in gateways]
-    return [[gateways[0]] + rest] + [[g] for g in gateways[1:] if g in configured]
+    return len(gateways) >= 2
 
 
 def should_stop(results: dict[str, str], fail_percent: float, canary: list[str]) -> str | None:
