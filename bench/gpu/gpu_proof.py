@@ -430,9 +430,12 @@ def host38_table(results: dict) -> list[dict]:
     return rows
 
 
+def f(v, d=0) -> str:
+    """A figure of a report's table: thousands separated, d decimals; "-" when there is none."""
+    return "-" if v is None else f"{v:,.{d}f}"
+
+
 def host38_report(results: dict) -> str:
-    def f(v, d=0):
-        return "-" if v is None else f"{v:,.{d}f}"
     lines = ["| config | held checkpoints | after load MiB | peak RSS MiB (median / max) | follow-up TTFT p50 ms | "
              "first-turn TTFT p50 ms | cached share | tok/s | errors |", "|---|---|---|---|---|---|---|---|---|"]
     for r in host38_table(results):
@@ -478,8 +481,6 @@ def host49_table(results: dict) -> list[dict]:
 
 
 def host49_report(results: dict) -> str:
-    def f(v, d=0):
-        return "-" if v is None else f"{v:,.{d}f}"
     lines = ["| config | held checkpoints | planned MiB (at held) | peak VmRSS MiB (median / max) | peak cgroup "
              "unreclaimable MiB (median / max) | worst measured / planned (RSS, cgroup) | MemoryMax MiB | killed | "
              "events max / oom_kill |", "|---|---|---|---|---|---|---|---|---|"]
