@@ -41,7 +41,8 @@ PORT = int(os.environ.get("VOLTAFLEET_KERNEL_PORT", "18991"))
 SYSTEMD_VERSION = 252  # Debian 12's: the unit as a Debian 12 host gets it
 # The small CPU configuration over the lab's group: what the plan, the unit and the argv are made from.
 KERNEL_VARS = {"server_mmap": False, "server_parallel": 1, "server_ctx": 2048, "server_ctx_checkpoints": 2,
-               "server_cache_ram": 0, "server_threads": 1, "model_sha256": "a" * 64}
+               "server_cache_ram": 0, "server_threads": 1, "model_sha256": "a" * 64,
+               "server_host": "127.0.0.1"}  # this machine, outside the lab: its loopback, not the lab's bridge
 PAST_PLAN_CHECKPOINTS = 256  # (b): the server runs with this many checkpoints a slot, its ceiling planned for 2
 
 

