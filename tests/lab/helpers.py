@@ -33,26 +33,12 @@ def gateways() -> list[dict]:
     return lab().get("gateways") or []
 
 
-def holder() -> dict | None:
-    """The gateway holding the fleet's address now (None: none does)."""
-    for g in gateways():
-        r = th(g).run(f"ip -o -4 addr show | grep -qF ' {GATEWAY_VIP}/'")
-        if r.rc == 0:
-            return g
-    return None
-
-
 def wait_holder(name: str | None = None, seconds: float = 30) -> dict:
-    """Until a gateway (that one, when named) holds the fleet's address; it."""
-    deadline = time.monotonic() + seconds
-    while True:
-        g = holder()
-        if g is not None and name in (None, g["name"]):
-            return g
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no gateway{' ' + name if name else ''} holds {GATEWAY_VIP} after {seconds:.0f} s "
-                                 f"(now: {g and g['name']})")
-        time.sleep(0.2)
+    """Until a gateway (that one, when named) holds the fleet's address; it (bench/lab/failover.py's check:
+    the address on the gateway's own interface)."""
+    from bench.lab.failover import wait_holder as wait
+
+    return wait(gateways(), name=name, seconds=seconds)[0]
 
 
 def metrics_url(path: str = "/metrics", g: dict | None = None) -> str:
