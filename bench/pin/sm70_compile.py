@@ -290,6 +290,16 @@ def source_of(ref: str, tree: str | None) -> tuple[Path, dict]:
                      "pass --source DIR")
 
 
+def lab_commit(ref: str) -> str | None:
+    """The commit the lab's llama.cpp mirror tags `ref` with, where this machine has that mirror (read only):
+    the commit the gate's resolve step names for the same tree."""
+    from lab import fleet
+    bare = fleet.CACHE / "mirror/git/llama.cpp.git"
+    r = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "--verify", "-q", f"{ref}^{{commit}}"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() if bare.exists() and r.returncode == 0 else None
+
+
 def _git_head(path: Path) -> str | None:
     r = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 and (path / ".git").exists() else None
@@ -376,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     prefix = Path(a.prefix).resolve()
     tk = tkmod.ensure(prefix)
     src, source = source_of(a.ref, a.source)
+    if not a.source:
+        source["lab_commit"] = lab_commit(a.ref)
     from lab import fleet
     places = {str(REPO): ".", str(prefix): "<prefix>", str(fleet.CACHE): "<cache>", str(src): "<src>"}
     if source.get("tree", "").startswith("/"):
