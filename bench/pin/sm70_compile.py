@@ -43,6 +43,8 @@ REPO = tkmod.REPO
 RECORDS = REPO / "bench/records/pin50"
 GROUPS = ("v100_16gb", "v100_32gb")        # the fleet's V100 groups: their build flags must agree
 TARGET = "llama-server"
+LIBRARY = "ggml-cuda"                      # --target ggml-cuda: the kernels alone, from libggml-cuda.a (no link)
+LIBRARY_PATH = "ggml/src/ggml-cuda/libggml-cuda.a"
 NVCC_ABSENT = ("nvidia-cuda-nvcc-cu12 12.8.93 ships ptxas, crt/ headers, libnvvm and libdevice but no nvcc "
                "(nor cicc, cudafe++, fatbinary, nvlink); CUDA 13's nvcc cannot build sm_70; the CUDA compiler "
                "is clang 19.1.7 with CUDA 12.8's headers, libdevice and ptxas")
@@ -186,18 +188,24 @@ def read_tsv(text: str) -> list[Kernel]:
     return out
 
 
-def verdict(linked: bool, build_rc: int, archs: list[str], group_counts: dict[str, int]) -> tuple[str, list[str]]:
+def verdict(linked: bool, build_rc: int, archs: list[str], group_counts: dict[str, int],
+            target: str = TARGET) -> tuple[str, list[str]]:
     """pass only when it built, linked, holds sm_70 cubins and nothing else, and lists kernels of MMQ, MMVQ
-    and flash attention; else fail with every reason.
+    and flash attention; else fail with every reason. A build of ggml-cuda alone (its kernels, no link) is
+    at best `incomplete`, never a pass.
 
     >>> verdict(True, 0, ["sm_70"], {"mmq": 3, "mmvq": 2, "fattn": 1, "other": 9})
     ('pass', [])
     >>> verdict(True, 0, ["sm_70", "sm_80"], {"mmq": 3, "mmvq": 0, "fattn": 1, "other": 9})
     ('fail', ['cubins for sm_80, not only sm_70', 'no sm_70 mmvq kernel'])
+    >>> verdict(False, 0, ["sm_70"], {"mmq": 3, "mmvq": 2, "fattn": 1}, "ggml-cuda")
+    ('incomplete', ["llama-server not built: the kernels are libggml-cuda.a's (target ggml-cuda), no link"])
     """
     why = []
     if build_rc != 0:
         why.append(f"the build failed (rc {build_rc})")
+    elif target != TARGET:
+        pass
     elif not linked:
         why.append(f"{TARGET} did not link (an unresolved library)")
     if build_rc == 0:
@@ -207,7 +215,11 @@ def verdict(linked: bool, build_rc: int, archs: list[str], group_counts: dict[st
         if other:
             why.append(f"cubins for {', '.join(other)}, not only sm_70")
         why += [f"no sm_70 {g} kernel" for g in ("mmq", "mmvq", "fattn") if group_counts.get(g, 0) == 0]
-    return ("fail" if why else "pass"), why
+    if why:
+        return "fail", why
+    if target != TARGET:
+        return "incomplete", [f"{TARGET} not built: the kernels are libggml-cuda.a's (target {target}), no link"]
+    return "pass", why
 
 
 def scrub(text: str, places: dict[str, str]) -> str:
@@ -224,13 +236,13 @@ def scrub(text: str, places: dict[str, str]) -> str:
 def build_record(*, ref: str, source: dict, argv: list[str], flags: dict, toolchain: dict, seconds: dict,
                  jobs: int, linked: bool, build_rc: int, needed: list[str], unresolved: list[str],
                  archs: list[str], ptx_archs: list[str], kernels: list[Kernel], kernel_file: str,
-                 version_output: str, log_tail: list[str]) -> dict:
+                 version_output: str, log_tail: list[str], target: str = TARGET) -> dict:
     """The step's JSON record (pure: everything measured is handed in)."""
     group_counts = counts(kernels)
-    status, why = verdict(linked, build_rc, archs, group_counts)
+    status, why = verdict(linked, build_rc, archs, group_counts, target)
     return {
         "step": "sm70-compile", "issue": 50, "ref": ref, "status": status, "why": why,
-        "source": source, "argv": argv, "target": TARGET, "jobs": jobs,
+        "source": source, "argv": argv, "target": target, "jobs": jobs,
         "cmake": flags, "toolchain": toolchain, "seconds": seconds,
         "build_rc": build_rc, "linked": linked, "needed": needed, "unresolved": unresolved,
         "version_output": version_output,
@@ -378,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(RECORDS))
     ap.add_argument("--prefix", default=str(tkmod.PREFIX), help="where the toolkit and build trees go")
+    ap.add_argument("--target", default=TARGET, choices=[TARGET, LIBRARY],
+                    help="llama-server (the step), or ggml-cuda: its kernels alone, no link (at best incomplete)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the build tree a stopped run left (make goes on from its objects); its seconds count")
     ap.add_argument("--record-only", action="store_true",
                     help="no build: the record again from the finished build tree (its seconds kept beside it)")
     a = ap.parse_args(given)
@@ -398,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     build = prefix / "build" / a.ref
     log_path = prefix / f"build-{a.ref}.log"
     configure = ["cmake", "-S", str(src), "-B", str(build), *flags]
-    compile_ = ["cmake", "--build", str(build), "--target", TARGET, "-j", str(a.jobs)]
+    compile_ = ["cmake", "--build", str(build), "--target", a.target, "-j", str(a.jobs)]
     timing = build.with_name(f"{a.ref}.seconds.json")  # beside the tree: --record-only reads it back
     if a.record_only:
         if not timing.exists():
@@ -406,29 +422,42 @@ def main(argv: list[str] | None = None) -> int:
         done = json.loads(timing.read_text())
         rc, seconds, run_argv = done["rc"], done["seconds"], done["argv"]
     else:
-        if build.exists():
-            subprocess.run(["rm", "-rf", "--", str(build)], check=True)
-        build.mkdir(parents=True)
+        earlier: list[float] = []
+        if a.resume and build.exists():
+            # a run stopped from outside left its start in the timing file and its last line in the log:
+            # that segment's seconds, up to the log's last write, count too
+            prev = json.loads(timing.read_text()) if timing.exists() else {}
+            earlier = list(prev.get("segments", []))
+            if prev.get("started") and log_path.exists():
+                earlier.append(round(log_path.stat().st_mtime - prev["started"], 1))
+        else:
+            if build.exists():
+                subprocess.run(["rm", "-rf", "--", str(build)], check=True)
+            build.mkdir(parents=True)
+        run_argv = ["python", "-m", "bench.pin.sm70_compile", *args]
+        timing.write_text(json.dumps({"rc": None, "started": time.time(), "segments": earlier,
+                                      "argv": run_argv}) + "\n")
         env = {**os.environ, "CUDAToolkit_ROOT": str(tk.root)}
         env.pop("CUDACXX", None)
-        tkmod.log(f"{a.ref}: configure, then build {TARGET} -j {a.jobs} (log {scrub(str(log_path), places)})")
+        tkmod.log(f"{a.ref}: configure, then build {a.target} -j {a.jobs} (log {scrub(str(log_path), places)})")
         t0 = time.monotonic()
-        with log_path.open("w") as logf:
+        with log_path.open("a" if earlier else "w") as logf:
             rc = subprocess.run(configure, stdout=logf, stderr=subprocess.STDOUT, env=env).returncode
             t1 = time.monotonic()
             if rc == 0:
                 rc = subprocess.run(compile_, stdout=logf, stderr=subprocess.STDOUT, env=env).returncode
         t2 = time.monotonic()
         seconds = {"configure": round(t1 - t0, 1), "build": round(t2 - t1, 1), "total": round(t2 - t0, 1)}
-        run_argv = ["python", "-m", "bench.pin.sm70_compile", *args]
+        if earlier:  # the stopped segments' wall seconds, each up to its log's last line; total includes them
+            seconds.update(stopped_segments=earlier, total=round(t2 - t0 + sum(earlier), 1))
         timing.write_text(json.dumps({"rc": rc, "seconds": seconds, "argv": run_argv}) + "\n")
         tkmod.log(f"{a.ref}: rc {rc} after {seconds['total']:.0f} s")
 
-    binary = build / "bin" / TARGET
-    linked = rc == 0 and binary.exists()
+    binary = build / "bin" / TARGET if a.target == TARGET else build / LIBRARY_PATH
+    linked = rc == 0 and binary.exists() and a.target == TARGET
     needed, unresolved, version_output = [], [], ""
     list_elf = list_ptx = usage = ""
-    if linked:
+    if linked and a.target == TARGET:
         dyn = subprocess.run(["readelf", "-d", str(binary)], capture_output=True, text=True).stdout
         needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dyn)
         lib_env = {**os.environ, "LD_LIBRARY_PATH": ":".join(str(p) for p in tk.runtime_libs())}
@@ -437,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         linked = not unresolved
         ver = subprocess.run([str(binary), "--version"], capture_output=True, text=True, env=lib_env, timeout=60)
         version_output = scrub((ver.stdout + ver.stderr).strip(), places)[-2000:]
+    if rc == 0 and binary.exists():
         cuobjdump = str(tk.cuobjdump)
         list_elf = subprocess.run([cuobjdump, "--list-elf", str(binary)], capture_output=True, text=True).stdout
         list_ptx = subprocess.run([cuobjdump, "--list-ptx", str(binary)], capture_output=True, text=True).stdout
@@ -471,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         toolchain=toolchain, seconds=seconds, jobs=a.jobs, linked=linked, build_rc=rc, needed=needed,
         unresolved=unresolved, archs=archs, ptx_archs=ptx_archs, kernels=kernels,
         kernel_file=str(tsv.resolve().relative_to(REPO)) if tsv.resolve().is_relative_to(REPO) else tsv.name,
-        version_output=version_output,
+        version_output=version_output, target=a.target,
         log_tail=[scrub(x, places) for x in (log_lines[-40:] if rc != 0 else log_lines[-3:])])
     record["kernel_list_sha256"] = hashlib.sha256(tsv.read_bytes()).hexdigest()
     record["when"] = time.strftime("%Y-%m-%d", time.gmtime())
