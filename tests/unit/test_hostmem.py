@@ -18,6 +18,8 @@ from voltafleet.planning.hostmem import GIB, MIB
 from voltafleet.planning.hostplan import HostFacts, make_plan
 from voltafleet.planning.vram import ModelShape, compute_bytes, kv_bytes
 
+REPO = Path(__file__).resolve().parents[2]
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = from_json(json.loads((ROOT / "tests" / "fixtures" / "gguf" / "qwen35-27b-q4ks.json").read_text()))
 QWEN = ModelShape.from_header(HEADER)  # lab/qwen35gen.py's full Qwen3.6-27B Q4_K_S shape
@@ -322,3 +324,25 @@ def test_the_shipped_v100_32gb_fits_eight_gpus_in_128_gib_and_llama_cpps_default
     assert p.fits and 95 < p.need / GIB < 100, p.text()
     assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 8}, QWEN, 8, mem_total=128 * GIB).fits
     assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 32}, QWEN, 8, mem_total=256 * GIB).fits
+
+
+def test_docs_host_md_quotes_the_plan_as_it_is_computed_today():
+    """docs/host.md's figures for 8 V100-32GB and each group's MemoryMax, recomputed from group_vars and the
+    model's header (bench/RESULTS.md's issue 38 decision quotes the same)."""
+    import json
+
+    from bench.gpu.gpu_proof import group_cfg
+    from voltafleet.models.gguf_header import from_json
+    from voltafleet.planning import vram
+
+    shape = vram.ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
+
+    def plan(group, **over):
+        return hostmem.plan({**group_cfg(group), "voltafleet_backend": "cuda", **over}, shape, 8, 128 * GIB)
+    v32 = {"server_ctx": 8192 * 16, "server_parallel": 16}
+    ck4, ck8, ck32 = (plan("v100_32gb", **v32, server_ctx_checkpoints=n) for n in (4, 8, 32))
+    text = " ".join((REPO / "docs/host.md").read_text().split())
+    assert (f"({ck4.instance.total / GIB:.1f} GiB an instance at 16 slots, {ck4.need / GIB:.1f} GiB for 8 V100-32GB "
+            f"against {ck8.need / GIB:.1f} at 8 and {ck32.need / GIB:.1f} at llama.cpp's 32)") in text
+    m32, m16 = (-(-plan(g, **(v32 if g == "v100_32gb" else {})).memory_max // MIB) for g in ("v100_32gb", "v100_16gb"))
+    assert f"({m32:,} MiB for v100_32gb, {m16:,} for v100_16gb:" in text
