@@ -318,9 +318,9 @@ class Fetch(Record):
 
 
 @dataclass
-class Plan(Record):
+class HostChange(Record):
     """plan-<host>.json (`python -m rollout --plan`): what a rollout would change on the host,
-    decided without changing anything (voltafleet/state/dryrun.py, where it is called HostChange)."""
+    decided without changing anything (voltafleet/state/dryrun.py decides it)."""
 
     KIND = "plan"
 
@@ -365,7 +365,7 @@ class Plan(Record):
         return out
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> "HostChange":
         """The record, or ValueError / TypeError (dryrun's callers)."""
         out = cls.of(d)
         if out is None:
@@ -373,7 +373,7 @@ class Plan(Record):
         return out
 
 
-KINDS = (Preflight, Smoke, Outcome, Tune, Profile, Build, Fetch, Plan)  # every RunDir kind, typed
+KINDS = (Preflight, Smoke, Outcome, Tune, Profile, Build, Fetch, HostChange)  # every RunDir kind, typed
 
 
 def read(directory: str | Path, kind: type, host: str, run: str | None = None):
