@@ -38,3 +38,18 @@ def test_each_plan_class_says_which_plan_it_is():
     plans = [m for p in py for m in re.findall(r"^class (\w*Plan)\b", p.read_text(), re.M)]
     assert sorted(plans) == ["CpuPlan", "FleetPlan", "HostMemoryPlan", "HostPlan", "VramPlan"]
     assert not [p for p in py if re.search(r"^\w+ = (\w+\.)?\w*Plan\s*(#.*)?$", p.read_text(), re.M)]  # no alias
+
+
+def test_a_preflight_record_declares_no_field_of_the_fleet_plans_entry_again():
+    """Preflight carries ServerEntry's fields (declared there once) and adds only the run and the refusals;
+    its entry is those fields as a plain ServerEntry, whatever ServerEntry holds."""
+    from dataclasses import fields
+
+    from voltafleet.state.fleetplan import ServerEntry
+    from voltafleet.state.records import Preflight
+
+    assert set(Preflight.__annotations__) == {"run", "refusals"}
+    rec = Preflight(host="h", run="r", address="10.0.0.2", ports=(8080, 8081), slots=4, fingerprint="fp", tier="latency")
+    assert type(rec.entry()) is ServerEntry and rec.entry() == ServerEntry("h", "10.0.0.2", (8080, 8081), 4, "fp", "latency")
+    assert {f.name: getattr(rec.entry(), f.name) for f in fields(ServerEntry)} == {f.name: getattr(rec, f.name) for f in fields(ServerEntry)}
+    assert Preflight(host="h", run="r", address="a", ports=(), refusals=("why",)).entry() is None

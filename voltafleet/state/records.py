@@ -140,28 +140,22 @@ class Record:
 # ---------------------------------------------------------------- the kinds
 
 
-@dataclass(frozen=True)
-class Preflight(Record):
-    """preflight-<host>.json: what the fleet plan needs of a server host (a fleetplan.ServerEntry),
-    or why preflight refused it (`refusals`: the driver learns a refusal here, never from text)."""
+@dataclass(frozen=True, kw_only=True)
+class Preflight(ServerEntry, Record):
+    """preflight-<host>.json: what the fleet plan needs of a server host (the fields of
+    fleetplan.ServerEntry, declared there once: host, address, ports, slots, fingerprint, tier),
+    the run, or why preflight refused it (`refusals`: the driver learns a refusal here, never from text)."""
 
     KIND = "preflight"
 
-    host: str
     run: str
-    address: str                      # where the gateway reaches it
-    ports: tuple[int, ...] = ()       # one per instance, in instance order
-    slots: int = 1                    # each instance's -np
-    fingerprint: str | None = None    # its release fingerprint, when its compiler is known
-    tier: str = "throughput"          # its server_tier
     refusals: tuple[str, ...] = ()    # why preflight refused the host (nothing changed); () when it passed
 
     def entry(self) -> ServerEntry | None:
-        """The fleet plan's entry of this host; None when preflight refused it."""
+        """The fleet plan's entry of this host (a plain ServerEntry); None when preflight refused it."""
         if self.refusals:
             return None
-        return ServerEntry(host=self.host, address=self.address, ports=self.ports, slots=self.slots,
-                           fingerprint=self.fingerprint, tier=self.tier)
+        return ServerEntry(**{f.name: getattr(self, f.name) for f in fields(ServerEntry)})
 
 
 @dataclass(frozen=True)
