@@ -116,7 +116,9 @@ class Instance:
 
 
 @dataclass(frozen=True)
-class Plan:
+class HostMemoryPlan:
+    """A host's memory plan: its instances at their worst against its RAM, and each unit's ceiling."""
+
     instance: Instance
     instances: int
     reserve: int
@@ -311,12 +313,12 @@ def fixes(cfg: dict, shape, inst: Instance, instances: int, budget: int) -> list
     return out
 
 
-def plan(cfg: dict, shape, instances: int, mem_total: int | None = None, mem_available: int | None = None) -> Plan:
+def plan(cfg: dict, shape, instances: int, mem_total: int | None = None, mem_available: int | None = None) -> HostMemoryPlan:
     """The host's memory plan. `shape`: the model's vram.ModelShape, or None when its GGUF header
     could not be read (then the model, host-buffer and checkpoint terms are 0 and the plan says so)."""
     inst = instance(cfg, shape)
     reserve = int(cfg["hostmem_reserve_mib"]) * MIB
-    out = Plan(inst, instances, reserve, mem_total, mem_available, float(cfg["hostmem_ceiling_margin"]),
+    out = HostMemoryPlan(inst, instances, reserve, mem_total, mem_available, float(cfg["hostmem_ceiling_margin"]),
                None if shape is not None else "the model, its host buffers and checkpoints (no GGUF header)",
                cfg.get("server_cache_ram") == -1)
     if mem_total is not None and out.need > mem_total and instances:
