@@ -596,7 +596,8 @@ PROOF_PHASES = tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "bench/gpu
 MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proof_bench.py", *PROOF_PHASES,
                    "bench/gpu/qwen35_bench.py", "bench/gpu/voltarule.py", "voltafleet/__init__.py",
                    "voltafleet/hostside/__init__.py", "voltafleet/hostside/smoke_client.py",
-                   "voltafleet/hostside/workload.py")
+                   "voltafleet/hostside/workload.py", "bench/traffic/__init__.py", "bench/traffic/model.py",
+                   "bench/traffic/driver.py")
 
 
 def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict:
