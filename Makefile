@@ -56,7 +56,10 @@ unit: setup
 # fleet, then usage per team through this machine's HAProxy in front of the llama-server the lab
 # built (tests/gateway_local), then that llama-server in a memory cgroup of this machine's kernel with
 # its unit's ceiling (tests/kernel, as root: fails, never skips, without a writable memory controller).
+# First of all the linter (ruff, pinned in requirements.txt, configured in ruff.toml): a finding fails
+# the target in a second, before any lab host is made.
 test: setup
+	$(PY) -m ruff check .
 	@mkdir -p .voltafleet; echo "$(PY) -m lab up --fresh --hosts 3 --gateway  (beside the unit tests)"; \
 	$(PY) -m lab up --fresh --hosts 3 --gateway > .voltafleet/lab-up.log 2>&1 & up=$$!; \
 	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops; unit=$$?; \

@@ -9,6 +9,11 @@ tensor names, conversion/qwen.py Qwen3_5TextModel metadata). Two kinds of file:
   model in seconds, every weight zero. For memory and speed measurements: zero weights
   read as many bytes and run the same kernels; greedy decoding emits token 0 ("!", plain
   ASCII) every step, so streams never end on half a UTF-8 character.
+  With `vary` (a seed; `--vary SEED`), the same file (same size, types and table) but with a few
+  tensors of seeded random values (_varying), so that greedy answers differ with the prompt: the
+  token table, the output norm, the last full-attention block and the output rows of plain
+  lower-case word tokens (every other output row stays zero, so no control, <think> or padding
+  token can win). Every other block still reads zero weights through the same kernels.
 * dense (`write_dense`): real (random, small) F16/F32 values, for the lab's CPU servers.
   Token 0 of every embedding row is a constant, the output norm keeps only that dimension,
   no layer writes into it, and the favourite token's row is larger there: greedy decoding
@@ -25,12 +30,13 @@ plus a `preserve_thinking` switch): written as tokenizer.chat_template when foun
 the vocabulary (templates/ or the same folder), so llama-server renders and parses the
 way it does for the real model.
 
-    python -m lab.qwen35gen VOCAB OUT [--shape 27b|tiny|...] [--ftype q4_k_s|q8_0] [--mtp] [--dense]
+    python -m lab.qwen35gen VOCAB OUT [--shape 27b|tiny|...] [--ftype q4_k_s|q8_0] [--mtp] [--dense] [--vary SEED]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass, replace
 
@@ -308,16 +314,120 @@ def _accepting(path: str, shape: Shape, types: dict, data_start: int, alignment:
                 f.write(block)
 
 
+# --- seeded random blocks: values symmetric about zero, standard deviation `std` ---------------------
+# Q4_K: d = dmin = D, every sub-block's scale 2 and min 15 (6-bit, packed as llama.cpp's get_scale_min_k4
+# reads them): value D * (2q - 15), q in 0..15. Q5_K: scale 2, min 31: D * (2q - 31), q in 0..31.
+# Q6_K: scale 1, quants 1..63 (never 0): D * (q - 32) in -31..31. Q8_0: D * q, q in -127..127.
+_Q4K_SCALES = bytes([2, 2, 2, 2, 15, 15, 15, 15, 0xF2, 0xF2, 0xF2, 0xF2])
+_Q5K_SCALES = bytes([2, 2, 2, 2, 95, 95, 95, 95, 0xF2, 0xF2, 0xF2, 0xF2])  # min 31: low 4 bits in 8-11, bit 4 in 4-7
+_SPREAD = {T.Q4_K: 2 * np.sqrt((16 ** 2 - 1) / 12), T.Q5_K: 2 * np.sqrt((32 ** 2 - 1) / 12),
+           T.Q6_K: np.sqrt((63 ** 2 - 1) / 12), T.Q8_0: np.sqrt((255 ** 2 - 1) / 12)}
+
+
+def _q6k_pack(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K's ql (128 bytes) and qh (64 bytes) of blocks of 256 6-bit values (n, 256), as
+    ggml's quantize_row_q6_K_ref lays them out (two halves of 128: four runs of 32)."""
+    ql, qh = [], []
+    for half in (q[:, :128], q[:, 128:]):
+        a, b, c, d = (half[:, i * 32:(i + 1) * 32] for i in range(4))
+        ql += [(a & 0xF) | ((c & 0xF) << 4), (b & 0xF) | ((d & 0xF) << 4)]
+        qh.append((a >> 4) | ((b >> 4) << 2) | ((c >> 4) << 4) | ((d >> 4) << 6))
+    return np.concatenate(ql, axis=1).astype(np.uint8), np.concatenate(qh, axis=1).astype(np.uint8)
+
+
+def random_blocks(t: T, n_blocks: int, std: float, rng: np.random.Generator) -> bytes:
+    """`n_blocks` blocks of type `t` whose values are seeded random, symmetric about 0, of
+    standard deviation `std` (F32/F16: `n_blocks` values, normal)."""
+    if t in (T.F32, T.F16):
+        return (rng.standard_normal(n_blocks) * std).astype(np.float32 if t == T.F32 else np.float16).tobytes()
+    if t not in _SPREAD:
+        raise ValueError(f"no random blocks for {t.name}")
+    d = np.full((n_blocks, 1), np.float16(std / _SPREAD[t])).view(np.uint8).reshape(n_blocks, 2)
+    if t == T.Q8_0:
+        q = rng.integers(-127, 128, (n_blocks, 32), dtype=np.int8).view(np.uint8)
+        return np.concatenate([d, q], axis=1).tobytes()
+    if t == T.Q6_K:
+        ql, qh = _q6k_pack(rng.integers(1, 64, (n_blocks, 256), dtype=np.uint8))
+        scales = np.ones((n_blocks, 16), dtype=np.uint8)
+        return np.concatenate([ql, qh, scales, d], axis=1).tobytes()
+    scales = np.frombuffer(_Q4K_SCALES if t == T.Q4_K else _Q5K_SCALES, dtype=np.uint8)
+    parts = [d, d, np.broadcast_to(scales, (n_blocks, 12))]
+    if t == T.Q5_K:
+        parts.append(rng.integers(0, 256, (n_blocks, 32), dtype=np.uint8))
+    parts.append(rng.integers(0, 256, (n_blocks, 128), dtype=np.uint8))
+    return np.concatenate(parts, axis=1).tobytes()
+
+
+PLAIN_WORD = re.compile(r"^Ġ[a-z]{3,}$")  # the tokens a varying file may answer with: " word", lower-case ASCII
+
+
+def _offsets(shape: Shape, types: dict, alignment: int) -> dict[str, int]:
+    offsets, total = {}, 0
+    for name, ne in tensor_shapes(shape):
+        offsets[name] = total
+        total += nbytes(ne, types[name])
+        total += -total % alignment
+    return offsets
+
+
+def _varying(path: str, shape: Shape, types: dict, data_start: int, alignment: int, tokens: list[str],
+             seed: int) -> dict:
+    """Make a sparse file answer differently to different prompts, greedily, from `seed`: seeded
+    random values (random_blocks) in the token table (every row), the last full-attention block's
+    projections (its norms 1), the output norm (1) and the output rows of the plain word tokens
+    (PLAIN_WORD); every other tensor and output row stays zero. The residual stream is then the last
+    token's embedding plus that attention block's mix of the whole context, so the logits, and the
+    greedy token, depend on the prompt; the other output rows give logit 0, below the best of the
+    thousands of random word logits, so only plain words are emitted (never a control token, <think>,
+    </think> or padding: the thought ends where the request's thinking budget ends it). Returns what
+    was written (the block, the word tokens' count)."""
+    rng = np.random.default_rng(seed)
+    offsets, ne_of = _offsets(shape, types, alignment), dict(tensor_shapes(shape))
+    attn = max(il for il in range(shape.n_layer) if not shape.is_recurrent(il))
+    p = f"blk.{attn}."
+    words = [i for i, t in enumerate(tokens[:shape.n_vocab]) if PLAIN_WORD.match(t)]
+    if not words:
+        raise ValueError("no plain word tokens in the vocabulary")
+
+    def row_blocks(name: str) -> tuple[int, int]:  # blocks a row, bytes a row
+        ne, t = ne_of[name], types[name]
+        return ne[0] // gguf.GGML_QUANT_SIZES[t][0], nbytes((ne[0], 1), t)
+
+    with open(path, "r+b") as f:
+        def put(name: str, data: bytes, at: int = 0) -> None:
+            f.seek(data_start + offsets[name] + at)
+            f.write(data)
+
+        for name in ("output_norm.weight", p + "attn_norm.weight", p + "attn_q_norm.weight", p + "attn_k_norm.weight"):
+            put(name, np.ones(ne_of[name][0], dtype=np.float32).tobytes())
+        for name in (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight", p + "attn_output.weight"):
+            ne, t = ne_of[name], types[name]
+            put(name, random_blocks(t, ne[0] * ne[1] // gguf.GGML_QUANT_SIZES[t][0], 1 / np.sqrt(ne[0]), rng))
+        per_row, row_bytes = row_blocks("token_embd.weight")
+        step = 8192
+        for r0 in range(0, shape.n_vocab, step):  # the token table in slices (715 MB at the 27B shape)
+            n = min(step, shape.n_vocab - r0)
+            put("token_embd.weight", random_blocks(types["token_embd.weight"], n * per_row, 0.5, rng), r0 * row_bytes)
+        per_row, row_bytes = row_blocks("output.weight")
+        for r in words:
+            put("output.weight", random_blocks(types["output.weight"], per_row, 1 / np.sqrt(shape.n_embd), rng),
+                r * row_bytes)
+    return {"attention_block": attn, "word_tokens": len(words), "seed": seed}
+
+
 def write_sparse(vocab_path: str, out_path: str, shape: Shape = SHAPES["27b"], ftype: str = "q4_k_s",
-                 accept: bool = False) -> int:
+                 accept: bool = False, vary: int | None = None) -> int:
     """Header and tensor table with llama.cpp's type mix, then truncate to the full size
-    (`accept`: the few weights that make every MTP draft accepted, _accepting). Returns the file
+    (`accept`: the few weights that make every MTP draft accepted, _accepting; `vary`: a seed, the
+    few weights that make greedy answers differ with the prompt, _varying). Returns the file
     size in bytes."""
+    if accept and vary is not None:
+        raise ValueError("accept and vary write the same tensors: one or the other")
     file_type, _ = FTYPES[ftype]
     types = type_mix(shape, ftype)
     w = gguf.GGUFWriter(out_path, ARCH)
     _metadata(w, shape, f"voltafleet-qwen35-{ftype}-sparse", file_type)
-    _tokenizer(vocab_path, w, shape.n_vocab)
+    tokens = _tokenizer(vocab_path, w, shape.n_vocab)
     for name, ne in tensor_shapes(shape):
         t = types[name]
         # add_tensor_info takes the numpy (row-major) shape: reversed ggml ne
@@ -337,6 +447,8 @@ def write_sparse(vocab_path: str, out_path: str, shape: Shape = SHAPES["27b"], f
     w.close()
     if accept:
         _accepting(out_path, shape, types, data_start, w.data_alignment)
+    if vary is not None:
+        _varying(out_path, shape, types, data_start, w.data_alignment, tokens, vary)
     return os.path.getsize(out_path)
 
 
@@ -391,13 +503,16 @@ def main(argv=None) -> None:
     ap.add_argument("--mtp", action="store_true", help="add the MTP block (nextn_predict_layers 1)")
     ap.add_argument("--dense", action="store_true", help="random F16 weights (small shapes only)")
     ap.add_argument("--accept", action="store_true", help="sparse: the trunk and MTP head agree (every draft accepted)")
+    ap.add_argument("--vary", type=int, metavar="SEED", help="sparse: seeded random token table, output rows of plain "
+                    "words and last attention block, so greedy answers differ with the prompt")
     a = ap.parse_args(argv)
     shape = replace(SHAPES[a.shape], mtp=1 if a.mtp else 0)
     if a.dense:
         write_dense(a.vocab, a.out, shape)
         print(f"{a.out}: {os.path.getsize(a.out)} bytes (dense)")
     else:
-        print(f"{a.out}: {write_sparse(a.vocab, a.out, shape, a.ftype, a.accept)} bytes (sparse, {a.ftype})")
+        size = write_sparse(a.vocab, a.out, shape, a.ftype, a.accept, a.vary)
+        print(f"{a.out}: {size} bytes (sparse, {a.ftype}{'' if a.vary is None else f', varying, seed {a.vary}'})")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def dry_run(args, fleet: Fleet, runner: Runner, batches: list, canary: list) -> 
         + " | ".join(", ".join(b) for b in batches) + "; reading facts (nothing changes)")
     ctx = s.ctx("plan", record_probe=args.record_probe)
     runner.run(servers if args.no_gateway else None, ctx, log, echo=False)
-    changes = {h: s.records.read(records.Plan, h, ctx.run) or dryrun.refused(
+    changes = {h: s.records.read(records.HostChange, h, ctx.run) or dryrun.refused(
         h, [f"no plan record: unreachable, or the plan run failed on it (see {log})"]) for h in servers}
     report = plan_report(s, fleet, changes, batches, canary, gateways, log)
     (s.run_dir / runctx.RunDir.PLAN).write_text(json.dumps(report, indent=2) + "\n")

@@ -295,20 +295,58 @@ def host_plan(slots: int, ckpt: int, cms: int | None = None):
 
 
 def plan49() -> dict:
-    """Issue 49's validation run (not the run the constants were fitted on: proof38 run1 and run2): plan38's
-    workloads on the shipped build (FORCE_MMQ), each server in a cgroup of its own whose memory.max is its
-    unit's MemoryMax (the plan x 1.10) on the H200 machine's kernel: the worst case first (every slot's
-    checkpoints at 16 x 32), the process term at 4, 8, 16 and 24 slots (no checkpoints), then 4, 32 and 8
-    checkpoints at 16 slots. Each config's plan goes with it (planned_mib: the instance's total)."""
+    """Issue 49's host-memory runs: plan38's workloads on the shipped build (FORCE_MMQ), each server in a
+    cgroup of its own whose memory.max is its unit's MemoryMax (the plan x 1.10) on the H200 machine's
+    kernel. Run 3 (bench/records/proof49/run3) fitted the process terms (fit49: the no-checkpoint chats at
+    4, 8, 16 and 24 slots); this plan is the run that validates them, in the order the device's half hour
+    can afford: 0, 4, 8 and 32 checkpoints at the shipped 16 slots, every slot's checkpoints (the worst
+    case), then the process term at 4 and 24 slots. Each config's plan goes with it."""
     def item(name, slots, ckpt, kind):
         p = host_plan(slots, ckpt)
         return {"name": name, "slots": slots, "ckpt": ckpt, "cms": None, "group": "v100_32gb",
                 "args": v32_at(slots, server_ctx_checkpoints=ckpt), "planned_mib": round(p.instance.total / 2**20, 1),
                 "memory_max_mib": -(-p.memory_max // 2**20), **kind}
-    configs = [item("fill-np16-ck32", 16, 32, FILL38)]
-    configs += [item(f"chat-np{n}-ck0", n, 0, CHAT38) for n in (16, 4, 24, 8)]
-    configs += [item(f"chat-np16-ck{n}", 16, n, CHAT38) for n in (4, 32, 8)]
+    configs = [item(f"chat-np16-ck{n}", 16, n, CHAT38) for n in (0, 4, 8, 32)]
+    configs += [item("fill-np16-ck32", 16, 32, FILL38)]
+    configs += [item(f"chat-np{n}-ck0", n, 0, CHAT38) for n in (4, 24)]
     return {"host49": {"build": "mmq", "runs": 3, "configs": configs}}
+
+
+FIT49_MARGIN_MIB = 5   # above the fit runs' largest residual: a later run's noise, not measured before it
+FIT49_RUNS = ("bench/records/proof49/run3", "bench/records/proof49/run4")
+
+
+def fit49(runs: list[dict], margin_mib: int = FIT49_MARGIN_MIB) -> dict:
+    """The host-memory plan's process terms, fitted on every repetition of host49 runs (results.json each):
+        process, slot   the anonymous and shared memory (VmRSS's RssAnon + RssShmem) less the plan's host
+                        buffers and the checkpoints held, a base and a part a slot: the least-squares slope
+                        over the slot counts' largest values (rounded up to 0.1 MiB), the base `margin_mib`
+                        above the largest residual, so no fit run is under
+        kernel          the cgroup's charge less its page cache, its anonymous memory and the page tables
+                        (1/512 of it): the largest, rounded up
+        program         the largest file-backed VmRSS (the binary, its libraries, the few token_embd pages
+                        the words touched)"""
+    import math
+    points, files, kernel = {}, [], []
+    for results in runs:
+        for r in results.get("host49", []):
+            buffers = host_plan(r["slots"], 0).instance.host_buffers / 2**20
+            for rep in r["reps"]:
+                peak = rep["peak"]
+                anon = peak["RssAnon"] + peak["RssShmem"]
+                size = max(rep["ckpt"]["size_mib"] or [0])
+                rest = anon - buffers - rep["ckpt"]["held"] * size
+                points[r["slots"]] = max(points.get(r["slots"], rest), rest)
+                files.append(peak["RssFile"])
+                kernel.append(peak["cgroup"]["cg_unreclaimable"] - anon - anon / 512)
+    n = sorted(points)
+    mean_n, mean_y = sum(n) / len(n), sum(points.values()) / len(n)
+    slope = sum((x - mean_n) * (points[x] - mean_y) for x in n) / sum((x - mean_n) ** 2 for x in n)
+    slot = math.ceil(slope * 10) / 10
+    base = math.ceil(max(points[x] - slot * x for x in n)) + margin_mib
+    return {"hostmem_process_mib": base, "hostmem_slot_mib": slot, "hostmem_kernel_mib": math.ceil(max(kernel)),
+            "hostmem_program_mib": math.ceil(max(files)), "slots": n,
+            "residual_mib": {x: round(base + slot * x - points[x], 1) for x in n}}
 
 
 # issue 41: the latency tier, v100_32gb's argv with 2 slots of 32K and the model's own MTP head
@@ -446,49 +484,62 @@ def host38_report(results: dict) -> str:
 
 
 def host49_table(results: dict) -> list[dict]:
-    """Issue 49's validation: each config's repetitions against the plan at the checkpoints each one held
-    (process + model + host buffers + held x the logged size, voltafleet.planning.hostmem), for the
-    process's peak VmRSS and its cgroup's peak charge less page cache (what the kernel cannot reclaim at
-    memory.max); the medians of 3, the largest too, and whether the kernel ever killed it."""
+    """Issue 49: each config's repetitions against the plan at the checkpoints each one held
+    (voltafleet.planning.hostmem: the process and its slots, the host buffers, held x the logged size),
+    in the three quantities the plan gives:
+        anonymous   the process's anonymous and shared memory (VmRSS's RssAnon + RssShmem) against the
+                    plan's anonymous terms
+        held        the cgroup's charge less its page cache (what the kernel cannot reclaim at
+                    memory.max) against the plan's held (anonymous and its page tables)
+        total       VmRSS against the plan's total (held, the program's and the mapped model's file
+                    pages): the model's token_embd rows are read one a token, so VmRSS holds the few
+                    that the words touched
+    the medians of 3, the largest ratio, the cgroup's events and whether the kernel ever killed it."""
     rows = []
     for r in results.get("host49", []):
         inst = host_plan(r["slots"], r["ckpt"]).instance
-        fixed = (inst.process + inst.model + inst.host_buffers) / 2**20
         reps = []
         for rep in r["reps"]:
             size = max(rep["ckpt"]["size_mib"] or [inst.checkpoint_bytes / 2**20])
-            planned = fixed + rep["ckpt"]["held"] * size
-            cg = rep["peak"].get("cgroup") or {}
-            reps.append({"held": rep["ckpt"]["held"], "planned": planned, "rss": rep["peak"].get("VmRSS"),
-                         "unreclaimable": cg.get("cg_unreclaimable"), "charged": cg.get("cg_current"),
+            anon = (inst.process + inst.host_buffers) / 2**20 + rep["ckpt"]["held"] * size
+            held = anon * 513 / 512 + inst.kernel / 2**20
+            peak, cg = rep["peak"], rep["peak"].get("cgroup") or {}
+            reps.append({"held": rep["ckpt"]["held"], "plan_anon": anon, "plan_held": held,
+                         "plan_total": held + (inst.program + inst.model) / 2**20,
+                         "anon": peak["RssAnon"] + peak["RssShmem"], "unreclaimable": cg.get("cg_unreclaimable"),
+                         "rss": peak.get("VmRSS"), "charged": cg.get("cg_current"),
                          "errors": sum("error" in q for t in rep["turns"] for q in t["recs"])})
+
         def med(k):
             return _median([x[k] for x in reps if x[k] is not None])
-        row = {"name": r["name"], "slots": r["slots"], "ckpt": r["ckpt"], "reps": len(reps),
-               "memory_max_mib": r.get("memory_max_mib"), "planned_full_mib": r.get("planned_mib"),
-               "held": med("held"), "planned_mib": med("planned"), "rss_mib": med("rss"),
-               "unreclaimable_mib": med("unreclaimable"), "charged_mib": med("charged"),
-               "rss_max_mib": max((x["rss"] or 0) for x in reps) if reps else None,
-               "unreclaimable_max_mib": max((x["unreclaimable"] or 0) for x in reps) if reps else None,
-               "load_rss_mib": (r.get("mem_load") or {}).get("VmRSS"), "errors": sum(x["errors"] for x in reps),
-               "killed": not r.get("alive_at_end", True),
-               "events": (r.get("cgroup_end") or {}).get("cg_events"), "cgroup_error": r.get("cgroup_error")}
-        for k in ("rss", "unreclaimable"):
-            worst = max((x["planned"] and (x[k] or 0) / x["planned"]) for x in reps) if reps else None
-            row[f"{k}_over_plan_max"] = round(worst, 4) if worst is not None else None
-        rows.append(row)
+
+        def worst(k, plan):
+            got = [x[k] / x[plan] for x in reps if x[k] is not None]
+            return round(max(got), 4) if got else None
+        rows.append({"name": r["name"], "slots": r["slots"], "ckpt": r["ckpt"], "reps": len(reps),
+                     "memory_max_mib": r.get("memory_max_mib"), "held": med("held"),
+                     "plan_anon_mib": med("plan_anon"), "plan_held_mib": med("plan_held"),
+                     "plan_total_mib": med("plan_total"), "anon_mib": med("anon"),
+                     "unreclaimable_mib": med("unreclaimable"), "rss_mib": med("rss"), "charged_mib": med("charged"),
+                     "anon_over_plan_max": worst("anon", "plan_anon"),
+                     "unreclaimable_over_plan_max": worst("unreclaimable", "plan_held"),
+                     "rss_over_total_max": worst("rss", "plan_total"),
+                     "load_rss_mib": (r.get("mem_load") or {}).get("VmRSS"), "errors": sum(x["errors"] for x in reps),
+                     "killed": not r.get("alive_at_end", True),
+                     "events": (r.get("cgroup_end") or {}).get("cg_events"), "cgroup_error": r.get("cgroup_error")})
     return rows
 
 
 def host49_report(results: dict) -> str:
-    lines = ["| config | held checkpoints | planned MiB (at held) | peak VmRSS MiB (median / max) | peak cgroup "
-             "unreclaimable MiB (median / max) | worst measured / planned (RSS, cgroup) | MemoryMax MiB | killed | "
+    lines = ["| config | held checkpoints | anonymous MiB: planned / measured | held MiB: planned / cgroup | "
+             "worst / planned (anonymous, held) | VmRSS MiB / total planned | MemoryMax MiB | killed | "
              "events max / oom_kill |", "|---|---|---|---|---|---|---|---|---|"]
     for r in host49_table(results):
         ev = r["events"] or {}
-        lines.append(f"| {r['name']} | {f(r['held'])} | {f(r['planned_mib'])} | {f(r['rss_mib'])} / {f(r['rss_max_mib'])} | "
-                     f"{f(r['unreclaimable_mib'])} / {f(r['unreclaimable_max_mib'])} | {f(r['rss_over_plan_max'], 3)}, "
-                     f"{f(r['unreclaimable_over_plan_max'], 3)} | {f(r['memory_max_mib'])} | {'yes' if r['killed'] else 'no'} | "
+        lines.append(f"| {r['name']} | {f(r['held'])} | {f(r['plan_anon_mib'])} / {f(r['anon_mib'])} | "
+                     f"{f(r['plan_held_mib'])} / {f(r['unreclaimable_mib'])} | {f(r['anon_over_plan_max'], 3)}, "
+                     f"{f(r['unreclaimable_over_plan_max'], 3)} | {f(r['rss_mib'])} / {f(r['plan_total_mib'])} | "
+                     f"{f(r['memory_max_mib'])} | {'yes' if r['killed'] else 'no'} | "
                      f"{ev.get('max', '-')} / {ev.get('oom_kill', '-')} |")
     return "\n".join(lines)
 
@@ -545,7 +596,8 @@ PROOF_PHASES = tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "bench/gpu
 MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proof_bench.py", *PROOF_PHASES,
                    "bench/gpu/qwen35_bench.py", "bench/gpu/voltarule.py", "voltafleet/__init__.py",
                    "voltafleet/hostside/__init__.py", "voltafleet/hostside/smoke_client.py",
-                   "voltafleet/hostside/workload.py")
+                   "voltafleet/hostside/workload.py", "bench/traffic/__init__.py", "bench/traffic/model.py",
+                   "bench/traffic/driver.py")
 
 
 def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict:

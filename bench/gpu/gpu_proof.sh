@@ -82,6 +82,11 @@ PY
       >> "$RES/progress.txt" 2>&1
     log "MTP files written" ;;
   esac
+  case "$PH" in *traffic51*)  # issue 51: the same shape with seeded random words out, so answers differ with the prompt
+    PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/q4ks-vary.gguf --ftype q4_k_s \
+      --vary 51 >> "$RES/progress.txt" 2>&1
+    log "varying file written" ;;
+  esac
   case "$PH" in *probe27*)  # a random-weight qwen35 for the probes, quantized to Q8_0 by the build's own llama-quantize
     PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/tiny-f16.gguf --shape tiny \
       --dense >> "$RES/progress.txt" 2>&1 && "$BIN/llama-quantize" /tmp/models/tiny-f16.gguf /tmp/models/tiny-q8_0.gguf \

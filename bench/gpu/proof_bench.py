@@ -32,6 +32,9 @@ argument missing or not taken, is refused before anything starts. The phases, by
     host38:BUILD           llama-server's host memory and context checkpoints under real chats
     host49:BUILD           the same, each server in a cgroup at its unit's MemoryMax (issue 49's validation)
     tier41:BUILD           the latency tier (2 slots, MTP speculation) against the throughput tier
+  a busy fleet's traffic (proof/traffic.py, bench/traffic)
+    traffic51:BUILD        seeded multi-turn chats with thinking, Poisson arrivals at 80 % of the slots, 1-4x the
+                           slots' conversations: per request TTFT and cached prompt tokens, the summary
 
 BUILD: a build's label (default, cublas, volta, mmq: --bins, --cublas-bin, else --bin); a phase of a
 plan entry that names its build runs nothing on another. The names are those of the records
@@ -46,7 +49,7 @@ import argparse
 import inspect
 import time
 
-from bench.gpu.proof import hostmem, kernel_speed, loads, probes, serving, thinking, tiers, tuning
+from bench.gpu.proof import hostmem, kernel_speed, loads, probes, serving, thinking, tiers, traffic, tuning
 from bench.gpu.proof.runner import ProofRun
 from bench.gpu.qwen35_bench import say
 
@@ -74,6 +77,8 @@ PHASES = {
     "host38": hostmem.host_memory_chats,
     "host49": hostmem.host_memory_validation,
     "tier41": tiers.latency_tier,
+    # a busy fleet's traffic
+    "traffic51": traffic.traffic,
 }
 
 

@@ -66,7 +66,7 @@ def config(**over) -> dict:
 @dataclass(frozen=True)
 class Planned:
     cfg: dict
-    plan: object            # voltafleet.planning.hostmem.Plan
+    plan: object            # voltafleet.planning.hostmem.HostMemoryPlan
     unit: str               # llama-server@.service as rendered for it
     limit: int              # the unit's MemoryMax, in bytes
 

@@ -41,7 +41,7 @@ def memory_facts(h: dict) -> dict:
 
 
 def planned(h: dict):
-    """(the host's variables, its host-memory plan: voltafleet.planning.hostmem.Plan) as a rollout plans it."""
+    """(the host's variables, its host-memory plan: voltafleet.planning.hostmem.HostMemoryPlan) as a rollout plans it."""
     cfg = host_cfg(h["name"])
     systemd = int(ssh(h, "systemctl --version | awk 'NR == 1 {print $2}'"))
     facts = HostFacts(os="debian-12", systemd=systemd, model_present=True, **memory_facts(h))

@@ -17,7 +17,7 @@ from voltafleet.state.dryrun import sha1
 from voltafleet.state.fleetplan import FleetPlan
 from voltafleet.inputs.groupvars import load_or_exit
 from voltafleet.planning.hostplan import UNIT_PATH, HostFacts, make_plan
-from voltafleet.state.records import Plan
+from voltafleet.state.records import HostChange
 from voltafleet.state.runctx import RunDir
 from voltafleet.planning.unitfile import render_unit
 
@@ -82,7 +82,7 @@ def run_plan(hosts: list[dict], tmp_path: Path, group: str = GROUP):
     cmds = {f"@fake/{h['name']}": [] for h in hosts}
     for m in CMD.finditer(out):
         cmds.setdefault(m.group(1), []).append(m.group(2))
-    files = {h["name"]: RunDir(tmp_path).file(Plan, f"@fake/{h['name']}") for h in hosts}
+    files = {h["name"]: RunDir(tmp_path).file(HostChange, f"@fake/{h['name']}") for h in hosts}
     records = {h: json.loads(f.read_text()) for h, f in files.items() if f.exists()}
     return proc.returncode, cmds, records, out
 

@@ -401,7 +401,7 @@ def example(kind) -> dict:
              "profile": dict(kind="server", ok=True, lines=["a", "b"], reason=""),
              "build": dict(fingerprint="fp", built=True, seconds=228, source=""),
              "fetch": dict(downloads=[{"dest": "/m/a.gguf", "bytes": 3 * 2**20, "seconds": 1.5}]),
-             "plan": {**asdict(records.Plan(host="x", refusals=["r"], flags={0: ["-t 1 -> 2"]}, restart=[0])),
+             "plan": {**asdict(records.HostChange(host="x", refusals=["r"], flags={0: ["-t 1 -> 2"]}, restart=[0])),
                       "flags": {"0": ["-t 1 -> 2"]}}}
     return {**out, **extra[kind], **({"host": "gpu/01", "run": "r1"})}
 

@@ -18,6 +18,8 @@ from voltafleet.planning.hostmem import GIB, MIB
 from voltafleet.planning.hostplan import HostFacts, make_plan
 from voltafleet.planning.vram import ModelShape, compute_bytes, kv_bytes
 
+REPO = Path(__file__).resolve().parents[2]
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = from_json(json.loads((ROOT / "tests" / "fixtures" / "gguf" / "qwen35-27b-q4ks.json").read_text()))
 QWEN = ModelShape.from_header(HEADER)  # lab/qwen35gen.py's full Qwen3.6-27B Q4_K_S shape
@@ -46,7 +48,13 @@ def test_one_checkpoint_is_the_logged_149_626_mib_and_the_term_is_slots_x_n_of_t
     assert inst.slots == c["server_parallel"] == 16 and inst.checkpoints_per_slot == c["server_ctx_checkpoints"] == 32
     assert inst.checkpoints == 16 * 32 * inst.checkpoint_bytes
     assert 74.8 < inst.checkpoints / GIB < 74.9  # docs/domain.md: 16 x 32 x 149.6 MiB, ~75 GiB
-    assert inst.total == inst.process + inst.model + inst.host_buffers + inst.checkpoints + inst.cache_ram
+    # what the kernel cannot reclaim, and the file pages read at every step on top
+    assert inst.anonymous == inst.process + inst.host_buffers + inst.checkpoints + inst.cache_ram  # model mapped
+    assert inst.held == inst.anonymous + inst.anonymous // 512 + inst.kernel  # page tables: 8 bytes a 4 KiB page
+    assert inst.total == inst.held + inst.program + inst.model
+    assert inst.process == int((c["hostmem_process_mib"] + 16 * c["hostmem_slot_mib"]) * MIB)  # grows with -np
+    unmapped = hostmem.instance({**c, "server_mmap": False}, QWEN)  # -lm none: the weights are anonymous memory
+    assert unmapped.held == inst.held + inst.model + (inst.anonymous + inst.model) // 512 - inst.anonymous // 512
 
 
 def test_checkpoints_follow_the_setting_and_speculation_keeps_one_more(cfg):
@@ -114,7 +122,8 @@ def test_cpu_backend_model_term_holds_weights_kv_states_and_compute(cfg):
 def test_no_header_plans_the_process_and_cache_and_says_what_is_missing(cfg):
     p = hostmem.plan(v100_32(cfg, server_cache_ram=None), None, 4, 256 * GIB)
     assert p.instance.model == p.instance.checkpoints == p.instance.host_buffers == 0
-    assert p.instance.total == (cfg["hostmem_process_mib"] + 8192) * MIB
+    anonymous = int((cfg["hostmem_process_mib"] + 16 * cfg["hostmem_slot_mib"]) * MIB) + 8192 * MIB
+    assert p.instance.total == (anonymous + anonymous // 512 + (cfg["hostmem_kernel_mib"] + cfg["hostmem_program_mib"]) * MIB)
     assert "not planned: the model" in p.text()
 
 
@@ -127,7 +136,7 @@ def test_need_ceiling_and_text(cfg):
     assert p.need == 4 * p.instance.total + 4096 * MIB
     assert p.memory_max == -(-p.instance.total * 11 // 10) and not hasattr(p, "memory_high")  # one ceiling
     assert p.fits and p.refusal("h") is None
-    assert p.text().startswith("host memory: 4 x 76.") and "+ 4.0 GiB reserve" in p.text() and p.text().endswith("fits")
+    assert p.text().startswith("host memory: 4 x 77.0 GiB") and "+ 4.0 GiB reserve" in p.text() and p.text().endswith("fits")
     assert hostmem.plan(c, QWEN, 4).text().endswith("(MemTotal not read: not checked)")
     assert hostmem.plan(c, QWEN, 4).refusal("h") is None
 
@@ -155,7 +164,13 @@ def test_the_cache_fix_names_the_largest_limit_that_fits(cfg):
     total = hostmem.instance({**c, "server_cache_ram": 0}, QWEN).total
     mem = 2 * (total + 3000 * MIB) + c["hostmem_reserve_mib"] * MIB
     p = hostmem.plan(c, QWEN, 2, mem)
-    assert not p.fits and "server_cache_ram: 3000 or less" in p.fixes
+    assert not p.fits
+    (fix,) = [f for f in p.fixes if f.startswith("server_cache_ram: ")]
+    mib = int(fix.split()[1])  # 3,000 less the page tables 3,000 MiB of cache would take (1/512)
+    budget = (mem - c["hostmem_reserve_mib"] * MIB) // 2
+    assert 2990 < mib < 3000 and fix == f"server_cache_ram: {mib} or less"
+    assert hostmem.instance({**c, "server_cache_ram": mib}, QWEN).total <= budget
+    assert hostmem.instance({**c, "server_cache_ram": mib + 1}, QWEN).total > budget
 
 
 # ---------------------------------------------------------------- CPU
@@ -285,7 +300,7 @@ def test_plan_table_shows_host_resources_per_group(cfg):
     report = dryrun.fleet_report([["h1", "h2"]], changes)
     report.update(records={h: ch.to_dict() for h, ch in changes.items()}, groups={"h1": ["lab"], "h2": ["lab"]})
     text = dryrun.table(report)
-    process = hostmem.size(c["hostmem_process_mib"] * MIB)
+    process = hostmem.size(hostmem.instance(c, None).process)
     assert "host resources" in text and f"group lab (h1, h2): per instance: process {process}" in text
     assert "h1: host memory: 2 x" in text and "of 64.0 GiB (MemTotal): fits; not planned" in text
     assert "(no GGUF header); CPU: 2 x 1 threads + 0 reserved = 2 of 2 CPUs: fits" in text
@@ -309,3 +324,25 @@ def test_the_shipped_v100_32gb_fits_eight_gpus_in_128_gib_and_llama_cpps_default
     assert p.fits and 95 < p.need / GIB < 100, p.text()
     assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 8}, QWEN, 8, mem_total=128 * GIB).fits
     assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 32}, QWEN, 8, mem_total=256 * GIB).fits
+
+
+def test_docs_host_md_quotes_the_plan_as_it_is_computed_today():
+    """docs/host.md's figures for 8 V100-32GB and each group's MemoryMax, recomputed from group_vars and the
+    model's header (bench/RESULTS.md's issue 38 decision quotes the same)."""
+    import json
+
+    from bench.gpu.gpu_proof import group_cfg
+    from voltafleet.models.gguf_header import from_json
+    from voltafleet.planning import vram
+
+    shape = vram.ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
+
+    def plan(group, **over):
+        return hostmem.plan({**group_cfg(group), "voltafleet_backend": "cuda", **over}, shape, 8, 128 * GIB)
+    v32 = {"server_ctx": 8192 * 16, "server_parallel": 16}
+    ck4, ck8, ck32 = (plan("v100_32gb", **v32, server_ctx_checkpoints=n) for n in (4, 8, 32))
+    text = " ".join((REPO / "docs/host.md").read_text().split())
+    assert (f"({ck4.instance.total / GIB:.1f} GiB an instance at 16 slots, {ck4.need / GIB:.1f} GiB for 8 V100-32GB "
+            f"against {ck8.need / GIB:.1f} at 8 and {ck32.need / GIB:.1f} at llama.cpp's 32)") in text
+    m32, m16 = (-(-plan(g, **(v32 if g == "v100_32gb" else {})).memory_max // MIB) for g in ("v100_32gb", "v100_16gb"))
+    assert f"({m32:,} MiB for v100_32gb, {m16:,} for v100_16gb:" in text

@@ -41,6 +41,13 @@ def planned(**over) -> hostmem.Instance:
     return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1).instance
 
 
+def resident(inst: hostmem.Instance, held: int) -> float:
+    """The plan's part of VmRSS at `held` checkpoints, MiB: its anonymous terms and the program's file pages
+    (VmRSS counts neither the page tables nor the kernel's memory, and only the token_embd rows the words
+    touched)."""
+    return (inst.process + inst.host_buffers + inst.cache_ram + inst.program) / 2**20 + held * inst.checkpoint_bytes / 2**20
+
+
 def held(turn: int) -> int:
     """Checkpoints the 16 slots hold after `turn` (from 0): the first turn's prompt makes one a slot (at
     its end), each follow-up two (its user message's start, its end); at N a slot llama.cpp evicts
@@ -74,24 +81,27 @@ def test_the_plan_holds_every_measured_turn_and_is_within_5_percent_of_the_worst
     assert len(turns) == 2 and len(measured) == 17 + 15 + 1  # repetition 1 was cut at turn 14 (the device time)
     worst = max(measured)
     assert worst <= plan_mib and (plan_mib - worst) / worst < 0.05, (plan_mib, worst)
-    # at every turn, the plan at the checkpoints then held covers the process (never under), within 60 MiB, less its
-    # model term: the 682 MiB token_embd whose pages real text maps row by row (these chats' few words map a few)
+    # at every turn, the plan's resident part at the checkpoints then held covers VmRSS (never under), within
+    # 60 MiB; the plan's total adds the 682 MiB token_embd whose pages real text maps row by row (these chats'
+    # few words map a few), the page tables and the kernel's memory
     for (name, rep), rss in turns.items():
         for t, v in enumerate(rss):
-            at = (inst.total - inst.model - (SLOTS * N - held(t)) * inst.checkpoint_bytes) / 2**20
+            at = resident(inst, held(t))
             assert 0 <= at - v < 60, (rep, t, at, v)
 
 
 def test_the_process_figure_of_group_vars_is_the_largest_base_measured():
     """What is left of VmRSS once the checkpoints held are taken away is the process's base with its host
-    buffers (and the few token_embd pages the workload's words touched); hostmem_process_mib covers it."""
+    buffers, the program's file pages (and the few token_embd pages the workload's words touched): the plan's
+    process (hostmem_process_mib and hostmem_slot_mib, fitted on proof49 run3 and run4, not on this run) with the
+    host buffers and hostmem_program_mib covers it."""
     turns, _ = progress()
     inst = planned()
     size = inst.checkpoint_bytes / 2**20
     base = [v - held(t) * size for rss in turns.values() for t, v in enumerate(rss)]
     process = inst.process / 2**20
     assert 1300 < max(base) < 1400 and max(base) - min(base) < 20  # flat over 31 turns: the checkpoints are the growth
-    assert 0 <= process + inst.host_buffers / 2**20 - max(base) < 10
+    assert 0 <= process + (inst.host_buffers + inst.program) / 2**20 - max(base) < 60
 
 
 # ------------------------------------------------------------ real chats on the lab's CPU server
@@ -152,9 +162,11 @@ def test_run2_the_plan_covers_every_repetitions_peak_and_is_within_5_percent_at_
         for rep in r["reps"]:
             peak, held = rep["peak"]["VmRSS"], rep["ckpt"]["held"]
             assert held <= r["slots"] * max(r["ckpt"], 0) and set(rep["ckpt"]["size_mib"]) <= {149.626}
-            at = (inst.total - (r["slots"] * r["ckpt"] - held) * inst.checkpoint_bytes) / 2**20
-            # never under; above by at most the model term (token_embd's mapped rows, few touched) and 2 %
-            assert 0 <= at - peak <= inst.model / 2**20 + 0.02 * peak, (r["name"], rep["rep"], at, peak)
+            # the log's count is the one at the end; a repetition may have held one more at its peak (chat-np16-ck32
+            # rep 1 ends at 129 with the others' 130 and their VmRSS): the most the config's repetitions held
+            at = resident(inst, max(x["ckpt"]["held"] for x in r["reps"]))
+            # never under; above by at most 2 % (the plan's total adds token_embd's mapped rows, few touched here)
+            assert 0 <= at - peak <= 0.02 * peak, (r["name"], rep["rep"], at, peak)
             if worst is None or peak > worst[0]:
                 worst = (peak, inst.total / 2**20, r["name"])
     peak, plan_mib, name = worst

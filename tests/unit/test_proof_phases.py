@@ -43,14 +43,15 @@ def test_every_phase_a_caller_names_is_in_the_table():
             assert proof_bench.refused([ph]) is None, (caller, ph)
     # the names gpu_proof.sh looks for in the list (to make the MTP files, the probe model)
     case = re.findall(r'case "\$PH" in \*(\w+)\*\)', SH)
-    assert case == ["tier41", "probe27"] and set(case) <= set(proof_bench.PHASES)
+    assert case == ["tier41", "traffic51", "probe27"] and set(case) <= set(proof_bench.PHASES)
 
 
 def test_the_table_is_the_phases_of_the_records():
     """The names stay those of the records (results.json's phase_seconds), each a function of the run
     and at most one argument; no class named after an issue is left."""
     assert list(proof_bench.PHASES) == ["vram", "vram_named", "peak", "pp", "tg", "bench27", "batched", "serve",
-                                        "serve27", "spec", "probe27", "tune29", "think32", "host38", "host49", "tier41"]
+                                        "serve27", "spec", "probe27", "tune29", "think32", "host38", "host49", "tier41",
+                                        "traffic51"]
     assert [proof_bench.usage(n) for n in ("tg", "think32", "serve", "tune29")] == [
         "tg", "think32:BUILD", "serve[:NAMES]", "tune29[:KEY]"]
     for name, fn in proof_bench.PHASES.items():

@@ -108,9 +108,9 @@ def test_a_plan_records_instances_are_numbers_again_after_json(tmp_path):
     change = dryrun.HostChange(host="@fake/a", flags={1: ["-t 1 -> 2"]}, restart=[1], run="p1")
     dryrun.write(tmp_path, change)
     assert json.loads(RunDir(tmp_path).file("plan", "@fake/a").read_text())["flags"] == {"1": ["-t 1 -> 2"]}
-    assert dryrun.read(tmp_path, "@fake/a") == change == records.read(tmp_path, records.Plan, "@fake/a", "p1")
-    assert records.read(tmp_path, records.Plan, "@fake/a", "p2") is None
-    assert dryrun.HostChange is records.Plan
+    assert dryrun.read(tmp_path, "@fake/a") == change == records.read(tmp_path, records.HostChange, "@fake/a", "p1")
+    assert records.read(tmp_path, records.HostChange, "@fake/a", "p2") is None
+    assert dryrun.HostChange is records.HostChange
 
 
 def test_a_fetch_record_holds_each_download_and_its_rate():

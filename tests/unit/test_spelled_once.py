@@ -1,5 +1,6 @@
 """Knowledge spelled once (issue 53): the gateway group, what a server host is, an instance's
-HAProxy server name, the pyinfra warning's cost and fix; each caller uses the one definition."""
+HAProxy server name, the pyinfra warning's cost and fix; each caller uses the one definition. Each plan
+class is named for the plan it is."""
 from pathlib import Path
 
 from voltafleet.front import gateway, tiers
@@ -27,3 +28,28 @@ def test_each_is_defined_once():
     assert [p for p in py if "backend_name(" in p.read_text() and ", 0)[:-" in p.read_text()] == []
     assert [p for p in py if "4x the CPU" in p.read_text()] == [REPO / "voltafleet/state/pyinfra_version.py"]
     assert pyinfra_version.mismatch("0.1").endswith(pyinfra_version.COST_AND_FIX)
+
+
+def test_each_plan_class_says_which_plan_it_is():
+    """Host, VRAM, host-memory, CPU and fleet plans, and the --plan record: one class each, none called just `Plan`."""
+    import re
+
+    py = [p for d in ("roles", "rollout", "voltafleet") for p in (REPO / d).rglob("*.py")] + [REPO / "deploy.py"]
+    plans = [m for p in py for m in re.findall(r"^class (\w*Plan)\b", p.read_text(), re.M)]
+    assert sorted(plans) == ["CpuPlan", "FleetPlan", "HostMemoryPlan", "HostPlan", "VramPlan"]
+    assert not [p for p in py if re.search(r"^\w+ = (\w+\.)?\w*Plan\s*(#.*)?$", p.read_text(), re.M)]  # no alias
+
+
+def test_a_preflight_record_declares_no_field_of_the_fleet_plans_entry_again():
+    """Preflight carries ServerEntry's fields (declared there once) and adds only the run and the refusals;
+    its entry is those fields as a plain ServerEntry, whatever ServerEntry holds."""
+    from dataclasses import fields
+
+    from voltafleet.state.fleetplan import ServerEntry
+    from voltafleet.state.records import Preflight
+
+    assert set(Preflight.__annotations__) == {"run", "refusals"}
+    rec = Preflight(host="h", run="r", address="10.0.0.2", ports=(8080, 8081), slots=4, fingerprint="fp", tier="latency")
+    assert type(rec.entry()) is ServerEntry and rec.entry() == ServerEntry("h", "10.0.0.2", (8080, 8081), 4, "fp", "latency")
+    assert {f.name: getattr(rec.entry(), f.name) for f in fields(ServerEntry)} == {f.name: getattr(rec, f.name) for f in fields(ServerEntry)}
+    assert Preflight(host="h", run="r", address="a", ports=(), refusals=("why",)).entry() is None

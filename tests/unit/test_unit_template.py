@@ -34,7 +34,7 @@ def test_cpu_unit_has_no_devices_and_old_systemd_no_backoff_keys(cfg):
 HEADER = from_json(json.loads((Path(__file__).resolve().parents[1] / "fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
 
 
-def memory(cfg: dict, **cfg_over) -> hostmem.Plan:
+def memory(cfg: dict, **cfg_over) -> hostmem.HostMemoryPlan:
     """Qwen3.6-27B's host-memory plan for these variables, two instances."""
     return hostmem.plan({**cfg, **cfg_over}, vram.shape_of(HEADER), 2)
 

@@ -65,30 +65,34 @@ class Client:
         self.conn.close()
         self.conn = http.client.HTTPConnection(HOST[0], self.port, timeout=600)
 
-    def body(self, messages: list[dict], answer_tokens: int) -> bytes:
+    def body(self, messages: list[dict], answer_tokens: int, thinking_budget: int | None = None) -> bytes:
         body = {"messages": messages, "max_tokens": answer_tokens, "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True}, "cache_prompt": True, "temperature": 0}
-        if self.thinking_budget is not None:  # the thought ends after this many tokens, then the answer
-            body["thinking_budget_tokens"] = self.thinking_budget
+        budget = self.thinking_budget if thinking_budget is None else thinking_budget
+        if budget is not None:  # the thought ends after this many tokens, then the answer
+            body["thinking_budget_tokens"] = budget
         return json.dumps(body).encode()
 
-    def one(self, prompt_tokens: int, answer_tokens: int, followup: bool) -> dict:
-        followup = followup and bool(self.messages) and self.turns < self.max_turns  # what is sent, not what was drawn
-        if followup:
-            messages = self.messages + [{"role": "user", "content": "And then? "
-                                         + prompt(max(8, prompt_tokens // 8), self.rng)}]
-        else:
-            messages = [{"role": "user", "content": prompt(prompt_tokens, self.rng)}]
-        headers = {"Content-Type": "application/json"}
+    def chat(self, messages: list[dict], answer_tokens: int, thinking_budget: int | None = None,
+             headers: dict | None = None) -> dict:
+        """One streamed chat completion of `messages` (the server renders them with the model's
+        template, thinking on): its first and last token's time, the answer's content, the tokens
+        streamed as thought and as answer, usage and the server's timings (cache_n: prompt tokens
+        found cached, prompt_n: those processed). `answer_tokens` is max_tokens (thought included);
+        `thinking_budget` overrides the client's. Raises on an HTTP error or an empty stream."""
+        h = {"Content-Type": "application/json", **(headers or {})}
         if self.key:
-            headers["Authorization"] = f"Bearer {self.key}"
+            h["Authorization"] = f"Bearer {self.key}"
         t0 = time.monotonic()
-        self.conn.request("POST", "/v1/chat/completions", self.body(messages, answer_tokens), headers)
+        self.conn.request("POST", "/v1/chat/completions", self.body(messages, answer_tokens, thinking_budget), h)
         r = self.conn.getresponse()
         if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status} {r.read()[:200]!r}")
+            body = r.read()[:200]
+            self.reset()
+            raise RuntimeError(f"HTTP {r.status} {body!r}")
         first = last = None
-        n, answer, usage, timings = 0, [], {}, {}
+        n = n_reasoning = n_content = 0
+        answer, usage, timings = [], {}, {}
         while True:
             line = r.readline()
             if not line:
@@ -99,11 +103,13 @@ class Client:
             chunk = json.loads(line[5:])
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
-                piece = delta.get("content")
-                if piece or delta.get("reasoning_content"):
+                piece, thought = delta.get("content"), delta.get("reasoning_content")
+                if piece or thought:
                     now = time.monotonic()
                     first = first if first is not None else now
                     last, n = now, n + 1
+                n_reasoning += bool(thought)
+                n_content += bool(piece)
                 if piece:
                     answer.append(piece)
             usage, timings = chunk.get("usage") or usage, chunk.get("timings") or timings
@@ -113,14 +119,40 @@ class Client:
         self.reset()
         if first is None:
             raise RuntimeError("no token streamed")
-        # the answer goes back as its content alone: a chat client never sends the thinking back
-        self.messages = messages + [{"role": "assistant", "content": "".join(answer)}]
+        return {"start": t0, "first": first, "end": last, "chunks": n, "reasoning_chunks": n_reasoning,
+                "content_chunks": n_content, "content": "".join(answer), "usage": usage, "timings": timings}
+
+    def one(self, prompt_tokens: int, answer_tokens: int, followup: bool) -> dict:
+        followup = followup and bool(self.messages) and self.turns < self.max_turns  # what is sent, not what was drawn
+        if followup:
+            messages = self.messages + [{"role": "user", "content": "And then? "
+                                         + prompt(max(8, prompt_tokens // 8), self.rng)}]
+        else:
+            messages = [{"role": "user", "content": prompt(prompt_tokens, self.rng)}]
+        got = self.chat(messages, answer_tokens)
+        self.messages = history(messages, got["content"])
         self.turns = self.turns + 1 if followup else 1
-        tokens = int(usage.get("completion_tokens") or n)
-        cached, fresh = timings.get("cache_n"), timings.get("prompt_n")
-        return {"ttft_ms": (first - t0) * 1000, "tokens": tokens, "start": t0, "end": last,
+        first, last, n = got["first"], got["end"], got["chunks"]
+        tokens = int(got["usage"].get("completion_tokens") or n)
+        return {"ttft_ms": (first - got["start"]) * 1000, "tokens": tokens, "start": got["start"], "end": last,
                 "decode_tps": (n - 1) / (last - first) if last > first else None, "followup": followup,
-                "cached_share": cached / (cached + fresh) if cached is not None and fresh else None}
+                "cached_share": cached_share(got["timings"])}
+
+
+def history(messages: list[dict], content: str) -> list[dict]:
+    """The conversation a chat client sends back next turn: what it sent and the answer's content
+    alone. A client never sends the thinking back (and the Qwen3.6 template drops it), so a follow-up
+    leaves the server's cached sequence where the last answer began."""
+    return messages + [{"role": "assistant", "content": content}]
+
+
+def cached_share(timings: dict) -> float | None:
+    """The share of a request's prompt the server found cached (llama-server's timings: cache_n
+    tokens reused, prompt_n processed); None when the server did not say."""
+    cached, fresh = timings.get("cache_n"), timings.get("prompt_n")
+    if cached is None or not fresh:
+        return None
+    return cached / (cached + fresh)
 
 
 def status_mib(pid: str | int, key: str = "VmRSS") -> float | None:

@@ -30,7 +30,7 @@ def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
     """argv for one llama-server instance. Options whose defaults llama.cpp now picks for
     you (-ngl auto, --fit on, -np auto, -fa auto) are always explicit, so behaviour does
     not drift with the pinned version. `placement`: the instance's CPU affinity flags
-    (voltafleet.planning.hostcpu.Plan.args: -C/-Cb of its GPU's NUMA node), none when not placed."""
+    (voltafleet.planning.hostcpu.CpuPlan.args: -C/-Cb of its GPU's NUMA node), none when not placed."""
     cuda = cfg["voltafleet_backend"] == "cuda"
     args = [
         "-m", model_path,

@@ -52,7 +52,9 @@ def threads(cfg: dict) -> int:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CpuPlan:
+    """A host's CPU plan: its instances' threads against its CPUs, and each instance's NUMA placement."""
+
     threads: int                        # one instance's
     instances: tuple[int, ...]          # their indexes (the GPU index on CUDA hosts)
     reserve: int                        # hostcpu_reserve: CPUs kept for the system
@@ -117,7 +119,7 @@ class Plan:
 
 
 def plan(cfg: dict, indexes: list[int], cpus: int | None = None, nodes: dict | None = None,
-         gpu_nodes: dict | None = None) -> Plan:
+         gpu_nodes: dict | None = None) -> CpuPlan:
     """The host's CPU plan. `nodes`: {NUMA node: CPU list} (sysfs); `gpu_nodes`: {GPU index: node}
     (None or missing: not known). Instances are placed only when there are several nodes and every
     instance's GPU has a known node among them."""
@@ -126,4 +128,4 @@ def plan(cfg: dict, indexes: list[int], cpus: int | None = None, nodes: dict | N
     placement = {}
     if len(nodes) > 1 and indexes and all(gpu_nodes.get(i) in nodes for i in indexes):
         placement = {i: gpu_nodes[i] for i in indexes}
-    return Plan(threads(cfg), tuple(indexes), int(cfg["hostcpu_reserve"]), cpus, nodes, placement)
+    return CpuPlan(threads(cfg), tuple(indexes), int(cfg["hostcpu_reserve"]), cpus, nodes, placement)

@@ -2,8 +2,12 @@
 
 Per instance (one llama-server), every term in bytes:
 
-    process        hostmem_process_mib: the process's own base after load (CUDA runtime, libraries,
+    process        hostmem_process_mib: the process's own base after load that the kernel cannot
+                   reclaim (anonymous memory and the CUDA runtime's shared memory: heap, runtime,
+                   driver state), plus hostmem_slot_mib a slot (each slot's sampler and buffers on the
                    heap), measured
+    program        hostmem_program_mib: the binary's and its libraries' file pages (libcuda, cuBLAS,
+                   ggml's kernels): page cache the kernel could reclaim, but read at every step
     model          what the model costs in host memory. CUDA: token_embd (the input layer stays on
                    the CPU in llama.cpp, tied output or not; 682 MiB for Qwen3.6-27B Q4_K_S), plus the
                    layers a partial offload leaves on the CPU. cpu backend: every weight, the KV pool,
@@ -23,6 +27,15 @@ Per instance (one llama-server), every term in bytes:
                    saved states and their checkpoints, room made before each allocation
                    (server-task.cpp server_prompt_cache::alloc), so it never overshoots; -1 has no
                    limit and cannot be planned
+    kernel         the page tables, 8 bytes for each 4 KiB page of anonymous memory (1/512 of it:
+                   145 MiB at 16 x 31 checkpoints of 149.6 MiB), and hostmem_kernel_mib of the rest
+                   (slab, sockets), which grows while the kernel reclaims the cgroup's page cache at
+                   its ceiling: kernel memory is charged to the cgroup like the rest
+
+What the kernel cannot reclaim at the ceiling is the instance's `held`: the anonymous terms (process,
+host buffers, checkpoints, prompt cache, the model read with -lm none) and the kernel term. The file
+pages read at every step (the program, a mapped model) come on top in its `total`. The process terms are
+fitted by bench/gpu/gpu_proof.fit49 on the H200 runs bench/records/proof49/run3 and run4.
 
 The host needs instances x the instance's total + hostmem_reserve_mib (the system, sshd, the
 page cache), against MemTotal. Each instance's unit gets one ceiling, MemoryMax = total x (1 +
@@ -36,7 +49,7 @@ MemoryMax reclaims: it only slows the server while /health still answers.
 
     >>> p = plan(cfg, vram.ModelShape.from_header(header), instances=4, mem_total=256 * GIB)  # v100_32gb at 32 checkpoints
     >>> p.text()
-    'host memory: 4 x 76.8 GiB + 8.0 GiB reserve = 315.2 GiB of 256.0 GiB (MemTotal): short by 59.2 GiB'
+    'host memory: 4 x 77.0 GiB + 8.0 GiB reserve = 316.0 GiB of 256.0 GiB (MemTotal): short by 60.0 GiB'
 """
 from __future__ import annotations
 
@@ -52,6 +65,7 @@ CHECKPOINTS_DEFAULT = 32       # llama.cpp common.h n_ctx_checkpoints: --ctx-che
 N_BATCH = 2048                 # llama.cpp's -b: the most logits rows the output buffer holds
 STATE_HEADER = 32              # bytes a layer adds to a saved sequence state (type, row size; 149.626 vs 149.625 MiB)
 HOST_COMPUTE_SLACK = 2 * MIB   # the CUDA_Host compute buffer's remainder beyond the fit (0.02-0.33 MiB measured)
+PAGE_TABLE_SHARE = 512         # a page-table entry (8 bytes) for each 4 KiB page of anonymous memory
 
 
 @dataclass(frozen=True)
@@ -66,25 +80,45 @@ class Instance:
     checkpoints_per_slot: int
     checkpoint_bytes: int
     cache_ram: int
+    program: int = 0                  # the binary's and its libraries' file pages (hostmem_program_mib)
+    kernel: int = 0                   # kernel memory beside the page tables (hostmem_kernel_mib): slab, sockets
 
     @property
     def checkpoints(self) -> int:
         return self.slots * self.checkpoints_per_slot * self.checkpoint_bytes
 
     @property
+    def anonymous(self) -> int:
+        """What the process allocates: nothing the kernel can give back without swap."""
+        return (self.process + self.host_buffers + self.checkpoints + self.cache_ram
+                + (0 if self.model_mapped else self.model))
+
+    @property
+    def page_tables(self) -> int:
+        return self.anonymous // PAGE_TABLE_SHARE
+
+    @property
+    def held(self) -> int:
+        """What the kernel cannot reclaim at the ceiling (the cgroup's charge less its page cache)."""
+        return self.anonymous + self.page_tables + self.kernel
+
+    @property
     def total(self) -> int:
-        return self.process + self.model + self.host_buffers + self.checkpoints + self.cache_ram
+        """held, and the file pages it reads at every step: the program, the model when mapped."""
+        return self.held + self.program + (self.model if self.model_mapped else 0)
 
     def describe(self) -> str:
         ckpt = (f"checkpoints {self.slots} slots x {self.checkpoints_per_slot} x {size(self.checkpoint_bytes, 'MiB')} = "
                 f"{size(self.checkpoints)}" if self.checkpoints else "checkpoints 0")
-        return (f"process {size(self.process)} + model {size(self.model)} ({'mmap' if self.model_mapped else 'read'}) "
+        return (f"process {size(self.process)} + program {size(self.program)} + model {size(self.model)} ({'mmap' if self.model_mapped else 'read'}) "
                 f"+ host buffers {size(self.host_buffers)} + {ckpt} + prompt cache {size(self.cache_ram)} "
-                f"= {size(self.total)}")
+                f"+ kernel {size(self.page_tables + self.kernel)} = {size(self.total)}")
 
 
 @dataclass(frozen=True)
-class Plan:
+class HostMemoryPlan:
+    """A host's memory plan: its instances at their worst against its RAM, and each unit's ceiling."""
+
     instance: Instance
     instances: int
     reserve: int
@@ -226,20 +260,31 @@ def instance(cfg: dict, shape, slots: int | None = None, checkpoints: int | None
     ctx = int(cfg.get("server_ctx") or vram.CTX_LADDER[-1])
     ubatch = int(cfg.get("server_ubatch") or vram.N_UBATCH)
     cache = cache_bytes(cfg) if cache_mib is None else cache_mib * MIB
-    process = int(cfg["hostmem_process_mib"]) * MIB
+    process = int((cfg["hostmem_process_mib"] + slots * cfg["hostmem_slot_mib"]) * MIB)
+    program = int(cfg["hostmem_program_mib"]) * MIB
+    kernel = int(cfg["hostmem_kernel_mib"]) * MIB
     mapped = bool(cfg.get("server_mmap", True))
     if shape is None:
-        return Instance(process, 0, mapped, 0, slots, 0, 0, cache)
+        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel)
     host = output_bytes(cfg, shape, slots, ctx)
     if cfg["voltafleet_backend"] == "cuda":
         host += host_compute_bytes(shape, ctx, slots, ubatch)
     per_slot = checkpoints_per_slot(cfg, shape) if checkpoints is None else checkpoints
     return Instance(process, model_bytes(cfg, shape, slots, ctx, ubatch), mapped, host, slots, per_slot,
                     checkpoint_bytes(shape, ctx, slots, cfg["server_cache_type_k"], cfg["server_cache_type_v"], ubatch)
-                    if per_slot else 0, cache)
+                    if per_slot else 0, cache, program, kernel)
 
 
 # ---------------------------------------------------------------- the plan
+
+
+def largest(fits, most: int) -> int:
+    """The largest n in 0..most with fits(n) (fits grows false as n grows); -1 when none."""
+    lo, hi = -1, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 def fixes(cfg: dict, shape, inst: Instance, instances: int, budget: int) -> list[str]:
@@ -248,7 +293,8 @@ def fixes(cfg: dict, shape, inst: Instance, instances: int, budget: int) -> list
     out = []
     spec = 1 if speculative_draft(cfg) and inst.checkpoints_per_slot else 0
     if inst.checkpoints and inst.checkpoint_bytes:
-        n = (budget - (inst.total - inst.checkpoints)) // (inst.slots * inst.checkpoint_bytes) - spec
+        n = largest(lambda k: replace(inst, checkpoints_per_slot=k + spec).total <= budget,
+                    inst.checkpoints_per_slot - spec)
         if 0 <= n < inst.checkpoints_per_slot - spec:
             out.append(f"server_ctx_checkpoints: {n}" + (" (0: a follow-up that leaves the cached prompt reprocesses "
                                                           "it whole)" if n == 0 else " or fewer"))
@@ -258,7 +304,7 @@ def fixes(cfg: dict, shape, inst: Instance, instances: int, budget: int) -> list
             out.append(f"server_parallel: {s} or fewer, with server_ctx: {per_slot_ctx * s} (the same context a slot)")
             break
     if inst.cache_ram:
-        mib = (budget - (inst.total - inst.cache_ram)) // MIB
+        mib = largest(lambda m: replace(inst, cache_ram=m * MIB).total <= budget, inst.cache_ram // MIB)
         if mib >= 0:
             out.append(f"server_cache_ram: {mib}" + (" (off)" if mib == 0 else " or less"))
     whole = budget * instances // inst.total if inst.total else instances
@@ -267,12 +313,12 @@ def fixes(cfg: dict, shape, inst: Instance, instances: int, budget: int) -> list
     return out
 
 
-def plan(cfg: dict, shape, instances: int, mem_total: int | None = None, mem_available: int | None = None) -> Plan:
+def plan(cfg: dict, shape, instances: int, mem_total: int | None = None, mem_available: int | None = None) -> HostMemoryPlan:
     """The host's memory plan. `shape`: the model's vram.ModelShape, or None when its GGUF header
     could not be read (then the model, host-buffer and checkpoint terms are 0 and the plan says so)."""
     inst = instance(cfg, shape)
     reserve = int(cfg["hostmem_reserve_mib"]) * MIB
-    out = Plan(inst, instances, reserve, mem_total, mem_available, float(cfg["hostmem_ceiling_margin"]),
+    out = HostMemoryPlan(inst, instances, reserve, mem_total, mem_available, float(cfg["hostmem_ceiling_margin"]),
                None if shape is not None else "the model, its host buffers and checkpoints (no GGUF header)",
                cfg.get("server_cache_ram") == -1)
     if mem_total is not None and out.need > mem_total and instances:

@@ -90,13 +90,13 @@ class HostPlan:
     draft_path: str | None
     cuda_archs: tuple[int, ...]
     build: BuildSpec | None
-    vram: vram.Plan | None
+    vram: vram.VramPlan | None
     vram_note: str | None              # the VRAM plan in words, for the log
     argv: dict = field(default_factory=dict)   # instance index -> llama-server argv
     refusals: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()     # worth an operator's look, not a reason to stop (GPU throttling, retired pages)
-    hostmem: hostmem.Plan | None = None  # host memory at the servers' worst (None: not planned)
-    hostcpu: hostcpu.Plan | None = None  # threads against CPUs, NUMA placement (None: not planned)
+    hostmem: hostmem.HostMemoryPlan | None = None  # host memory at the servers' worst (None: not planned)
+    hostcpu: hostcpu.CpuPlan | None = None  # threads against CPUs, NUMA placement (None: not planned)
 
     @property
     def cuda(self) -> bool:
@@ -247,7 +247,7 @@ def gpu_health(host_name: str, cfg: dict, facts: HostFacts) -> tuple[list[str], 
 
 
 def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None, sources: dict | None = None):
-    """(cfg with -c/-np resolved, the vram.Plan or None, a note, an error or None) for the
+    """(cfg with -c/-np resolved, the vram.VramPlan or None, a note, an error or None) for the
     smallest GPU of the host (voltafleet.planning.vram.decide). `header` is the model's GGUF header,
     or why it could not be read: then the host is refused unless vram_plan_required is false."""
     src = (sources or {}).get("model_url") or "group_vars"
@@ -257,7 +257,7 @@ def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None, sour
 
 
 def host_resources(cfg: dict, facts: HostFacts, header: Header | str | None,
-                   insts: list[Instance]) -> tuple[hostmem.Plan, hostcpu.Plan]:
+                   insts: list[Instance]) -> tuple[hostmem.HostMemoryPlan, hostcpu.CpuPlan]:
     """The host-memory plan (voltafleet.planning.hostmem: every instance at its worst, against MemTotal) and
     the CPU plan (voltafleet.planning.hostcpu: threads against CPUs; on a CUDA host with several NUMA nodes,
     each instance on its GPU's node). `cfg` has -c/-np resolved by the VRAM plan."""

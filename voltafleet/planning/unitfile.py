@@ -34,8 +34,8 @@ MEMORY_PERIOD_S = 30
 MEMORY_EVENTS_DIR = "/run/voltafleet/memory-events"
 
 
-def ceiling(memory: hostmem.Plan | None) -> hostmem.Plan | None:
-    """The host-memory plan (voltafleet.planning.hostmem.Plan) whose numbers the unit and the alert may
+def ceiling(memory: hostmem.HostMemoryPlan | None) -> hostmem.HostMemoryPlan | None:
+    """The host-memory plan (voltafleet.planning.hostmem.HostMemoryPlan) whose numbers the unit and the alert may
     use, or None: no plan, a plan that leaves terms out (no GGUF header: model and checkpoints
     count 0, a ceiling there would kill a healthy server) or an unbounded host cache (no number
     bounds it)."""
@@ -44,8 +44,8 @@ def ceiling(memory: hostmem.Plan | None) -> hostmem.Plan | None:
     return memory
 
 
-def unit_vars(cfg: dict, systemd_version: int, memory: hostmem.Plan | None = None) -> dict:
-    """The template's inputs; `memory`: the host-memory plan (voltafleet.planning.hostmem.Plan) or None,
+def unit_vars(cfg: dict, systemd_version: int, memory: hostmem.HostMemoryPlan | None = None) -> dict:
+    """The template's inputs; `memory`: the host-memory plan (voltafleet.planning.hostmem.HostMemoryPlan) or None,
     whose per-instance MemoryMax= the unit carries (the same for every instance; no MemoryHigh:
     voltafleet.planning.hostmem)."""
     memory = ceiling(memory)
@@ -56,7 +56,7 @@ def unit_vars(cfg: dict, systemd_version: int, memory: hostmem.Plan | None = Non
                 memory_max=None if memory is None else int(memory.memory_max))
 
 
-def render_unit(cfg: dict, systemd_version: int, memory: hostmem.Plan | None = None) -> str:
+def render_unit(cfg: dict, systemd_version: int, memory: hostmem.HostMemoryPlan | None = None) -> str:
     """The unit as files.template renders it (same template, same jinja2 settings); rendered
     once per distinct set of inputs (a fleet's hosts mostly share one)."""
     return _render(UNIT_TEMPLATE.name, tuple(sorted(unit_vars(cfg, systemd_version, memory).items())))

@@ -231,7 +231,9 @@ def _max_of(v):
 
 
 @dataclass(frozen=True)
-class Plan:
+class VramPlan:
+    """One GPU's VRAM plan: what one llama-server instance's settings take of the card, term by term."""
+
     ctx: int
     parallel: int
     cache_k: str
@@ -319,12 +321,12 @@ def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int, ubatch: i
 
 def plan(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, gpu_mib: int,
          headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, how: str = "mmq",
-         ngram: bool = False, ubatch: int = N_UBATCH) -> Plan:
+         ngram: bool = False, ubatch: int = N_UBATCH) -> VramPlan:
     """The plan of one configuration; `how` the build's route(), `ngram` n-gram speculation
     (drafts of up to NGRAM_DRAFT_MAX tokens a slot, verified in the main context), `ubatch` -ub."""
     rows = max(spec_rows(parallel, spec_draft_max, ubatch), spec_rows(parallel, NGRAM_DRAFT_MAX if ngram else 0, ubatch))
     spec = spec_bytes(m, ctx, parallel, spec_draft_max, ubatch) + (verify_bytes(m, rows) if ngram else 0)
-    return Plan(ctx, parallel, cache_k, cache_v, gpu_mib, m.weights_gpu,
+    return VramPlan(ctx, parallel, cache_k, cache_v, gpu_mib, m.weights_gpu,
                 kv_bytes(m, ctx, parallel, cache_k, cache_v, ubatch), m.recurrent_bytes_per_seq * parallel,
                 compute_bytes(m, ctx, parallel, cache_k, cache_v, ubatch), overhead_mib * MIB, headroom_mib * MIB,
                 spec, pool_bytes(m, how, parallel, rows, ubatch), how, ubatch)
@@ -332,7 +334,7 @@ def plan(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, gpu
 
 def choose(m: ModelShape, ctx: int | None, parallel: int | None, cache_k: str, cache_v: str, gpu_mib: int,
            headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, how: str = "mmq",
-           ngram: bool = False, ubatch: int = N_UBATCH) -> Plan:
+           ngram: bool = False, ubatch: int = N_UBATCH) -> VramPlan:
     """The set values, or for unset ones the largest of the ladder (ctx first, then slots)
     that fits. The plan returned may not fit: the caller refuses it with its numbers."""
     ctxs = [ctx] if ctx else [c for c in CTX_LADDER if not m.n_ctx_train or c <= m.n_ctx_train] or [CTX_LADDER[-1]]
@@ -349,7 +351,7 @@ class Decision:
     parallel: int | None
     text: str | None
     error: str | None
-    plan: Plan | None = None
+    plan: VramPlan | None = None
 
 
 def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group_vars",

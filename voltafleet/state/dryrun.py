@@ -19,7 +19,7 @@ from pathlib import Path
 from voltafleet.planning import timeline
 from voltafleet.planning.hostplan import HostPlan
 from voltafleet.models.modelstate import is_verified
-from voltafleet.state.records import Plan
+from voltafleet.state.records import HostChange  # one host's plan record (plan-<host>.json)
 from voltafleet.planning.restarts import restart_set
 from voltafleet.state.runctx import RunDir
 
@@ -48,9 +48,6 @@ class Observed:
     driver: dict | None = None         # voltafleet.gpu.nvidia.driver_plan (None: cpu, or manage_driver false)
 
 
-HostChange = Plan  # one host's plan record (plan-<host>.json): voltafleet.state.records.Plan
-
-
 def refused(host: str, reasons: list[str], resources: list[str] = ()) -> HostChange:
     return HostChange(host=host, refusals=list(reasons), resources=list(resources))
 
@@ -63,7 +60,7 @@ def write(directory: Path, change: HostChange) -> Path:
 def read(directory: Path, host: str, run: str | None = None) -> HostChange | None:
     """The host's record (of run `run`, when given), or None (missing, unreadable or malformed:
     the plan run did not reach it)."""
-    return RunDir(directory).read(Plan, host, run)
+    return RunDir(directory).read(HostChange, host, run)
 
 
 # ---------------------------------------------------------------- flags

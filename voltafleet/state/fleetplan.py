@@ -25,9 +25,12 @@ def commit_key(repo: str, ref: str) -> str:
 
 @dataclass(frozen=True)
 class ServerEntry:
+    """A server host's entry in the fleet plan: what the gateway and the builders need of it. Its
+    preflight record (voltafleet.state.records.Preflight) carries these same fields, declared here."""
+
     host: str
     address: str                      # where the gateway reaches it
-    ports: tuple                      # one per instance, in instance order
+    ports: tuple[int, ...]            # one per instance, in instance order
     slots: int = 1                    # each instance's -np
     fingerprint: str | None = None    # its release fingerprint, when its compiler is known
     tier: str = "throughput"          # its server_tier: the gateway backend its instances are in (voltafleet/front/tiers.py)

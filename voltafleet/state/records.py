@@ -140,28 +140,22 @@ class Record:
 # ---------------------------------------------------------------- the kinds
 
 
-@dataclass(frozen=True)
-class Preflight(Record):
-    """preflight-<host>.json: what the fleet plan needs of a server host (a fleetplan.ServerEntry),
-    or why preflight refused it (`refusals`: the driver learns a refusal here, never from text)."""
+@dataclass(frozen=True, kw_only=True)
+class Preflight(ServerEntry, Record):
+    """preflight-<host>.json: what the fleet plan needs of a server host (the fields of
+    fleetplan.ServerEntry, declared there once: host, address, ports, slots, fingerprint, tier),
+    the run, or why preflight refused it (`refusals`: the driver learns a refusal here, never from text)."""
 
     KIND = "preflight"
 
-    host: str
     run: str
-    address: str                      # where the gateway reaches it
-    ports: tuple[int, ...] = ()       # one per instance, in instance order
-    slots: int = 1                    # each instance's -np
-    fingerprint: str | None = None    # its release fingerprint, when its compiler is known
-    tier: str = "throughput"          # its server_tier
     refusals: tuple[str, ...] = ()    # why preflight refused the host (nothing changed); () when it passed
 
     def entry(self) -> ServerEntry | None:
-        """The fleet plan's entry of this host; None when preflight refused it."""
+        """The fleet plan's entry of this host (a plain ServerEntry); None when preflight refused it."""
         if self.refusals:
             return None
-        return ServerEntry(host=self.host, address=self.address, ports=self.ports, slots=self.slots,
-                           fingerprint=self.fingerprint, tier=self.tier)
+        return ServerEntry(**{f.name: getattr(self, f.name) for f in fields(ServerEntry)})
 
 
 @dataclass(frozen=True)
@@ -318,9 +312,9 @@ class Fetch(Record):
 
 
 @dataclass
-class Plan(Record):
+class HostChange(Record):
     """plan-<host>.json (`python -m rollout --plan`): what a rollout would change on the host,
-    decided without changing anything (voltafleet/state/dryrun.py, where it is called HostChange)."""
+    decided without changing anything (voltafleet/state/dryrun.py decides it)."""
 
     KIND = "plan"
 
@@ -365,7 +359,7 @@ class Plan(Record):
         return out
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> "HostChange":
         """The record, or ValueError / TypeError (dryrun's callers)."""
         out = cls.of(d)
         if out is None:
@@ -373,7 +367,7 @@ class Plan(Record):
         return out
 
 
-KINDS = (Preflight, Smoke, Outcome, Tune, Profile, Build, Fetch, Plan)  # every RunDir kind, typed
+KINDS = (Preflight, Smoke, Outcome, Tune, Profile, Build, Fetch, HostChange)  # every RunDir kind, typed
 
 
 def read(directory: str | Path, kind: type, host: str, run: str | None = None):

@@ -88,6 +88,11 @@ def proc_mem(pid: int) -> dict:
     return out
 
 
+# memory.stat's kernel memory (v2): what the charge holds beside anonymous memory and page cache
+KERNEL_STAT = ("kernel", "pagetables", "slab_reclaimable", "slab_unreclaimable", "kernel_stack", "sock", "percpu",
+               "shmem", "workingset_nodes")
+
+
 def cgroup_mem(path: str | None) -> dict:
     """A cgroup v2 folder's memory now, MiB (as voltafleet.measure.cgroupmem reads it): charged
     (memory.current), its page cache (file), anonymous, the charge less its page cache (unreclaimable: what
@@ -104,7 +109,8 @@ def cgroup_mem(path: str | None) -> dict:
     file = int(stat.get("active_file", 0)) + int(stat.get("inactive_file", 0))
     return {"cg_current": current / MIB, "cg_file": file / MIB, "cg_anon": int(stat.get("anon", 0)) / MIB,
             "cg_unreclaimable": (current - file) / MIB, "cg_peak": peak / MIB if peak is not None else None,
-            "cg_events": {k: int(v) for k, v in events.items()}}
+            "cg_events": {k: int(v) for k, v in events.items()},
+            "cg_kernel": {k: int(stat[k]) / MIB for k in KERNEL_STAT if k in stat}}
 
 
 class HostSampler:

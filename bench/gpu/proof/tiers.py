@@ -1,5 +1,7 @@
 """The latency tier (2 slots, MTP speculation) against the throughput tier (issue 41), on the
-shipped build: each config's GPU and host memory, its rounds' token arrivals and drafts.
+shipped build: each config's GPU and host memory, its rounds' token arrivals and drafts, and
+llama-server's /metrics counters before and after its rounds (issue 51: its own accepted/drafted,
+verification steps and acceptance per draft position; bench.gpu.tier41.metrics_acceptance).
 
     tier41:BUILD    plan["tier41"] (when its build is BUILD): each config's server on its model file
 """
@@ -10,6 +12,7 @@ import time
 
 from bench.gpu.proof.runner import HostSampler, ProofRun, Sampler, concurrent, proc_mem, wall_rate
 from bench.gpu.qwen35_bench import complete, gpu_mem, prompt_ids, say
+from voltafleet.hostside.smoke_client import metrics
 
 KEEP41 = ("ttft_ms", "t_start", "times_ms", "n", "decode_tps", "prompt_n", "prompt_ms", "draft_n",
           "draft_accepted", "text_sha", "error")
@@ -48,7 +51,9 @@ def latency_tier(run: ProofRun, build: str) -> None:
                 r["gpu_load_mib"], r["mem_load"] = gpu_mem(s.p.pid).get("proc_mib"), proc_mem(s.p.pid)
                 complete(run.port, prompt_ids(9900, 32), 8)  # warm-up
                 gpu, host = Sampler(s.p.pid), HostSampler(s.p.pid)
+                r["metrics_before"] = metrics(run.port, None)  # after the warm-up: the rounds' drafts alone
                 tier_rounds(run, t, item, r)
+                r["metrics_after"] = metrics(run.port, None)
                 r["gpu_peak_mib"], r["host_peak"] = gpu.stop(), host.stop()
                 r["gpu_after_mib"] = gpu_mem(s.p.pid).get("proc_mib")
         finally:

@@ -1,0 +1,79 @@
+"""Issue 51 item 1 on a real llama-server of the pinned build (CPU, this machine, no lab): a small
+file of qwen35gen's varying kind answers different prompts differently (the zero-weight file says "!"
+every step), and the traffic driver's records are complete, its follow-ups finding most of their
+prompt cached. Like the other tests here, a missing server or vocabulary fails, never skips."""
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.traffic import driver
+from bench.traffic.model import Lognormal, Params, schedule
+from lab import qwen35gen as gen
+from tests.gateway_local import harness
+
+PORT = harness.BASE_PORT + 40
+SHAPE = replace(gen.SHAPES["tiny"], n_embd=256, n_ff=512, head_dim=64, ssm_d_state=32, ssm_dt_rank=8)
+
+
+def vocab() -> Path:
+    from lab.fleet import CACHE, SDIST_VERSION
+    return CACHE / "sdist" / f"llama_cpp_python-{SDIST_VERSION}" / "vendor/llama.cpp/models/ggml-vocab-qwen35.gguf"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    binary = harness.pinned_server()
+    if not binary or not vocab().exists():
+        pytest.fail(f"needs a llama-server of the pinned commit ({binary or 'none'}) and {vocab()} (the lab's sdist)")
+    tmp = tmp_path_factory.mktemp("traffic51")
+    model = tmp / "vary.gguf"
+    gen.write_sparse(str(vocab()), str(model), SHAPE, "q4_k_s", vary=51)
+    log = open(tmp / "llama-server.log", "wb")
+    p = subprocess.Popen([binary, "-m", str(model), "-c", "8192", "-np", "2", "-t", "1", "--host", "127.0.0.1",
+                          "--port", str(PORT)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        harness.wait_http(f"http://127.0.0.1:{PORT}/health", 120)
+        yield PORT
+    finally:
+        p.terminate()
+        p.wait(30)
+
+
+def answer(port: int, question: str) -> tuple[str, str]:
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": question}], "max_tokens": 24, "thinking_budget_tokens": 8,
+        "ignore_eos": True, "temperature": 0}).json()["choices"][0]["message"]
+    return r.get("reasoning_content") or "", r["content"]
+
+
+def test_answers_differ_with_the_prompt(server):
+    a = answer(server, "how many prime numbers are there below one hundred")
+    b = answer(server, "tell me about the fleet and its canary hosts today")
+    assert a == answer(server, "how many prime numbers are there below one hundred")  # greedy: replayable
+    assert a[1] != b[1] and a[1].split() and b[1].split()
+    assert all(w.isascii() and w.islower() for w in (a[0] + a[1] + b[1]).split())  # plain words only
+    assert "<think>" not in a[1] and "!" not in a[1]
+
+
+def test_driver_records_are_complete_and_follow_ups_found_their_prompt_cached(server):
+    small = dict(opening=Lognormal(60, 0.5, 16, 200), followup=Lognormal(20, 0.5, 8, 80),
+                 thinking=Lognormal(8, 0.3, 4, 16), answer=Lognormal(16, 0.3, 8, 32))
+    s = schedule(Params(seed=3, slots=2, per_slot=2, busy=0.8, turn_s=0.6, conversations=4, max_turns=3,
+                        ctx_per_slot=4096, **small))
+    t = time.monotonic()
+    r = driver.replay(s, server)
+    assert time.monotonic() - t < 90
+    recs = r["records"]
+    assert len(recs) == sum(len(c.turns) for c in s.conversations)
+    for x in recs:
+        assert "error" not in x, x
+        assert x["ttft_ms"] > 0 and x["prompt_n"] > 0 and x["cache_n"] is not None
+        assert x["reasoning_chunks"] == x["thinking_tokens"] and x["tokens"] == x["thinking_tokens"] + x["answer_tokens"]
+    follow = [x for x in recs if x["followup"]]
+    assert follow and all(x["cache_n"] > 0 for x in follow)
+    assert r["summary"]["followup_cached_share"] > 0.3 and r["summary"]["errors"] == 0
+    assert r["fingerprint"] == s.fingerprint()
