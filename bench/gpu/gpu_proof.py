@@ -24,6 +24,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bench.gpu.groups import group_cfg
@@ -327,6 +328,8 @@ def fit49(runs: list[dict], margin_mib: int = FIT49_MARGIN_MIB) -> dict:
         program         the largest file-backed VmRSS (the binary, its libraries, the few token_embd pages
                         the words touched)"""
     import math
+
+    from voltafleet.planning.hostmem import PAGE_TABLE_SHARE
     points, files, kernel = {}, [], []
     for results in runs:
         for r in results.get("host49", []):
@@ -338,7 +341,7 @@ def fit49(runs: list[dict], margin_mib: int = FIT49_MARGIN_MIB) -> dict:
                 rest = anon - buffers - rep["ckpt"]["held"] * size
                 points[r["slots"]] = max(points.get(r["slots"], rest), rest)
                 files.append(peak["RssFile"])
-                kernel.append(peak["cgroup"]["cg_unreclaimable"] - anon - anon / 512)
+                kernel.append(peak["cgroup"]["cg_unreclaimable"] - anon - anon / PAGE_TABLE_SHARE)
     n = sorted(points)
     mean_n, mean_y = sum(n) / len(n), sum(points.values()) / len(n)
     slope = sum((x - mean_n) * (points[x] - mean_y) for x in n) / sum((x - mean_n) ** 2 for x in n)
@@ -501,11 +504,11 @@ def host49_table(results: dict) -> list[dict]:
         reps = []
         for rep in r["reps"]:
             size = max(rep["ckpt"]["size_mib"] or [inst.checkpoint_bytes / 2**20])
-            anon = (inst.process + inst.host_buffers) / 2**20 + rep["ckpt"]["held"] * size
-            held = anon * 513 / 512 + inst.kernel / 2**20
+            # the plan's instance at the checkpoints this repetition held, each of the logged size
+            at = replace(inst, slots=1, checkpoints_per_slot=rep["ckpt"]["held"], checkpoint_bytes=round(size * 2**20))
             peak, cg = rep["peak"], rep["peak"].get("cgroup") or {}
-            reps.append({"held": rep["ckpt"]["held"], "plan_anon": anon, "plan_held": held,
-                         "plan_total": held + (inst.program + inst.model) / 2**20,
+            reps.append({"held": rep["ckpt"]["held"], "plan_anon": at.anonymous / 2**20, "plan_held": at.held / 2**20,
+                         "plan_total": at.total / 2**20,
                          "anon": peak["RssAnon"] + peak["RssShmem"], "unreclaimable": cg.get("cg_unreclaimable"),
                          "rss": peak.get("VmRSS"), "charged": cg.get("cg_current"),
                          "errors": sum("error" in q for t in rep["turns"] for q in t["recs"])})
