@@ -87,9 +87,9 @@ def host_fact(h, cls, **kwargs):
 def host_build(h) -> BuildSpec:
     """Host h's build inputs, from its variables and GPUs (the same rule as its plan)."""
     cfg = host_config(h)
-    cuda = cfg["voltafleet_backend"] == "cuda"
+    cuda = cfg.preflight.backend == "cuda"
     archs = hostplan.cuda_archs(cfg, host_fact(h, Gpus)) if cuda else []
-    return hostplan.build_spec(cfg, archs, resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"]))
+    return hostplan.build_spec(cfg, archs, resolve_ref(cfg.build.repo, cfg.build.ref))
 
 
 def host_fingerprint(h, build: BuildSpec | None = None) -> str | None:

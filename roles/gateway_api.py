@@ -14,6 +14,7 @@ from roles.shell import sh
 from voltafleet.front import gateway as gw
 from voltafleet.front import pair
 from voltafleet.inputs import pairvars
+from voltafleet.inputs.settings import Settings
 from voltafleet.ground.errors import Problem, format_errors
 from voltafleet.front.tiers import GATEWAY_GROUP, runs_llama_server
 from voltafleet.models import mirror
@@ -40,7 +41,7 @@ def is_server(h) -> bool:
 def server_address(h) -> str:
     """Where the gateway and the mirror reach a server host: server_address, else its ssh_hostname,
     else its inventory name."""
-    return host_config(h)["server_address"] or h.data.get("ssh_hostname") or h.name
+    return host_config(h).server.address or h.data.get("ssh_hostname") or h.name
 
 
 def fleet_mirrors(state) -> tuple:
@@ -50,7 +51,7 @@ def fleet_mirrors(state) -> tuple:
     plan = fleet_plan()
     if plan is not None:
         return plan.mirrors
-    return mirror.mirrors_of([(h.name, {**host_config(h), "ssh_hostname": h.data.get("ssh_hostname")})
+    return mirror.mirrors_of([(h.name, host_config(h), h.data.get("ssh_hostname"))
                               for h in state.inventory if is_mirror(h)])
 
 
@@ -82,7 +83,7 @@ def fleet_pair(state) -> pair.Pair | None:
     of the inventory, reachable in this run or not. Refuses the run, naming each host and key, when the
     group's variables cannot work as one address."""
     gateways = [(h.name, host_config(h), h.data.get("ssh_hostname")) for h in state.inventory if is_gateway(h)]
-    found = pairvars.problems(gateways)
+    found = pairvars.problems([(name, cfg.flat(), ssh) for name, cfg, ssh in gateways])
     if found:
         raise ConfigRefused("\n".join(format_errors(name, [Problem(what, fix, key=key)], "configuration refused")
                                       for name, key, what, fix in found))
@@ -182,11 +183,11 @@ def ready(state, server_name: str, indexes) -> None:
             _changed_gateway(g)
 
 
-def drain_timeout(cfg: dict) -> float:
+def drain_timeout(cfg: Settings) -> float:
     """How long a drain waits for streams: gateway_drain_timeout_s, by default the gateway's
     own stream timeout (no stream is cut)."""
-    return cfg["gateway_drain_timeout_s"] if cfg["gateway_drain_timeout_s"] is not None \
-        else cfg["gateway_stream_timeout_s"]
+    return cfg.gateway.drain_timeout_s if cfg.gateway.drain_timeout_s is not None \
+        else cfg.gateway.stream_timeout_s
 
 
 def drain_host(plan):

@@ -14,7 +14,8 @@ from gevent.lock import Semaphore
 from pyinfra import host, inventory, logger
 from pyinfra.api.exceptions import PyinfraError
 
-from voltafleet.inputs.config import SCHEMA, ConfigError, cli_sources, validate_values
+from voltafleet.inputs.config import SCHEMA, ConfigError, cli_sources, settings_of
+from voltafleet.inputs.settings import Settings
 from voltafleet.state.fleetplan import FleetPlan
 from voltafleet.inputs.groupvars import SOURCES_KEY
 from voltafleet.state.lock import FleetLock, LockHeld
@@ -77,13 +78,13 @@ def hold_fleet_lock(state) -> None:
     atexit.register(lock.release)  # a clean exit leaves no stale lock behind
 
 
-def report_dir(cfg: dict) -> Path:
+def report_dir(cfg: Settings) -> Path:
     """The driver's run directory, else smoke_report_dir."""
-    d = Path(run_context().report_dir or cfg["smoke_report_dir"])
+    d = Path(run_context().report_dir or cfg.smoke.report_dir)
     return d if d.is_absolute() else REPO / d
 
 
-def record(cfg: dict, name: str, status: str, reason: str = "", **fields) -> Outcome:
+def record(cfg: Settings, name: str, status: str, reason: str = "", **fields) -> Outcome:
     """Write this run's outcome record for host `name` (the driver's only source of a verdict)."""
     ctx = run_context()
     rec = Outcome(host=name, run=ctx.run, status=status, reason=reason, rollout=ctx.rollout,
@@ -101,17 +102,17 @@ def sources() -> dict:
     return cli_sources(host.data.get(SOURCES_KEY), inventory.get_override_data())
 
 
-def host_config(h) -> dict:
-    """Host h's voltafleet variables as its data holds them (another host: a builder, a server
-    the gateway lists); the current host's validated ones are config()'s."""
-    return {k: h.data.get(k) for k in SCHEMA}
+def host_config(h) -> Settings:
+    """Host h's settings as its data holds them (another host: a builder, a server the gateway
+    lists; checked when the inventory loaded); the current host's, checked again, are config()'s."""
+    return Settings.of({k: h.data.get(k) for k in SCHEMA})
 
 
-def config() -> dict:
-    """This host's variables, validated whatever their source: group_vars and the
+def config() -> Settings:
+    """This host's settings, validated whatever their source: group_vars and the
     inventory (checked when it loaded) and pyinfra's own `--data key=value`."""
     try:
-        return validate_values(host.name, host_config(host), sources())
+        return settings_of(host.name, {k: host.data.get(k) for k in SCHEMA}, sources())
     except ConfigError as e:
         raise ConfigRefused(str(e)) from None
 

@@ -16,6 +16,7 @@ import runpy
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.state import fleetplan, refs, runctx
 from voltafleet.models import mirror
 from voltafleet.front.tiers import GATEWAY_GROUP, runs_llama_server
@@ -81,15 +82,16 @@ class Fleet:
         the model mirrors (where each server host fetches the model). Raises refs.RefError."""
         commits, sizes = {}, {}
         for h in self.servers:
-            d = self.data.get(h, {})
-            repo, ref = d.get("llama_cpp_repo"), d.get("llama_cpp_ref")
+            cfg = Settings.of(self.data[h])
+            repo, ref = cfg.build.repo, cfg.build.ref
             if repo and ref and fleetplan.commit_key(repo, ref) not in commits:
                 commits[fleetplan.commit_key(repo, ref)] = refs.resolve(repo, ref)
-            url = d.get("model_url")
+            url = cfg.model.url
             if url and url not in sizes:
                 sizes[url] = remote_size(url)
         return fleetplan.FleetPlan(rollout=rollout_id, commits=commits, model_bytes=sizes,
-                                   mirrors=mirror.mirrors_of([(h, self.data.get(h, {})) for h in self.mirrors]))
+                                   mirrors=mirror.mirrors_of([(h, Settings.of(self.data[h]), self.data[h].get("ssh_hostname"))
+                                                              for h in self.mirrors]))
 
 
 def run_directory(report_dir: str, run_id: str, what: str = "rollout") -> tuple[Path, Path]:

@@ -40,11 +40,12 @@ def group_argv(group: str) -> list[str]:
     and its tuned values), every optional flag on (a key file, a draft model) so that each flag voltafleet can
     render is checked."""
     from voltafleet.inputs.groupvars import host_vars
+    from voltafleet.inputs.settings import Settings
     from voltafleet.planning import flags
 
-    cfg = dict(host_vars([group], {}, "the pin gate").values)
-    cfg.update(server_ctx=cfg.get("server_ctx") or 8192, server_parallel=cfg.get("server_parallel") or 4,
-               voltafleet_backend="cuda")
+    cfg = Settings.of(host_vars([group], {}, "the pin gate").values)
+    cfg = cfg.replace(server_ctx=cfg.server.ctx or 8192, server_parallel=cfg.server.parallel or 4,
+                      voltafleet_backend="cuda")
     return flags.server_args(cfg, "MODEL", port=8080, api_key_file="/etc/KEY", draft_path="DRAFT")
 
 

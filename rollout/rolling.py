@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.state import fleetplan, metrics, records, refs, rolling
 
 from rollout.fleet import Fleet, Session
@@ -74,8 +75,8 @@ class Rollout:
             f"mirror: {', '.join(fleet.mirrors) or 'none'}; batches: "
             + " | ".join(", ".join(b) for b in self.batches)
             + f"; llama.cpp {', '.join(sorted(set(s.plan.commits.values())))[:60]}")
-        first = fleet.data.get(fleet.servers[0], {}) if fleet.servers else {}
-        running = metrics.running_textfile(s.id, fleet.inventory, 60 * float(first.get("rollout_max_minutes") or 45))
+        longest = Settings.of(fleet.data[fleet.servers[0]]).gateway.rollout_max_minutes if fleet.servers else 45
+        running = metrics.running_textfile(s.id, fleet.inventory, 60 * float(longest))
         for d in self.textfile_dirs():
             metrics.write_textfile(d, running)  # a drain now is a rollout's, for rollout_max_minutes
 

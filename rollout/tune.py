@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.measure import profile
 from voltafleet.state import records, refs, runctx
 from voltafleet.measure import tune as tunemod
@@ -33,7 +34,7 @@ class Tune:
     fleet: Fleet
     runner: Runner
     host: str
-    cfg: dict = field(default_factory=dict)
+    cfg: Settings | None = None       # the canary's settings (the inventory's), the recorded workload over them
     recorded: dict = field(default_factory=dict)  # the workload read from the logs: {values, source}
     trials: list = field(default_factory=list)
     gpu: dict | None = None
@@ -41,7 +42,7 @@ class Tune:
     base: runctx.RunContext | None = None
 
     def __post_init__(self):
-        self.cfg = dict(self.fleet.data[self.host])
+        self.cfg = Settings.of(self.fleet.data[self.host])
         run_id = runctx.new_id()
         self.run_dir = run_directory(self.args.report_dir, run_id, "tune")[1]
         self.base = replace(runctx.RunContext.from_env(), rollout=run_id, report_dir=str(self.run_dir),
@@ -59,16 +60,16 @@ class Tune:
         if group is None:
             say(f"--tune: {self.host} is in no group with a group_vars file: nothing to write the winner to")
             return 2
-        hours = self.cfg["tune_profile_hours"] if self.args.profile_hours is None else self.args.profile_hours
+        hours = self.cfg.tune.profile_hours if self.args.profile_hours is None else self.args.profile_hours
         if hours and not self.profiled(hours):  # the workload from the fleet's own logs, before the canary is touched
             return 2
-        settings = tunemod.candidates(self.fleet.data[self.host])
-        budget_s = 60 * (self.args.budget or self.fleet.data[self.host]["tune_budget_minutes"])
+        settings = tunemod.candidates(Settings.of(self.fleet.data[self.host]))
+        budget_s = 60 * (self.args.budget or self.cfg.tune.budget_minutes)
         cfg = self.cfg
         say(f"tune of group {group} on {self.host} (drained for the tune), gateway: "
-            f"{', '.join(self.fleet.gateways) or 'none'}; {len(settings)} settings x {cfg['tune_repetitions']} "
-            f"repetitions of the workload ({cfg['tune_clients']} clients, {cfg['tune_prompt_tokens']}+"
-            f"{cfg['tune_answer_tokens']} tokens), budget {budget_s / 60:.0f} min; records in {self.run_dir}")
+            f"{', '.join(self.fleet.gateways) or 'none'}; {len(settings)} settings x {cfg.tune.repetitions} "
+            f"repetitions of the workload ({cfg.tune.clients} clients, {cfg.tune.prompt_tokens}+"
+            f"{cfg.tune.answer_tokens} tokens), budget {budget_s / 60:.0f} min; records in {self.run_dir}")
         try:
             self.try_all(settings, budget_s)
         finally:
@@ -101,7 +102,7 @@ class Tune:
             say(f"--tune: {host}: {e}")
             return False
         self.recorded = {"values": values, "source": source}
-        self.cfg = {**self.cfg, **values}
+        self.cfg = self.cfg.replace(**values)
         say(f"workload recorded from the logs: {values} ({source})")
         return True
 
@@ -169,9 +170,9 @@ class Tune:
 
     def meta(self) -> dict:
         cfg = self.cfg
-        return {"host": self.host, "inventory": self.fleet.inventory, "backend": cfg["voltafleet_backend"],
-                "llama_cpp": {"repo": cfg["llama_cpp_repo"], "ref": cfg["llama_cpp_ref"],
-                              "commit": refs.resolve(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])},
-                "model_sha256": cfg["model_sha256"], "records": str(self.run_dir),
+        return {"host": self.host, "inventory": self.fleet.inventory, "backend": cfg.preflight.backend,
+                "llama_cpp": {"repo": cfg.build.repo, "ref": cfg.build.ref,
+                              "commit": refs.resolve(cfg.build.repo, cfg.build.ref)},
+                "model_sha256": cfg.model.sha256, "records": str(self.run_dir),
                 "workload_from": self.recorded.get("source") or "tune_* of group_vars",
                 "gpu": self.gpu or "none (the cpu backend)"}

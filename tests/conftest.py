@@ -1,6 +1,7 @@
 import pytest
 
 from tests.fixture_vars import prod_host_vars
+from voltafleet.inputs.settings import Settings
 from voltafleet.planning.flags import pinned_help
 
 
@@ -9,7 +10,7 @@ def cfg():
     """A valid prod host config (all.yml's keys, the values tests rely on pinned, so an
     operator's edit of group_vars/all.yml never breaks a test), with a checksum and the
     -c/-np the VRAM plan resolves for a V100 16 GB."""
-    return prod_host_vars()
+    return Settings.of(prod_host_vars())
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import yaml
 
 from voltafleet.inputs.groupvars import GROUP_VARS
+from voltafleet.inputs.settings import Settings
 
 PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 FIXED = {
@@ -59,3 +60,8 @@ def all_yml_vars() -> dict:
 def prod_host_vars() -> dict:
     """A valid V100 16 GB host: a checksum, and the ctx/slots the VRAM plan resolves."""
     return {**all_yml_vars(), "model_sha256": "a" * 64, "server_ctx": 8192, "server_parallel": 4}
+
+
+def all_yml_settings(**over) -> Settings:
+    """all_yml_vars() with `over` (group_vars keys), typed."""
+    return Settings.of({**all_yml_vars(), **over})

@@ -20,6 +20,7 @@ import time
 from io import StringIO
 from pathlib import Path
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.models import gguf_header  # noqa: F401  (gpuhealth: the fact's markers)
 from voltafleet.gpu import gpuhealth
 from voltafleet.front import gateway as gw
@@ -74,7 +75,7 @@ def _dir(responses: list, path: str) -> None:
         responses.append((pattern, _stat(path, "drwxr-xr-x", 4096)))
 
 
-def server_responses(cfg: dict, compiler: int, header) -> list:
+def server_responses(cfg: Settings, compiler: int, header) -> list:
     """(regex, answer) of a converged server host, most frequent first."""
     smi = "\n".join(f"{i}, Tesla V100-SXM2-16GB, 7.0, 16160, {DRIVER}" for i in range(8))
     gpus = [{"index": i, "name": "Tesla V100-SXM2-16GB", "compute_cap": "7.0", "memory_mib": 16160,
@@ -82,11 +83,11 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     from tests import gpu_fixtures as g
 
     health = g.fact_output(g.host_query(8))
-    sha = cfg["model_sha256"]
+    sha = cfg.model.sha256
     facts = HostFacts(os=OS, gpus=gpus, gpu_health=gpuhealth.parse_fact(health.splitlines()), nvcc=NVCC,
                       free_model=900 << 30, free_root=900 << 30, same_fs=True, model_present=True, model_bytes=None,
                       systemd=255)
-    plan = _PLANS[compiler] = make_plan("bench", cfg, facts, header, cfg["llama_cpp_ref"])
+    plan = _PLANS[compiler] = make_plan("bench", cfg, facts, header, cfg.build.ref)
     if plan.refusals:
         raise SystemExit("bench: the simulated host is refused: " + "; ".join(plan.refusals))
     fp = plan.build.fingerprint(NVCC, CXX[compiler])
@@ -112,7 +113,7 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
         (r"df -PB1", "2049 966367641600"),
         (r"stat -c 'stat=%s %Y' ", f"stat={MODEL_SIZE} {MODEL_MTIME}\nside={sha} {MODEL_SIZE} {MODEL_MTIME}"),
         (r"^cd .* releases/\*/", f"current={fp}\ngood={fp}\nrelease={fp} 1760000000 {info}"),
-        (r"llama-server --help", pinned_help(cfg["llama_cpp_ref"])),
+        (r"llama-server --help", pinned_help(cfg.build.ref)),
         (r"systemctl is-active llama-server@", "\n".join(f"{i.index} active enabled" for i in plan.instances)),
         (r"--probe-only", json.dumps(probe)),
         (r"^command -v nvidia-smi", health),
@@ -126,9 +127,9 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
         (r"dpkg -I", "Package: cuda-keyring\nVersion: 1.1-1"),  # the keyring .deb downloaded by an earlier run
         (r"stat -c .* /tmp/pyinfra-[0-9a-f]+ 2>", _stat("/tmp/pyinfra-keyring", size=4328)),
         *_apt_fresh(),
-        (r"/etc/group", f"{cfg['server_user']}:x:999:"),
-        (r"cat /etc/passwd", f"{cfg['server_user']}:x:999:999::/nonexistent:/usr/sbin/nologin"
-                             f"|{cfg['server_user']}|{cfg['server_user']}||!"),
+        (r"/etc/group", f"{cfg.server.user}:x:999:"),
+        (r"cat /etc/passwd", f"{cfg.server.user}:x:999:999::/nonexistent:/usr/sbin/nologin"
+                             f"|{cfg.server.user}|{cfg.server.user}||!"),
         *_service("nvidia-persistenced"),
     ]
     r = [(p, a) for p, a in r if p != r"nvcc --version"]
@@ -140,7 +141,7 @@ def server_responses(cfg: dict, compiler: int, header) -> list:
     from roles.filesync import Wanted
     from roles.toolchain import NOUVEAU_BLACKLIST
 
-    user = cfg["server_user"]
+    user = cfg.server.user
     r[:0] = [_synced(*helpers.wanted(plan)), _synced(list(server.env_files(plan)[0].values()), server.env_files(plan)[1]),
              _synced([server.unit_file(plan)]), _synced(smoke.prompt_files(plan)),
              _synced([Wanted(NOUVEAU_BLACKLIST, "644", text="blacklist nouveau\noptions nouveau modeset=0\n")]),
@@ -162,7 +163,7 @@ def _service(name: str) -> list:
             (rf"--property UnitFileState {name}.service", f"Id={name}.service\nUnitFileState=enabled")]
 
 
-def haproxy_cfg(cfg: dict, servers: list[str], ports: list[int], slots: int | None = None) -> str:
+def haproxy_cfg(cfg: Settings, servers: list[str], ports: list[int], slots: int | None = None) -> str:
     """The gateway's configuration as roles/gateway renders it for these servers."""
     import jinja2
 
@@ -174,7 +175,7 @@ def haproxy_cfg(cfg: dict, servers: list[str], ports: list[int], slots: int | No
     return env.from_string(TEMPLATE.read_text()).render(**gw.template_vars(cfg, backends))
 
 
-def gateway_responses(cfg: dict, servers: list[str], ports: list[int], slots: int | None = None) -> list:
+def gateway_responses(cfg: Settings, servers: list[str], ports: list[int], slots: int | None = None) -> list:
     rows = [f"llama,{gw.backend_name(name, i)},0,0,0,0,,0,0,0,0,0,0,0,0,0,0,UP"
             for name in servers for i in range(len(ports))]
     live = haproxy_cfg(cfg, servers, ports, slots)
@@ -189,7 +190,7 @@ def gateway_responses(cfg: dict, servers: list[str], ports: list[int], slots: in
     _file(r, "/etc/haproxy/haproxy.cfg", live)
     from roles.gateway import ERRORFILE
 
-    _file(r, ERRORFILE, gw.busy_page(cfg["gateway_retry_after_s"]))
+    _file(r, ERRORFILE, gw.busy_page(cfg.gateway.retry_after_s))
     return r
 
 
@@ -223,11 +224,10 @@ _loaded = load_or_exit({GROUP: [(n, dict(_fake)) for n in _names],
                         "gateway": [("@fake/gw", dict(_fake))]}, origin="bench/controller/scale_inventory.py",
                        overrides=_overrides)
 _header = gguf_header.read_file(S["header"])
-_cfg = {k: v for k, v in _loaded[GROUP][0][1].items() if not k.startswith(("fake_", "voltafleet_groups",
-                                                                           "voltafleet_sources"))}
+_cfg = Settings.of(_loaded[GROUP][0][1])
 _answers = {c: _responses(server_responses(_cfg, c, _header)) for c in range(1, _compilers + 1)}
-_gw_answers = _responses(gateway_responses(_loaded["gateway"][0][1], _names,
-                                           [_cfg["server_port_base"] + i for i in range(8)], _cfg["server_parallel"]))
+_gw_answers = _responses(gateway_responses(Settings.of(_loaded["gateway"][0][1]), _names,
+                                           [_cfg.server.port_base + i for i in range(8)], _cfg.server.parallel))
 _which = [1 if k < (_n + 1) // 2 or _compilers == 1 else 2 for k in range(_n)]
 v100_16gb = [(name, {**data, "fake_responses": {**_answers[_which[k]], **_memory(name, _which[k])}})
              for k, (name, data) in enumerate(_loaded[GROUP])]

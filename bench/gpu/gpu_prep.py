@@ -38,10 +38,10 @@ def main():
                  "NvccVersionPinned": facts.NvccVersion().command(path=f"/usr/local/cuda-{TOOLKIT}/bin/nvcc"),
                  "HostBasics": facts.HostBasics().command(), "FreeDisk": facts.FreeDisk().command(path="/tmp/vf")}
     (OUT / "facts.json").write_text(json.dumps(fact_cmds, indent=1))
-    cfg = {**group_cfg("v100_16gb"), "server_threads": 8, "llama_cpp_ref": COMMIT}
+    cfg = group_cfg("v100_16gb").replace(**{"server_threads": 8, "llama_cpp_ref": COMMIT})
     configs = []
     for name, c, np_, k, v in CONFIGS:
-        run_cfg = {**cfg, "server_ctx": c, "server_parallel": np_, "server_cache_type_k": k, "server_cache_type_v": v}
+        run_cfg = cfg.replace(server_ctx=c, server_parallel=np_, server_cache_type_k=k, server_cache_type_v=v)
         configs.append({"name": name, "ctx": c, "parallel": np_, "k": k, "v": v,
                         "args": server_args(run_cfg, "MODEL", port=18080, api_key_file=None)})
     (OUT / "configs.json").write_text(json.dumps(configs, indent=1))

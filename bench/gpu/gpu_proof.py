@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench.gpu.groups import group_cfg
 from lab.fleet import SDIST_NAME, SDIST_SHA256, SDIST_VERSION
+from voltafleet.inputs.settings import Settings
 from voltafleet.planning import hostplan
 from voltafleet.planning.flags import server_args
 
@@ -47,18 +48,18 @@ def render(group: str, ctx=None, np_=None, kv=None, extra=()) -> list[str]:
     """The group's llama-server argv (MODEL for the model), -c/-np/KV types changed if given."""
     cfg = group_cfg(group)
     if ctx:
-        cfg.update(server_ctx=ctx, server_parallel=np_)
+        cfg = cfg.replace(server_ctx=ctx, server_parallel=np_)
     if kv:
-        cfg.update(server_cache_type_k=kv, server_cache_type_v=kv)
-    cfg["server_extra_flags"] = list(cfg["server_extra_flags"]) + list(extra)
+        cfg = cfg.replace(server_cache_type_k=kv, server_cache_type_v=kv)
+    cfg = cfg.replace(server_extra_flags=list(cfg.server.extra_flags) + list(extra))
     return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
 
 
 def build_plan(pack_dir: str = PACK_TOKEN, targets=TARGETS, jobs: int = 16) -> dict:
     """vf-build-release's argv for the GPU machine, as voltafleet renders it for a host (the
     v100_16gb group's variables but its CMake extras: a build of the default kernel paths)."""
-    cfg = {**group_cfg("v100_16gb"), "llama_cpp_cmake_extra": []}
-    cfg.update(cuda_toolkit_version=TOOLKIT, llama_cpp_targets=list(targets),
+    cfg = group_cfg("v100_16gb").replace(**{"llama_cpp_cmake_extra": []})
+    cfg = cfg.replace(cuda_toolkit_version=TOOLKIT, llama_cpp_targets=list(targets),
                llama_cpp_repo=f"file://{pack_dir}/llama.cpp.git")
     spec = hostplan.build_spec(cfg, [ARCH], COMMIT)
     fp = spec.fingerprint("DEVICE_NVCC", "DEVICE_CXX")
@@ -72,8 +73,8 @@ def run_plan() -> dict:
     """Every measurement of the run, with the exact argv (issue 19)."""
     seed = "-m MODEL -ngl 99 -c 8192 -ctk q8_0 -ctv q8_0 -np 4 -t 8 --host 127.0.0.1".split() + ["--port", str(PORT)]
     g16, g32 = group_cfg("v100_16gb"), group_cfg("v100_32gb")
-    bench_common = ["-ngl", "99", "-fa", "1", "-ctk", g16["server_cache_type_k"], "-ctv",
-                    g16["server_cache_type_v"], "-t", str(g16["server_threads"])]
+    bench_common = ["-ngl", "99", "-fa", "1", "-ctk", g16.server.cache_type_k, "-ctv",
+                    g16.server.cache_type_v, "-t", str(g16.server.threads)]
     # VRAM: one long prompt per slot at once, after which the CUDA pool holds its peak
     vram = [{"name": f"v16-np{n}", "args": render("v100_16gb", 8192, n), "parallel": n, "prompt": 1536}
             for n in (2, 3, 4)]
@@ -88,7 +89,7 @@ def run_plan() -> dict:
     # what grows with 16 long prompts at once (+2.5 GB over after-load on the FORCE_CUBLAS build):
     # checkpoints off, backend sampling off, 4 slots of the same 8K
     nobs32 = group_cfg("v100_32gb")
-    nobs32.update(server_backend_sampling=False)
+    nobs32 = nobs32.replace(server_backend_sampling=False)
     vram += [{"name": "v32-cp0", "args": render("v100_32gb", extra=("--ctx-checkpoints 0",)), "parallel": 16,
               "prompt": 1536},
              {"name": "v32-nobs", "args": server_args(nobs32, "MODEL", port=PORT, api_key_file=None), "parallel": 16,
@@ -103,21 +104,21 @@ def run_plan() -> dict:
 
     def v32_nobs(*extra):
         cfg = group_cfg("v100_32gb")
-        cfg.update(server_backend_sampling=False)
-        cfg["server_extra_flags"] = list(extra)
+        cfg = cfg.replace(server_backend_sampling=False)
+        cfg = cfg.replace(server_extra_flags=list(extra))
         return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
 
     def v16(*extra, bs=True, np_=None):
         cfg = group_cfg("v100_16gb")
-        cfg.update(server_backend_sampling=bs)
+        cfg = cfg.replace(server_backend_sampling=bs)
         if np_:
-            cfg.update(server_parallel=np_)
-        cfg["server_extra_flags"] = list(extra)
+            cfg = cfg.replace(server_parallel=np_)
+        cfg = cfg.replace(server_extra_flags=list(extra))
         return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
 
     def v32_spec(ngram):
         cfg = group_cfg("v100_32gb")
-        cfg.update(server_spec_ngram=ngram)
+        cfg = cfg.replace(server_spec_ngram=ngram)
         return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
 
     # issue 19 §6: n-gram drafting on the hybrid (a recurrent-state checkpoint per verified draft),
@@ -161,7 +162,7 @@ def run_plan() -> dict:
             {**serve("v32-ub2048-cublas", ub[2048], [16], None), "build": "cublas"},
         ],
         "spec": spec,
-        "g32": {k: g32[k] for k in ("server_ctx", "server_parallel")},
+        "g32": {"server_ctx": g32.server.ctx, "server_parallel": g32.server.parallel},
     }
 
 
@@ -173,7 +174,7 @@ LONG_PROBE = REPO / "voltafleet" / "data" / "probe-long.txt"
 def v32_at(n: int, **over) -> list[str]:
     """v100_32gb's argv with n slots of 8K each (the group's per-slot context), changes in `over`."""
     cfg = group_cfg("v100_32gb")
-    cfg.update(server_ctx=8192 * n, server_parallel=n, **over)
+    cfg = cfg.replace(server_ctx=8192 * n, server_parallel=n, **over)
     return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
 
 
@@ -204,14 +205,14 @@ def plan27() -> dict:
                       "args": v32_at(16, server_spec_ngram="ngram-mod"), "ctx": 131072, "parallel": 16,
                       "prompt": 256, "tokens": 128, "kind": "repeat", "spec": "ngram-mod"})
     g16 = group_cfg("v100_16gb")
-    common = ["-ngl", "99", "-fa", "1", "-ctk", g16["server_cache_type_k"], "-ctv", g16["server_cache_type_v"],
-              "-t", str(g16["server_threads"]), "-ub", "512", "-b", "2048", "-r", "3"]
+    common = ["-ngl", "99", "-fa", "1", "-ctk", g16.server.cache_type_k, "-ctv", g16.server.cache_type_v,
+              "-t", str(g16.server.threads), "-ub", "512", "-b", "2048", "-r", "3"]
     serve = [{"build": b, "name": f"{g}-ship", "group": g, "args": render(g), "streams": s, "prompt": 512,
               "tokens": 128} for b in ("volta", "mmq") for g, s in (("v100_32gb", [1, 4, 16]),)]
     return {"peaks": peaks, "bench": {"pp": common + ["-p", "128,512,2048", "-n", "0"],
                                       "tg": common + ["-p", "0", "-n", "128"]},
             "serve27": serve, "runs27": 3,
-            "probe": {"long": LONG_PROBE.read_text(), "short": group_cfg("v100_32gb")["smoke_probe_prompt"],
+            "probe": {"long": LONG_PROBE.read_text(), "short": group_cfg("v100_32gb").smoke.probe_prompt,
                       "tokens": 16, "min_tokens": 512,
                       "args": render("v100_16gb"), "tiny_args": ["-m", "MODEL", "-ngl", "99", "-c", "4096", "-np", "1",
                                                                  "-fa", "on", "--host", "127.0.0.1", "--port", str(PORT)]}}
@@ -224,7 +225,7 @@ def plan_tune29(**kw) -> dict:
     from voltafleet.models.gguf_header import from_json
 
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
-    return plan29(group_cfg, lambda c: server_args({**c, "server_host": "127.0.0.1"}, "MODEL", port=PORT,
+    return plan29(group_cfg, lambda c: server_args(c.replace(server_host="127.0.0.1"), "MODEL", port=PORT,
                                                    api_key_file=None), header, **kw)
 
 
@@ -252,10 +253,10 @@ def plan32() -> dict:
     clients (the group's 16 slots), 3 repetitions, streamed, greedy."""
     g = group_cfg("v100_32gb")
     return {"think32": {"build": "volta", "name": "v100_32gb-ship", "group": "v100_32gb", "args": render("v100_32gb"),
-                        "model": g["server_model_alias"],
+                        "model": g.server.model_alias,
                         "question": "how many prime numbers are there below 100? Think it through, then answer.",
                         "modes": [{"mode": m, "extra": e} for m, e in THINK_MODES],
-                        "streams": [1, g["server_parallel"]], "max_tokens": THINK_MAX_TOKENS, "runs": 3}}
+                        "streams": [1, g.server.parallel], "max_tokens": THINK_MAX_TOKENS, "runs": 3}}
 
 
 # issue 38: a real chat (the chat template, thinking, the history sent back without it) and a fill
@@ -290,8 +291,8 @@ def host_plan(slots: int, ckpt: int, cms: int | None = None):
     from voltafleet.planning import hostmem, vram
 
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
-    cfg = {**group_cfg("v100_32gb"), "voltafleet_backend": "cuda", "server_ctx": 8192 * slots,
-           "server_parallel": slots, "server_ctx_checkpoints": ckpt}
+    cfg = group_cfg("v100_32gb").replace(**{"voltafleet_backend": "cuda", "server_ctx": 8192 * slots,
+           "server_parallel": slots, "server_ctx_checkpoints": ckpt})
     return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1)
 
 
@@ -357,11 +358,11 @@ LATENCY41 = {"server_parallel": 2, "server_ctx": 65536}
 DEPTHS41 = (1, 2, 3)
 
 
-def latency41(depth: int | None) -> dict:
+def latency41(depth: int | None) -> Settings:
     """The latency tier's variables at an MTP draft depth (None: no speculation)."""
-    cfg = {**group_cfg("v100_32gb"), **LATENCY41}
+    cfg = group_cfg("v100_32gb").replace(**LATENCY41)
     if depth:
-        cfg.update(server_spec_mtp=True, server_spec_draft_max=depth)
+        cfg = cfg.replace(server_spec_mtp=True, server_spec_draft_max=depth)
     return cfg
 
 

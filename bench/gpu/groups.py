@@ -6,12 +6,14 @@ from pathlib import Path
 
 import yaml
 
+from voltafleet.inputs.settings import Settings
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def group_cfg(group: str) -> dict:
+def group_cfg(group: str) -> Settings:
     """all.yml + the group's file, bound to 127.0.0.1 (what a host of the group gets)."""
     cfg = yaml.safe_load((REPO / "group_vars/all.yml").read_text())
     cfg.update(yaml.safe_load((REPO / f"group_vars/{group}.yml").read_text()) or {})
     cfg.update(server_host="127.0.0.1")
-    return cfg
+    return Settings.of(cfg)

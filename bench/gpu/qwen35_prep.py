@@ -52,8 +52,8 @@ def main():
     for group in ("v100_16gb", "v100_32gb"):
         g = group_cfg(group)
         plan["bench"].append({"name": f"d-{group}", "model": "q4ks", "args": render(group),
-                              "bench": ["-ngl", "99", "-ctk", g["server_cache_type_k"], "-ctv",
-                                        g["server_cache_type_v"], "-fa", "1", "-t", str(g["server_threads"])],
+                              "bench": ["-ngl", "99", "-ctk", g.server.cache_type_k, "-ctv",
+                                        g.server.cache_type_v, "-fa", "1", "-t", str(g.server.threads)],
                               "tokens": 128, "streams": [1, 4, 8, 16], "tg": 128})
     # alternatives for the V100 choices, served with the project's own argv
     for c, n, kv in ((8192, 2, "q8_0"), (32768, 8, "q8_0")):

@@ -39,13 +39,13 @@ def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD
     from voltafleet.measure import tune
     from voltafleet.planning import vram
 
-    cfg = {**group_cfg(GROUP), "voltafleet_backend": "cuda", **workload}
+    cfg = group_cfg(GROUP).replace(**{"voltafleet_backend": "cuda", **workload})
     out = []
     for s in tune.candidates(cfg):
         if names is not None and s.name not in names:
             continue
-        c = {**cfg, **s.values}
-        build = "mmq" if tune.FORCE_MMQ in (c.get("llama_cpp_cmake_extra") or []) else "volta"
+        c = cfg.replace(**s.values)
+        build = "mmq" if tune.FORCE_MMQ in (c.build.cmake_extra or []) else "volta"
         d = vram.decide(c, V100_32GB_MIB, header, archs=[70])
         p = d.plan
         out.append({"name": s.name, "values": s.values, "build": build, "args": render_args(c),
@@ -54,7 +54,7 @@ def plan29(group_cfg, render_args, header: dict, workload: dict = PROOF_WORKLOAD
                     "planned_static_mib": round((p.needed - p.overhead - p.pool) / vram.MIB, 1) if p else None})
     w = tune.Workload.of(cfg)
     return {"settings": out, "workload": w.argv(), "repetitions": w.repetitions, "gpu_mib": V100_32GB_MIB,
-            "objective_ttft_p99_ms": cfg["tune_max_ttft_p99_ms"], "headroom_mib": cfg["tune_headroom_mib"]}
+            "objective_ttft_p99_ms": cfg.tune.max_ttft_p99_ms, "headroom_mib": cfg.tune.headroom_mib}
 
 
 def trials(records: list[dict], followups_sent: bool = True):
@@ -111,7 +111,7 @@ if __name__ == "__main__":  # python -m bench.gpu.tune29 RESULTS.json [--tuned]:
     path = Path(sys.argv[1])
     results = json.loads(path.read_text())
     run2 = "tune29b" in results  # run 2: the follow-up workload; run 1: every setting, no follow-up sent
-    cfg = {**group_cfg(GROUP), "voltafleet_backend": "cuda", **(FOLLOWUP_WORKLOAD if run2 else PROOF_WORKLOAD)}
+    cfg = group_cfg(GROUP).replace(**{"voltafleet_backend": "cuda", **(FOLLOWUP_WORKLOAD if run2 else PROOF_WORKLOAD)})
     records = results["tune29b" if run2 else "tune29"]
     print(document(records, cfg, machine(path.parent), run2) if "--tuned" in sys.argv[2:] else report(records, cfg))
     os._exit(0)

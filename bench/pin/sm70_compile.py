@@ -321,12 +321,13 @@ def fleet_flags() -> list[str]:
     """The CMake flags a V100 host's release is built with (hostplan.build_spec, from the groups' own
     variables through the inventory's loader). Both V100 groups must agree, or this step would be two."""
     from voltafleet.inputs.groupvars import host_vars
+    from voltafleet.inputs.settings import Settings
     from voltafleet.planning.hostplan import build_spec
 
     seen = {}
     for g in GROUPS:
-        cfg = dict(host_vars([g], {}, "the pin gate's sm_70 compile").values)
-        seen[g] = list(build_spec(cfg, list(cfg["llama_cpp_cuda_archs"]), "-").flags)
+        cfg = Settings.of(host_vars([g], {}, "the pin gate's sm_70 compile").values)
+        seen[g] = list(build_spec(cfg, list(cfg.build.cuda_archs), "-").flags)
     first = seen[GROUPS[0]]
     if any(sorted(f) != sorted(first) for f in seen.values()):
         raise SystemExit(f"sm70_compile: the V100 groups' build flags differ: {seen}")

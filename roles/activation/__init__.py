@@ -66,7 +66,7 @@ def _after_pass(state, host, plan: HostPlan, report: dict, judge) -> None:
     if not ok:
         raise Failed("smoke", f"could not record the good snapshot: {out.stderr.strip()[:200]}")
     keep = [f.dest for f in plan.model_files]
-    sh(host, q(bin_path(plan, "vf-prune-models"), cfg["model_dir"], *keep))
+    sh(host, q(bin_path(plan, "vf-prune-models"), cfg.model.dir, *keep))
     judge.textfile(host, report)
     ready(state, host.name, [i.index for i in plan.instances])
 
@@ -76,7 +76,7 @@ def _roll_back(state, host, plan: HostPlan, failure: rollback.Failure, report: d
     """Carry out rollback.decide's steps; (status, reason) for the record."""
     cfg = plan.cfg
     has_good, _ = sh(host, q(bin_path(plan, "vf-good"), "has", plan.root, GOOD_DIR))
-    facts = rollback.Facts(has_good=has_good, rollback=cfg["smoke_rollback"],
+    facts = rollback.Facts(has_good=has_good, rollback=cfg.smoke.rollback,
                            instances=[i.index for i in plan.instances])
     steps = rollback.decide(failure, facts)
     if not steps:
@@ -136,7 +136,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int], judge) -> bool:
         for i in todo:
             restarted.append(i)  # drained and restarted, or tried: the rollback restarts it (drained)
             cut += _restart(state, host, plan, i, timings)
-        if cfg["smoke_enabled"]:
+        if cfg.smoke.enabled:
             t0 = time.monotonic()
             report, fails = judge.measure(host, gold)
             timings["smoke_s"] = round(time.monotonic() - t0, 2)
@@ -152,15 +152,15 @@ def _activate(state, host, plan: HostPlan, todo: list[int], judge) -> bool:
     report.update(timings=timings, host=host.name, fingerprint=release, batch=run_context().batch, run=run_context().run,
                   time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), epoch=time.time(),
                   flags=plan.argv[plan.instances[0].index] if plan.instances else [],
-                  thresholds={k: cfg[k] for k in ("smoke_max_ttft_ms", "smoke_min_single_tps",
-                                                  "smoke_min_aggregate_tps")})
+                  thresholds={"smoke_max_ttft_ms": cfg.smoke.max_ttft_ms, "smoke_min_single_tps": cfg.smoke.min_single_tps,
+                              "smoke_min_aggregate_tps": cfg.smoke.min_aggregate_tps})
     common = dict(flags=report["flags"], model_sha256=plan.model_files[0].sha256, restarted=restarted,
                   streams_cut=cut, **judge.figures(report))
     if report["instances"]:
         print("\n" + judge.table(host.name, report), flush=True)
     if failure is None:
         try:
-            probe = "recorded" if run_context().record_probe and cfg["smoke_probe"] else None
+            probe = "recorded" if run_context().record_probe and cfg.smoke.probe else None
             if probe:
                 judge.record_golden(host, report)
             report.update(passed=True, failures=[])
@@ -171,9 +171,9 @@ def _activate(state, host, plan: HostPlan, todo: list[int], judge) -> bool:
             host.log_styled(f"smoke passed, then: {reason}", fg="red", log_func=logger.error)
             return False
         judge.write(host.name, report)
-        if not cfg["smoke_enabled"]:  # restarted and serving, but nothing was measured or probed
+        if not cfg.smoke.enabled:  # restarted and serving, but nothing was measured or probed
             record(cfg, host.name, "unmeasured", "not measured: smoke_enabled is false", release=release,
-                   probe="not run" if cfg["smoke_probe"] else None, **common)
+                   probe="not run" if cfg.smoke.probe else None, **common)
             print(f"{host.name}: smoke not run (smoke_enabled: false): UNMEASURED", flush=True)
             return True
         record(cfg, host.name, "passed", "", release=release, probe=probe or ("match" if gold is not None else None),

@@ -32,11 +32,11 @@ def _toolkit(plan: HostPlan) -> bool | None:
 def _driver(plan: HostPlan) -> dict | None:
     """voltafleet.gpu.nvidia.driver_plan of this host (None: cpu, or a driver managed elsewhere)."""
     cfg = plan.cfg
-    if not plan.cuda or not cfg["manage_driver"]:
+    if not plan.cuda or not cfg.toolchain.manage_driver:
         return None
     nvswitch = bool(nvidia.nvswitches(host.get_fact(NvidiaPci)))
-    return driver_plan(host, plan.facts.os, cfg["nvidia_driver_source"], cfg["nvidia_driver_branch"],
-                       cfg["nvidia_driver_flavour"], cfg["nvidia_driver_version"], nvswitch)
+    return driver_plan(host, plan.facts.os, cfg.toolchain.nvidia_driver_source, cfg.toolchain.nvidia_driver_branch,
+                       cfg.toolchain.nvidia_driver_flavour, cfg.toolchain.nvidia_driver_version, nvswitch)
 
 
 def observed(plan: HostPlan) -> dryrun.Observed:

@@ -63,10 +63,10 @@ def server_backends(state) -> list[gw.Backend]:
             unplanned.append(h.name)
             continue
         cfg = host_config(h)
-        gpus = host_fact(h, Gpus) if cfg["voltafleet_backend"] == "cuda" else []
+        gpus = host_fact(h, Gpus) if cfg.preflight.backend == "cuda" else []
         # slots: the instance's -np (unset, the VRAM plan picks it: known in a rollout's fleet plan)
-        planned.append((h.name, server_address(h), [i.port for i in hostplan.instances(cfg, gpus)], cfg["server_parallel"],
-                        cfg["server_tier"]))
+        planned.append((h.name, server_address(h), [i.port for i in hostplan.instances(cfg, gpus)], cfg.server.parallel,
+                        cfg.server.tier))
     live = host.get_fact(HAProxyBackends, path=LIVE) if unplanned else []
     return gw.fleet_backends(planned, unplanned, live)
 
@@ -137,16 +137,16 @@ def team_maps(cfg: dict, backends: list[gw.Backend]) -> None:
     script and the folder where HAProxy's worker keeps the budgets' counts (its own: user
     haproxy, 0750; kept when teams go, so the month's counts return with them); each map 0640,
     HAProxy's group. Without teams, the maps and the script are removed."""
-    team_list = teams.parse(cfg["gateway_teams"])
+    team_list = teams.parse(cfg.gateway.teams)
     paths = [teams.LIMITS_MAP, teams.BUDGETS_MAP, teams.TIERS_MAP, teams.KEYS_MAP, teams.UPSTREAM_MAP]
     if not team_list:
         for path in paths + [teams.USAGE_LUA]:
             files.file(name=f"No team file {path}", path=path, present=False)
         return
     slots = sum(b.slots for b in backends) if backends and all(b.slots for b in backends) else None
-    lim = teams.limits(team_list, cfg["gateway_team_max_concurrent"], cfg["gateway_team_requests_per_minute"], slots)
-    key = Path(cfg["server_api_key_file"]).read_text().strip() if cfg["server_api_key_file"] else None
-    texts = [teams.limits_map(lim), teams.budgets_map(team_list), tiers.tiers_map(team_list, cfg["gateway_tier_overflow"]),
+    lim = teams.limits(team_list, cfg.gateway.team_max_concurrent, cfg.gateway.team_requests_per_minute, slots)
+    key = Path(cfg.server.api_key_file).read_text().strip() if cfg.server.api_key_file else None
+    texts = [teams.limits_map(lim), teams.budgets_map(team_list), tiers.tiers_map(team_list, cfg.gateway.tier_overflow),
              teams.keys_map(team_list), teams.upstream_map(key)]
     budgeted = sum(1 for t in team_list if t.tokens_per_day or t.tokens_per_month)
     what = [f"Team limits ({len(lim)} teams)", f"Team token budgets ({budgeted} teams)",
@@ -164,7 +164,7 @@ def tier_check(cfg: dict, backends: list[gw.Backend]) -> None:
     """Every tier a team is sent to or may ask for has servers, else the run stops before the
     gateway changes (the inventory loader refuses it first; this covers pyinfra --data); a tier
     no team uses is only a warning (its servers would get no request: a tier being set up)."""
-    team_list = teams.parse(cfg["gateway_teams"])
+    team_list = teams.parse(cfg.gateway.teams)
     served: dict[str, int] = {}
     for b in backends:
         served[b.tier] = served.get(b.tier, 0) + 1
@@ -196,10 +196,10 @@ def gateway() -> None:
     staged = files.template(
         name=f"HAProxy configuration ({len(backends)} backends, staged)", src=str(TEMPLATE), dest=STAGED,
         mode="644", jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True}, **gw.template_vars(cfg, backends, pair.haproxy_vars(host.name) if pair else None))
-    files.put(name="503 page: no free slot (Retry-After)", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"])),
+    files.put(name="503 page: no free slot (Retry-After)", src=StringIO(gw.busy_page(cfg.gateway.retry_after_s)),
               dest=ERRORFILE, mode="644")
     for t in gw.tier_backends(backends)[1:]:
-        files.put(name=f"503 page of the {t['name']} tier", src=StringIO(gw.busy_page(cfg["gateway_retry_after_s"], t["name"])),
+        files.put(name=f"503 page of the {t['name']} tier", src=StringIO(gw.busy_page(cfg.gateway.retry_after_s, t["name"])),
                   dest=t["errorfile"], mode="644")
     installed(name="Validate (haproxy -c), then install and reload", staged=STAGED, live=LIVE, staged_op=staged)
     systemd.service(name="HAProxy running and enabled", service="haproxy", running=True, enabled=True)

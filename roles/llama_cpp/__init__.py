@@ -24,7 +24,7 @@ from roles.factcache import host_fact, host_fingerprint
 
 from roles.gateway_api import is_server
 
-from roles.run import fleet_plan, once_per_run, report_dir, run_context
+from roles.run import fleet_plan, host_config, once_per_run, report_dir, run_context
 
 from roles.shell import bin_path, connector_args, live, sh
 from roles.facts import HostBasics, NvccVersion, Releases
@@ -67,7 +67,7 @@ def run_builders(state, executing: bool) -> dict[str, str]:
     out: dict[str, str] = {}
     for other in state.inventory:
         if other not in state.active_hosts or not is_server(other) \
-                or other.data.get("llama_cpp_build_strategy") != "shared":  # a gateway or a mirror builds nothing
+                or host_config(other).build.strategy != "shared":  # a gateway or a mirror builds nothing
             continue
         fp = host_fingerprint(other)
         if fp is not None:
@@ -81,7 +81,7 @@ def build_command(plan: HostPlan, fp: str, toolkit: str | None, cxx: str) -> str
     info = {"fingerprint": fp, "commit": b.commit, "flags": list(b.flags), "toolkit": toolkit,
             "compiler": cxx, "built_on": plan.host, "repo": b.repo}
     args = hostplan.build_argv(bin_path(plan, "vf-build-release"), plan.root, fp, b,
-                               plan.cfg["llama_cpp_build_jobs"], info)
+                               plan.cfg.build.jobs, info)
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -227,7 +227,7 @@ def llama_cpp(plan: HostPlan) -> None:
 
         llama_cpp(plan)
     """
-    strategy = plan.cfg["llama_cpp_build_strategy"]
+    strategy = plan.cfg.build.strategy
     compiled(name="Compile llama.cpp release" + (" (one host per fingerprint)" if strategy == "shared" else ""),
              plan=plan, strategy=strategy)
     if strategy == "shared":

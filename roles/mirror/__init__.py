@@ -83,7 +83,7 @@ def mirror() -> None:
                  cache_time=24 * 3600, no_recommends=True)
     # the mirror host serves the mirror: Debian's welcome page on port 80 goes
     site = files.link(name="Debian's default site off", path=DEFAULT_SITE, present=False)
-    files.directory(name=f"Cache directory {cfg['mirror_cache_dir']}", path=cfg["mirror_cache_dir"],
+    files.directory(name=f"Cache directory {cfg.mirror.cache_dir}", path=cfg.mirror.cache_dir,
                     user="www-data", group="www-data", mode="700")
     values = nginx_vars(cfg, host.get_fact(Nameservers), fetchers(host.state))
     staged = files.template(

@@ -39,11 +39,11 @@ def model_header(url: str):
 def host_facts(cfg: dict) -> HostFacts:
     """The facts the plan needs, read from the current host."""
     basics = host_fact(host, HostBasics)
-    cuda = cfg["voltafleet_backend"] == "cuda"
+    cuda = cfg.preflight.backend == "cuda"
     model = model_files(cfg)[0].dest
     present = host.get_fact(FileState, path=model, sidecar=model + ".verified")
-    free_model = host.get_fact(FreeDisk, path=cfg["model_dir"])
-    free_root = host.get_fact(FreeDisk, path=cfg["voltafleet_root"], releases=f"{cfg['voltafleet_root']}/releases")
+    free_model = host.get_fact(FreeDisk, path=cfg.model.dir)
+    free_root = host.get_fact(FreeDisk, path=cfg.preflight.root, releases=f"{cfg.preflight.root}/releases")
     gpus = host_fact(host, Gpus) if cuda else []
     driver = bool(gpus) and not any(g.get("pci_only") for g in gpus)  # no driver yet: the smoke test judges the boards
     health = host.get_fact(GpuHealth) if driver else None
@@ -52,7 +52,7 @@ def host_facts(cfg: dict) -> HostFacts:
         nvcc=host_fact(host, NvccVersion) if cuda else None,
         free_model=free_model["free"], free_root=free_root["free"], same_fs=free_model["dev"] == free_root["dev"],
         model_present=bool(present and present.get("sidecar")),
-        model_bytes=None if present else model_size(cfg["model_url"]),
+        model_bytes=None if present else model_size(cfg.model.url),
         systemd=basics["systemd"], releases=free_root.get("releases"),
         **resource_facts(basics, health),
     )
@@ -71,7 +71,7 @@ def run_refusals(cfg: dict) -> list[str]:
     """Reasons this run may not touch the host that are not the host's own: no golden
     probe to compare with; a gateway this run cannot reach (no drain is possible)."""
     errors = []
-    if cfg["smoke_enabled"] and cfg["smoke_probe"] and not run_context().record_probe:
+    if cfg.smoke.enabled and cfg.smoke.probe and not run_context().record_probe:
         sha = model_files(cfg)[0].sha256
         for p in probemod.probes(cfg):
             try:
@@ -94,8 +94,8 @@ def preflight_record(plan: HostPlan, refusals: list[str] = ()) -> None:
     fp = host_fingerprint(host, plan.build) if plan.build and not refusals else None
     RunDir(report_dir(cfg)).write(Preflight(
         host=host.name, run=run_context().run,
-        address=cfg["server_address"] or host.data.get("ssh_hostname") or host.name,
-        ports=tuple(i.port for i in plan.instances), slots=int(cfg["server_parallel"] or 1), tier=cfg["server_tier"],
+        address=cfg.server.address or host.data.get("ssh_hostname") or host.name,
+        ports=tuple(i.port for i in plan.instances), slots=int(cfg.server.parallel or 1), tier=cfg.server.tier,
         fingerprint=fp, refusals=tuple(refusals)))
 
 
@@ -111,9 +111,9 @@ def preflight() -> HostPlan:
     """
     hold_fleet_lock(host.state)
     cfg = config()
-    commit = resolve_ref(cfg["llama_cpp_repo"], cfg["llama_cpp_ref"])  # a bad ref stops everything here
+    commit = resolve_ref(cfg.build.repo, cfg.build.ref)  # a bad ref stops everything here
     facts = host_facts(cfg)
-    header = model_header(cfg["model_url"])  # the VRAM plan (CUDA) and the host memory plan (both backends)
+    header = model_header(cfg.model.url)  # the VRAM plan (CUDA) and the host memory plan (both backends)
     plan = make_plan(host.name, cfg, facts, header, commit, sources())
     refusals = list(plan.refusals) + run_refusals(plan.cfg)
     if refusals and run_context().phase == "plan":

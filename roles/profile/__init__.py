@@ -63,5 +63,5 @@ def recorded(kind: str) -> None:
 
         recorded("gateway")
     """
-    hours = config()["tune_profile_hours"]
+    hours = config().tune.profile_hours
     lines(name=f"The last {hours:g} h of this {kind}'s log", kind=kind, hours=hours)

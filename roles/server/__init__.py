@@ -80,7 +80,7 @@ def flags_accepted(plan: HostPlan):
         return
     src = sources().get("server_extra_flags")
     problems = list(dict.fromkeys(p for args in plan.argv.values() for p in flagmod.binary_flag_problems(
-        args, plan.cfg["server_extra_flags"], help_text, source=src)))
+        args, plan.cfg.server.extra_flags, help_text, source=src)))
     if problems:
         raise OperationError(format_errors(host.name, problems, "llama-server flags refused, nothing restarted"))
     return
@@ -107,7 +107,7 @@ def release_switched(plan: HostPlan):
     yield f"{q(bin_path(plan, 'vf-atomic'))} link {q(plan.root + '/current')} {q('releases/' + fp)}"
     protect = {fp, releases["good"], releases["current"]} - {None}
     old = [(name, r["mtime"]) for name, r in releases["releases"].items()]
-    prune = releases_to_prune(old + [(fp, float("inf"))], plan.cfg["llama_cpp_keep_releases"], protect)
+    prune = releases_to_prune(old + [(fp, float("inf"))], plan.cfg.build.keep_releases, protect)
     if prune:
         yield " ".join(q(a) for a in (bin_path(plan, "vf-release"), "prune", plan.root, *prune))
 
@@ -143,10 +143,10 @@ def server(plan: HostPlan, model_ops=()):
         changes = server(plan, model_ops)
     """
     cfg = plan.cfg
-    user = cfg["server_user"]
+    user = cfg.server.user
     service_account(name="Service group and user (no shell, no home)", user=user)
-    if cfg["server_api_key_file"]:
-        files.put(name="API key file (0600, service user only)", src=cfg["server_api_key_file"],
+    if cfg.server.api_key_file:
+        files.put(name="API key file (0600, service user only)", src=cfg.server.api_key_file,
                   dest=API_KEY_PATH, user=user, group=user, mode="600")
     else:
         files.file(name="No API key file", path=API_KEY_PATH, present=False)
@@ -159,7 +159,7 @@ def server(plan: HostPlan, model_ops=()):
     env_ops = {index: FileChange(env_op, log, f.dest) for index, f in envs.items()}
     unit = synced(name="llama-server@.service (systemd reloaded when it changed)", files=[unit_file(plan)],
                   then=["systemctl daemon-reload"])
-    if cfg["smoke_textfile_dir"]:  # not among the changes that restart: a new plan file restarts nothing
+    if cfg.smoke.textfile_dir:  # not among the changes that restart: a new plan file restarts nothing
         synced(name=f"{MEMORY_UNIT}.timer: each instance's memory beside its plan, for node_exporter",
                files=memory_files(plan), then=memory_timer_started())
     else:

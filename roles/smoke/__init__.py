@@ -43,15 +43,15 @@ def client_command(plan: HostPlan, probe_only: bool = False) -> str:
         args += ["--port", str(inst.port)]
     if connect_host(cfg) != "127.0.0.1":  # servers bound to one address of the host
         args += ["--host", connect_host(cfg)]
-    args += ["--tokens", str(cfg["smoke_tokens"]), "--parallel", str(cfg["smoke_parallel"] or cfg["server_parallel"]),
-             "--health-timeout", str(cfg["smoke_health_timeout_s"]), "--unit-prefix", "llama-server@",
-             "--gpu-sample-interval", str(cfg["smoke_gpu_sample_s"] if plan.cuda else 0)]
-    if cfg["server_api_key_file"]:
+    args += ["--tokens", str(cfg.smoke.tokens), "--parallel", str(cfg.smoke.parallel or cfg.server.parallel),
+             "--health-timeout", str(cfg.smoke.health_timeout_s), "--unit-prefix", "llama-server@",
+             "--gpu-sample-interval", str(cfg.smoke.gpu_sample_s if plan.cuda else 0)]
+    if cfg.server.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
     for p in probemod.probes(cfg):
         args += [PROMPT_FLAGS[p.name], f"{plan.root}/{PROMPT_PATHS[p.name]}"]
-    if cfg["smoke_probe"]:
-        args += ["--probe-tokens", str(cfg["smoke_probe_tokens"])]
+    if cfg.smoke.probe:
+        args += ["--probe-tokens", str(cfg.smoke.probe_tokens)]
     if probe_only:
         args += ["--probe-only"]
     return "python3 " + q(*args)
@@ -61,7 +61,7 @@ def golden(plan: HostPlan) -> dict | None:
     """The golden probes every instance is compared with, {Probe: golden record} (None:
     smoke_probe off, or this run records them)."""
     cfg = plan.cfg
-    if not cfg["smoke_probe"] or run_context().record_probe:
+    if not cfg.smoke.probe or run_context().record_probe:
         return None
     return {p: probemod.load(plan.model_files[0].sha256, p.prompt, p.tokens) for p in probemod.probes(cfg)}
 
@@ -135,7 +135,7 @@ class Judge:
     def measure(self, host, gold: dict | None) -> tuple[dict, list[str]]:
         """Run the client on the host; (report, failures)."""
         report = self.client(host)
-        probe_fails = probe_verdicts(report, gold, self.plan.cfg["smoke_probe_tolerance"],
+        probe_fails = probe_verdicts(report, gold, self.plan.cfg.smoke.probe_tolerance,
                                      probemod.speculates(self.plan.cfg))
         fails = smokemod.verdict(report, self.plan.cfg) + probe_fails + gpu_check(host, self.plan, report)
         report["probe_only_failures"] = bool(probe_fails) and len(probe_fails) == len(fails)
@@ -172,10 +172,10 @@ class Judge:
         """voltafleet.prom for node_exporter, after a pass and after a failure alike (the
         alerts read voltafleet_smoke_passed and the GPU gauges)."""
         cfg = self.plan.cfg
-        if cfg["smoke_textfile_dir"]:
+        if cfg.smoke.textfile_dir:
             prom = smokemod.textfile(host.name, report, report.get("fingerprint"))
-            sh(host, f"mkdir -p {shlex.quote(cfg['smoke_textfile_dir'])} && "
-                     + q(bin_path(self.plan, "vf-atomic"), "file", f"{cfg['smoke_textfile_dir']}/voltafleet.prom")
+            sh(host, f"mkdir -p {shlex.quote(cfg.smoke.textfile_dir)} && "
+                     + q(bin_path(self.plan, "vf-atomic"), "file", f"{cfg.smoke.textfile_dir}/voltafleet.prom")
                      + f" <<'VOLTAFLEET_PROM'\n{prom}VOLTAFLEET_PROM")
 
     def record_golden(self, host, report: dict) -> None:
@@ -186,7 +186,7 @@ class Judge:
             probes = [m.get(spec.name) for m in report["instances"] if "error" not in m]
             first = probes[0] if probes else None
             for p in probes[1:]:
-                why = probemod.check(first, p, cfg["smoke_probe_tolerance"], spec)
+                why = probemod.check(first, p, cfg.smoke.probe_tolerance, spec)
                 if why:
                     raise StepFailed("probe", f"instances disagree, golden probe not recorded: {why}")
             short = probemod.check(first, first, 0, spec) if first else None
@@ -202,7 +202,7 @@ class Judge:
         if "error" in report:
             return [f"probe could not run: {report['error']}"]
         return ([f"{m['error']}" for m in report["instances"] if "error" in m]
-                + probe_verdicts(report, gold, self.plan.cfg["smoke_probe_tolerance"], probemod.speculates(self.plan.cfg)))
+                + probe_verdicts(report, gold, self.plan.cfg.smoke.probe_tolerance, probemod.speculates(self.plan.cfg)))
 
 
 @deploy("Smoke test")
@@ -214,6 +214,6 @@ def smoke(plan: HostPlan) -> Judge:
 
         judge = smoke(plan)
     """
-    if plan.cfg["smoke_probe"]:
+    if plan.cfg.smoke.probe:
         synced(name="Quality probe prompts", files=prompt_files(plan))
     return Judge(plan)

@@ -127,7 +127,7 @@ def driver_verified(branch: int, gpu_count: int, version: str | None = None, all
 def gpu_health(plan: HostPlan) -> dict:
     """GPUs on the PCI bus missing from nvidia-smi, read before the rollout (for the report)."""
     health = nvidia.gpu_health(host.name, host_fact(host, NvidiaPci), host_fact(host, SmiBusIds),
-                               plan.cfg["allow_degraded_gpus"])
+                               plan.cfg.toolchain.allow_degraded_gpus)
     if health["warning"]:
         logger.warning(health["warning"])
     return health
@@ -135,18 +135,18 @@ def gpu_health(plan: HostPlan) -> dict:
 
 def cuda_stack(plan: HostPlan, before_driver_change=None):
     cfg, os_id = plan.cfg, plan.facts.os
-    branch, target = cfg["nvidia_driver_branch"], cfg["nvidia_driver_version"]
+    branch, target = cfg.toolchain.nvidia_driver_branch, cfg.toolchain.nvidia_driver_version
     keyring = apt.deb(name="NVIDIA CUDA repository keyring", src=nvidia.keyring_url(os_id))
     apt.update(name="Refresh apt after adding NVIDIA's repository", _if=keyring.did_change)
-    apt.packages(name=f"CUDA toolkit {cfg['cuda_toolkit_version']} (pinned series)",
-                 packages=[nvidia.toolkit_package(cfg["cuda_toolkit_version"])], no_recommends=True)
+    apt.packages(name=f"CUDA toolkit {cfg.toolchain.cuda_toolkit_version} (pinned series)",
+                 packages=[nvidia.toolkit_package(cfg.toolchain.cuda_toolkit_version)], no_recommends=True)
     gpu_health(plan)
-    if not cfg["manage_driver"]:
+    if not cfg.toolchain.manage_driver:
         # the release of a driver managed elsewhere is not ours to pin: branch and GPUs only
         driver_verified(name="Check the driver managed elsewhere", branch=branch, gpu_count=len(plan.facts.gpus),
-                        allow_degraded=cfg["allow_degraded_gpus"])
+                        allow_degraded=cfg.toolchain.allow_degraded_gpus)
         return None
-    source, flavour = cfg["nvidia_driver_source"], cfg["nvidia_driver_flavour"]
+    source, flavour = cfg.toolchain.nvidia_driver_source, cfg.toolchain.nvidia_driver_flavour
     nvswitch = bool(nvidia.nvswitches(host_fact(host, NvidiaPci)))
     if target == "latest":
         apt.update(name="Refresh apt to find the newest release of the branch", cache_time=3600)
@@ -174,7 +174,7 @@ def cuda_stack(plan: HostPlan, before_driver_change=None):
         systemd.service(name="NVIDIA fabric manager (NVSwitch host)", service="nvidia-fabricmanager",
                         running=True, enabled=True)
     driver_verified(name="nvidia-smi answers with the driver branch and every GPU", branch=branch,
-                    gpu_count=len(plan.facts.gpus), version=target, allow_degraded=cfg["allow_degraded_gpus"])
+                    gpu_count=len(plan.facts.gpus), version=target, allow_degraded=cfg.toolchain.allow_degraded_gpus)
     return driver
 
 

@@ -46,7 +46,7 @@ def workload_command(plan: HostPlan) -> str:
     args = [bin_path(plan, WORKLOAD_CLIENT), "--port", str(inst.port), *Workload.of(plan.cfg).argv()]
     if connect_host(plan.cfg) != "127.0.0.1":  # a server bound to one address of the host
         args += ["--host", connect_host(plan.cfg)]
-    if plan.cfg["server_api_key_file"]:
+    if plan.cfg.server.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
     args += ["--gpu", str(inst.index)] if plan.cuda else ["--unit", inst.unit]
     return "python3 " + q(*args)

@@ -96,19 +96,19 @@ def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, 
     path moved under tmp, the budgets' folder to tmp/budgets."""
     import jinja2
 
-    from tests.fixture_vars import all_yml_vars
+    from tests.fixture_vars import all_yml_settings
     from voltafleet.front import budgets as budgets_mod
     from voltafleet.front import gateway, teams, tiers
 
     team_list = [{"name": t, "key_sha256": sha(k), **(budgets or {}).get(t, {})} for t, k in keys.items()]
-    cfg = {**all_yml_vars(), "gateway_teams": team_list,
-           "gateway_bind": f"127.0.0.1:{bind_port}", "gateway_metrics_bind": f"127.0.0.1:{metrics_port}",
-           "server_model_alias": ALIAS, "server_api_key_file": None, **(over or {})}
+    cfg = all_yml_settings(gateway_teams=team_list, gateway_bind=f"127.0.0.1:{bind_port}",
+                           gateway_metrics_bind=f"127.0.0.1:{metrics_port}", server_model_alias=ALIAS,
+                           server_api_key_file=None, **(over or {}))
     servers = [("local", "127.0.0.1", [upstream_port], 16)]
     servers += [(tier, "127.0.0.1", [port], slots, tier) for tier, (port, slots) in (tier_ports or {}).items()]
     backends = gateway.backends(servers)
     served = {b.tier: 1 for b in backends}
-    problems = tiers.fleet_problems(teams.parse(cfg["gateway_teams"]), served, "harness")
+    problems = tiers.fleet_problems(teams.parse(cfg.gateway.teams), served, "harness")
     assert not problems, problems
     args = gateway.template_vars(cfg, backends, pair)
     args.update(admin_socket=str(tmp / "admin.sock"), state_file=str(tmp / "server-state"),
@@ -116,15 +116,15 @@ def config(tmp: Path, keys: dict[str, str], upstream_port: int, bind_port: int, 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     text = env.get_template("haproxy.cfg.j2").render(**args)
-    lim = teams.limits(teams.parse(cfg["gateway_teams"]), 64, 100000, None)
+    lim = teams.limits(teams.parse(cfg.gateway.teams), 64, 100000, None)
     (tmp / "503.http").write_text(gateway.busy_page(5))
     (tmp / Path(teams.LIMITS_MAP).name).write_text(teams.limits_map(lim))
-    (tmp / Path(teams.KEYS_MAP).name).write_text(teams.keys_map(teams.parse(cfg["gateway_teams"])))
-    (tmp / Path(teams.BUDGETS_MAP).name).write_text(teams.budgets_map(teams.parse(cfg["gateway_teams"])))
-    (tmp / Path(teams.TIERS_MAP).name).write_text(tiers.tiers_map(teams.parse(cfg["gateway_teams"]),
-                                                                  cfg["gateway_tier_overflow"]))
+    (tmp / Path(teams.KEYS_MAP).name).write_text(teams.keys_map(teams.parse(cfg.gateway.teams)))
+    (tmp / Path(teams.BUDGETS_MAP).name).write_text(teams.budgets_map(teams.parse(cfg.gateway.teams)))
+    (tmp / Path(teams.TIERS_MAP).name).write_text(tiers.tiers_map(teams.parse(cfg.gateway.teams),
+                                                                  cfg.gateway.tier_overflow))
     for t in gateway.tier_backends(backends)[1:]:
-        (tmp / Path(t["errorfile"]).name).write_text(gateway.busy_page(cfg["gateway_retry_after_s"], t["name"]))
+        (tmp / Path(t["errorfile"]).name).write_text(gateway.busy_page(cfg.gateway.retry_after_s, t["name"]))
     (tmp / "budgets").mkdir(exist_ok=True)
     text = text.replace(budgets_mod.DIR, str(tmp / "budgets"))
     shutil.copy(REPO / "roles/gateway/files/voltafleet-teams.lua", tmp / Path(teams.USAGE_LUA).name)

@@ -30,8 +30,8 @@ def pair_vars(name: str) -> dict:
            "gateway_vrrp_router_id": 52, "gateway_vrrp_preempt_delay_s": 0, "gateway_peers_port": PEERS_PORT,
            "gateway_budget_peer_port": BUDGET_PORT, "gateway_budget_peer_poll_ms": POLL_MS,
            "gateway_metrics_bind": "127.0.0.1:8404"}
-    p = pairmod.decide([("a", {**cfg, "gateway_address": "127.0.0.11"}, None),
-                        ("b", {**cfg, "gateway_address": "127.0.0.12"}, None)])
+    p = pairmod.decide([("a", cfg.replace(gateway_address="127.0.0.11"), None),
+                        ("b", cfg.replace(gateway_address="127.0.0.12"), None)])
     v = p.haproxy_vars(name)
     v["other_addresses"] = "127.0.0.0/8"  # on loopback every connection comes from 127.0.0.1 (the lab checks the source)
     return v

@@ -53,19 +53,19 @@ def model() -> str:
     return os.environ.get("VOLTAFLEET_KERNEL_MODEL", str(CACHE / "mirror/http/models" / GEMMA_NAME))
 
 
-def config(**over) -> dict:
+def config(**over):
     """The variables: all.yml's (tests/fixture_vars), the lab group's, KERNEL_VARS, `over`; checked as
     any host's are (voltafleet.inputs.config.validate_values)."""
     from tests.fixture_vars import all_yml_vars
-    from voltafleet.inputs.config import validate_values
+    from voltafleet.inputs.config import settings_of
 
     cfg = {**all_yml_vars(), **yaml.safe_load((REPO / "group_vars/lab.yml").read_text()), **KERNEL_VARS, **over}
-    return validate_values("kernel-test", cfg)
+    return settings_of("kernel-test", cfg)
 
 
 @dataclass(frozen=True)
 class Planned:
-    cfg: dict
+    cfg: object             # voltafleet.inputs.settings.Settings
     plan: object            # voltafleet.planning.hostmem.HostMemoryPlan
     unit: str               # llama-server@.service as rendered for it
     limit: int              # the unit's MemoryMax, in bytes
@@ -75,7 +75,7 @@ class Planned:
         host without a new plan, e.g. a drop-in raising server_ctx_checkpoints)."""
         from voltafleet.planning import flags
 
-        return [binary, *flags.server_args({**self.cfg, **over}, model(), port, None)]
+        return [binary, *flags.server_args(self.cfg.replace(**over), model(), port, None)]
 
 
 def planned(cfg: dict | None = None) -> Planned:

@@ -53,7 +53,7 @@ def test_a_healthy_server_loads_a_model_larger_than_its_headroom_and_serves_unde
     size = os.path.getsize(model)
     argv = p.argv(harness.pinned_server())
     cg = harness.Cgroup("voltafleet-kernel-a")
-    server = harness.Server(argv, cg, tmp_path / "llama-server.log", p.cfg["server_oom_score_adjust"])
+    server = harness.Server(argv, cg, tmp_path / "llama-server.log", p.cfg.server.oom_score_adjust)
     try:
         cg.limit(p.limit)
         harness.drop_cached(model)  # a cold load: the file's pages are read now, and charged to this cgroup
@@ -87,7 +87,7 @@ def test_a_healthy_server_loads_a_model_larger_than_its_headroom_and_serves_unde
     assert end.peak is None or end.peak <= p.limit, figures
     # at its planned worst case: its 2 checkpoints (a slot) filled, within the plan's term for them
     made = server.checkpoints()
-    assert max(n for n, _ in made) == p.cfg["server_ctx_checkpoints"], made
+    assert max(n for n, _ in made) == p.cfg.server.ctx_checkpoints, made
     assert max(mib for _, mib in made) * MIB <= p.plan.instance.checkpoint_bytes, (made, p.plan.instance.checkpoint_bytes)
 
 
@@ -96,7 +96,7 @@ def test_driven_past_its_plan_it_is_oom_killed_inside_its_cgroup_and_nothing_out
     argv = p.argv(harness.pinned_server(), server_ctx_checkpoints=harness.PAST_PLAN_CHECKPOINTS)
     assert "--ctx-checkpoints" in argv and argv[argv.index("--ctx-checkpoints") + 1] == str(harness.PAST_PLAN_CHECKPOINTS)
     cg = harness.Cgroup("voltafleet-kernel-b")
-    server = harness.Server(argv, cg, tmp_path / "llama-server.log", p.cfg["server_oom_score_adjust"])
+    server = harness.Server(argv, cg, tmp_path / "llama-server.log", p.cfg.server.oom_score_adjust)
     try:
         outsider = harness.Outsider(64)
     except BaseException:
@@ -129,7 +129,7 @@ def test_driven_past_its_plan_it_is_oom_killed_inside_its_cgroup_and_nothing_out
     made = server.checkpoints()
     held, last_mib = made[-1] if made else (0, 0.0)
     figures = {"cgroup_version": end.version, "limit_bytes": p.limit, "plan_bytes": p.plan.instance.total,
-               "planned_checkpoints": p.cfg["server_ctx_checkpoints"], "run_checkpoints": harness.PAST_PLAN_CHECKPOINTS,
+               "planned_checkpoints": p.cfg.server.ctx_checkpoints, "run_checkpoints": harness.PAST_PLAN_CHECKPOINTS,
                "checkpoints_held": held, "checkpoint_mib": last_mib,
                "turns_served": len(ok), "killed_after_s": round(killed_after_s, 2), "exit": server.exit_status(),
                "events_end": end.events, "file_last_turn": ok[-1]["file"] if ok else None,
@@ -140,7 +140,7 @@ def test_driven_past_its_plan_it_is_oom_killed_inside_its_cgroup_and_nothing_out
     assert end.events["oom_kill"] == 1, figures  # the cgroup's own count: its kernel killed it
     assert end.events["max"] > 0, figures
     # past its plan: more checkpoints than the plan's term holds
-    assert held > p.cfg["server_ctx_checkpoints"] and held * last_mib * MIB > p.plan.instance.checkpoints, figures
+    assert held > p.cfg.server.ctx_checkpoints and held * last_mib * MIB > p.plan.instance.checkpoints, figures
     # the page cache went before the kill: little was left to reclaim at the last answer
     assert ok and ok[-1]["file"] < 0.1 * p.limit, figures
     # nothing outside: the process beside it lives with its memory, and the host counted this one kill only

@@ -45,13 +45,13 @@ def planned(h: dict):
     cfg = host_cfg(h["name"])
     systemd = int(ssh(h, "systemctl --version | awk 'NR == 1 {print $2}'"))
     facts = HostFacts(os="debian-12", systemd=systemd, model_present=True, **memory_facts(h))
-    plan = make_plan(h["name"], cfg, facts, gguf_header.read_url(cfg["model_url"]), cfg["llama_cpp_ref"])
+    plan = make_plan(h["name"], cfg, facts, gguf_header.read_url(cfg.model.url), cfg.build.ref)
     assert plan.hostmem is not None, f"{h['name']}: no host-memory plan ({plan.refusals})"
     return plan.cfg, plan.hostmem
 
 
 def instances(cfg: dict) -> range:
-    return range(cfg["server_instances"])
+    return range(cfg.server.instances)
 
 
 def directive(text: str, key: str) -> list[str]:
@@ -78,7 +78,7 @@ def test_each_unit_carries_the_plans_ceiling(hosts):
             assert directive(unit, "MemoryHigh") == [], h["name"]  # one ceiling (docs/host.md)
             assert directive(unit, "MemoryMax") == [str(mem.memory_max)], h["name"]
             assert mem.instance.total < mem.memory_max
-            assert directive(unit, "ExecStopPost") == [f"-+{cfg['voltafleet_root']}/bin/vf-memory-textfile --fold %i"]
+            assert directive(unit, "ExecStopPost") == [f"-+{cfg.preflight.root}/bin/vf-memory-textfile --fold %i"]
             assert directive(unit, "MemorySwapMax") == ["0"] and directive(unit, "OOMPolicy") == ["stop"]
             assert directive(unit, "Restart") == ["on-failure"]  # an oom-kill result restarts it
 
@@ -97,7 +97,7 @@ def test_the_memory_textfile_holds_each_servers_rss_and_its_plan(hosts):
         cfg, mem = planned(h)
         assert ssh(h, "systemctl is-enabled voltafleet-memory.timer") == "enabled"
         assert ssh(h, "systemctl is-active voltafleet-memory.timer") == "active"
-        prom = f"{cfg['smoke_textfile_dir']}/{MEMORY_TEXTFILE}"
+        prom = f"{cfg.smoke.textfile_dir}/{MEMORY_TEXTFILE}"
         pids = {i: main_pid(h, i) for i in instances(cfg)}
         # the timer's service has written the file since the rollout (it runs every 30 s)
         assert ssh(h, f"test -s {prom} && echo ok") == "ok", h["name"]

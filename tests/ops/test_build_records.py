@@ -48,7 +48,7 @@ def run_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def plan(cfg):
-    cfg.update(voltafleet_backend="cpu", server_instances=1, llama_cpp_targets=["llama-server"])
+    cfg = cfg.replace(voltafleet_backend="cpu", server_instances=1, llama_cpp_targets=["llama-server"])
     return make_plan("gpu-01", cfg, HostFacts(os="debian-12", systemd=252), None, COMMIT)
 
 

@@ -75,5 +75,7 @@ def test_a_drain_that_does_not_take_is_an_error():
 
 
 def test_the_drain_waits_as_long_as_the_gateway_keeps_a_stream():
-    assert drain_timeout({"gateway_drain_timeout_s": None, "gateway_stream_timeout_s": 600}) == 600
-    assert drain_timeout({"gateway_drain_timeout_s": 30, "gateway_stream_timeout_s": 600}) == 30
+    from tests.fixture_vars import all_yml_settings
+
+    assert drain_timeout(all_yml_settings(gateway_drain_timeout_s=None, gateway_stream_timeout_s=600)) == 600
+    assert drain_timeout(all_yml_settings(gateway_drain_timeout_s=30, gateway_stream_timeout_s=600)) == 30

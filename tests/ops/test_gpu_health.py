@@ -38,7 +38,7 @@ def test_sxm2_32gb_idle_power9_board(cfg):
     assert refusals == ["p9: GPU 0 (0004:04:00.0, serial 0561519020531): its PCIe link is x2 of x16. Fix: reseat "
                         "the board or its riser; or set gpu_refuse_pcie_downtrained: false where a narrow link is by design."]
     assert warnings == []  # idle is not a slowdown
-    assert gpuhealth.judge("p9", {**cfg, "gpu_refuse_pcie_downtrained": False}, health) == ([], [])
+    assert gpuhealth.judge("p9", cfg.replace(gpu_refuse_pcie_downtrained=False), health) == ([], [])
 
 
 @pytest.mark.parametrize("name,serial,pci", [("SXM2_16_HEAD", "0322817061565", "0000:00:1e.0"),

@@ -29,7 +29,7 @@ def test_nvcc_and_host_facts():
 
 
 def test_h200_with_cuda_13_passes_the_volta_rules_and_plans_sm_90(cfg):
-    cfg.update(cuda_toolkit_version="13.0", llama_cpp_cuda_archs=None)
+    cfg = cfg.replace(cuda_toolkit_version="13.0", llama_cpp_cuda_archs=None)
     gpus = Gpus().process(lines("Gpus"))
     assert nvidia.refusals("h200", cfg, gpus, NvccVersion().process(lines("NvccVersion")), "580.159.04") == []
     assert hostplan.cuda_archs(cfg, gpus) == [90]

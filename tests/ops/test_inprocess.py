@@ -1,5 +1,6 @@
 """voltafleet's own facts and operations, in process (tests/ops/fakes.py): the commands a
 fact runs and how it parses their output; the commands an operation yields for given facts."""
+import dataclasses
 import pytest
 from pyinfra.api import OperationError
 
@@ -58,7 +59,7 @@ def test_help_text_missing_binary():
 
 @pytest.fixture
 def plan(cfg):
-    cfg.update(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"], llama_cpp_keep_releases=3)
+    cfg = cfg.replace(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"], llama_cpp_keep_releases=3)
     return make_plan("gpu-01", cfg, HostFacts(os="debian-12", systemd=252), None, COMMIT)
 
 
@@ -134,7 +135,7 @@ def activation(fake, plan, envs, everything, monkeypatch):
 
 
 def test_restart_only_changed_instances(plan, monkeypatch):
-    plan.cfg["smoke_probe"] = False
+    plan = dataclasses.replace(plan, cfg=plan.cfg.replace(smoke_probe=False))
     fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
     envs = {0: FakeOp(False), 1: FakeOp(True)}
     assert activation(fake, plan, envs, [FakeOp(False)], monkeypatch) == [1]
@@ -160,7 +161,7 @@ def test_retired_instance_is_disabled_and_its_env_removed(plan):
 
 def test_default_keeps_only_current_and_last_good(cfg):
     """group_vars' default: nothing beyond what rollback needs."""
-    cfg.update(voltafleet_backend="cpu", server_instances=1, llama_cpp_targets=["llama-server"], llama_cpp_keep_releases=0)
+    cfg = cfg.replace(voltafleet_backend="cpu", server_instances=1, llama_cpp_targets=["llama-server"], llama_cpp_keep_releases=0)
     plan = make_plan("gpu-01", cfg, HostFacts(os="debian-12"), None, COMMIT)
     old = {f"old{i}": {"mtime": i, "info": {}} for i in range(4)}
     fake = host_with({F.Releases: {"current": "old3", "good": "old1", "releases": old}})
@@ -189,12 +190,12 @@ def test_a_toolkit_upgrade_changes_the_fingerprint_and_a_driver_upgrade_does_not
     version is among them, and must not be an input."""
     from roles.factcache import host_fingerprint
 
-    cfg.update(voltafleet_backend="cuda", llama_cpp_ref=COMMIT, cuda_toolkit_version="12.8")
+    cfg = cfg.replace(voltafleet_backend="cuda", llama_cpp_ref=COMMIT, cuda_toolkit_version="12.8")
 
     def fp(driver, nvcc, cxx=CXX, name="gpu-01"):
         gpus = [{"index": i, "name": "Tesla V100-SXM2-16GB", "compute_cap": "7.0", "memory_mib": 16160,
                  "driver_version": driver} for i in range(8)]
-        fake = FakeHost({F.HostBasics: {"cxx": cxx}, F.Gpus: gpus, F.NvccVersion: nvcc}, name=name, data=cfg)
+        fake = FakeHost({F.HostBasics: {"cxx": cxx}, F.Gpus: gpus, F.NvccVersion: nvcc}, name=name, data=cfg.flat())
         with ctx_host.use(fake), ctx_state.use(fake.state), ctx_inventory.use(FakeInventory()):
             return host_fingerprint(fake)
 

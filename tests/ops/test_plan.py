@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.ops.fakes import FAKE_OVERRIDES
-from voltafleet.inputs.config import validate_values
+from voltafleet.inputs.config import settings_of
+from voltafleet.inputs.settings import Settings
 from voltafleet.state.dryrun import sha1
 from voltafleet.state.fleetplan import FleetPlan
 from voltafleet.inputs.groupvars import load_or_exit
@@ -43,16 +44,16 @@ READS = [re.compile(p) for p in (
 )]
 
 
-def host_cfg(name: str) -> dict:
-    """The host's variables as the fake inventory gives them (group_vars, the overrides)."""
+def host_cfg(name: str) -> Settings:
+    """The host's settings as the fake inventory gives them (group_vars, the overrides)."""
     data = load_or_exit({GROUP: [(name, {})]}, origin="tests/ops/test_plan.py", overrides=FAKE_OVERRIDES)[GROUP][0][1]
-    return validate_values(name, data)
+    return settings_of(name, data)
 
 
 def converged(name: str, env_over: dict | None = None) -> dict:
     """A fake host that has everything a batch would install; env_over: {instance: env text}."""
     cfg = host_cfg(name)
-    plan = make_plan(name, cfg, HostFacts(os="debian-12", systemd=252), None, cfg["llama_cpp_ref"])
+    plan = make_plan(name, cfg, HostFacts(os="debian-12", systemd=252), None, cfg.build.ref)
     fp = plan.build.fingerprint(None, CXX)
     model = plan.model_files[0]
     env = {i.index: plan.env_file(i.index) for i in plan.instances} | (env_over or {})

@@ -53,7 +53,7 @@ def fleet(n: int, cfg: dict, reads: list):
     state = State(is_executing=True, inventory=[], active_hosts=set())
     for i in range(n):
         facts = {F.HostBasics: {"cxx": CXX[1 if i < n // 2 else 2]}, F.Gpus: GPUS, F.NvccVersion: "12.9.86"}
-        h = Host(facts, name=f"gpu-{i:03d}", data={**cfg, "llama_cpp_build_strategy": "shared"}, reads=reads)
+        h = Host(facts, name=f"gpu-{i:03d}", data=cfg.replace(llama_cpp_build_strategy="shared").flat(), reads=reads)
         h.state = state
         state.inventory.append(h)
     state.active_hosts = set(state.inventory)

@@ -21,7 +21,8 @@ from tests.ops.fakes import FAKE_OVERRIDES, FakeHost, commands
 from tests.ops.harness import deploy
 from tests.ops.test_filesync import DIR, Disk, sha1
 from voltafleet.models import gguf_header
-from voltafleet.inputs.config import validate_values
+from voltafleet.inputs.config import settings_of
+from voltafleet.inputs.settings import Settings
 from voltafleet.planning.flags import pinned_help
 from voltafleet.inputs.groupvars import load_or_exit
 from voltafleet.planning.hostplan import UNIT_PATH, HostFacts, make_plan
@@ -50,7 +51,7 @@ def with_margin(plan, margin: float):
 
 @pytest.fixture
 def plan(cfg):
-    cfg.update(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"])
+    cfg = cfg.replace(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"])
     return host_plan("gpu-01", cfg)
 
 
@@ -67,7 +68,7 @@ def test_the_unit_carries_the_plans_numbers_and_the_oom_preference(plan):
     assert directive(text, "MemoryHigh") == []  # one ceiling (docs/host.md, issue 49)
     assert directive(text, "MemoryMax") == [str(plan.hostmem.memory_max)]
     assert directive(text, "MemorySwapMax") == ["0"]
-    assert directive(text, "OOMScoreAdjust") == [str(plan.cfg["server_oom_score_adjust"])] == ["500"]
+    assert directive(text, "OOMScoreAdjust") == [str(plan.cfg.server.oom_score_adjust)] == ["500"]
     assert directive(text, "OOMPolicy") == ["stop"] and directive(text, "Restart") == ["on-failure"]
 
 
@@ -77,7 +78,7 @@ def test_without_a_usable_host_memory_plan_the_unit_has_no_ceiling(plan, why):
     server_cache_ram -1 (llama.cpp's cache unbounded). A ceiling there would kill a healthy server."""
     plan = {"no plan": lambda: dataclasses.replace(plan, hostmem=None),
             "no header": lambda: host_plan("gpu-01", plan.cfg, header=None),
-            "unbounded cache": lambda: host_plan("gpu-01", {**plan.cfg, "server_cache_ram": -1})}[why]()
+            "unbounded cache": lambda: host_plan("gpu-01", plan.cfg.replace(server_cache_ram=-1))}[why]()
     text = unit_file(plan).text
     assert directive(text, "MemoryHigh") == directive(text, "MemoryMax") == directive(text, "MemorySwapMax") == []
     assert directive(text, "OOMScoreAdjust") == ["500"]
@@ -112,9 +113,9 @@ def test_the_service_runs_the_installed_script_every_30_s(plan):
     script = bin_path(plan, "vf-memory-textfile")
     assert script in {w.dest for w in helper_scripts(plan)[0]}  # installed by roles/helpers
     assert directive(files[SERVICE], "ExecStart") == [
-        f"{script} {MEMORY_PLAN_PATH} {plan.cfg['smoke_textfile_dir']}"]
+        f"{script} {MEMORY_PLAN_PATH} {plan.cfg.smoke.textfile_dir}"]
     assert directive(files[SERVICE], "Type") == ["oneshot"]
-    assert directive(files[SERVICE], "ReadWritePaths") == [f"-{plan.cfg['smoke_textfile_dir']}"]
+    assert directive(files[SERVICE], "ReadWritePaths") == [f"-{plan.cfg.smoke.textfile_dir}"]
     assert directive(files[SERVICE], "ProtectSystem") == ["strict"]
     assert directive(files[TIMER], "OnUnitActiveSec") == ["30"]
     assert directive(files[TIMER], "WantedBy") == ["timers.target"]
@@ -129,7 +130,7 @@ def test_installed_then_the_timer_enabled_and_restarted_and_nothing_when_converg
         "systemctl restart voltafleet-memory.timer"]
     assert disk.run(synced._inner(files=files, then=memory_timer_started())) == []
     # a new plan: only the plan file changes, and the timer is restarted
-    replanned = memory_files(host_plan("gpu-01", {**plan.cfg, "server_ctx_checkpoints": 4}))
+    replanned = memory_files(host_plan("gpu-01", plan.cfg.replace(server_ctx_checkpoints=4)))
     cmds = disk.run(synced._inner(files=replanned, then=memory_timer_started()))
     assert cmds[:2] == [f"upload {MEMORY_PLAN_PATH} {sha1(replanned[0].text)}", f"chmod 644 {MEMORY_PLAN_PATH}"]
     assert len(cmds) == 5
@@ -160,10 +161,10 @@ def fake_host(name: str, cfg: dict, **vars) -> dict:
     ]}
 
 
-def host_cfg(name: str, **vars) -> dict:
+def host_cfg(name: str, **vars) -> Settings:
     data = load_or_exit({GROUP: [(name, vars)]}, origin="tests/ops/test_server_memory.py",
                         overrides=FAKE_OVERRIDES)[GROUP][0][1]
-    return validate_values(f"@fake/{name}", data)
+    return settings_of(f"@fake/{name}", data)
 
 
 def run_server(unit_on_host: str | None = None, **vars):

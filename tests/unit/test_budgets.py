@@ -81,7 +81,7 @@ def test_a_bad_budget_is_refused_naming_the_file_the_key_and_the_fix(cfg, field,
     from voltafleet.inputs.config import ConfigError, validate_values
 
     with pytest.raises(ConfigError) as e:
-        validate_values("gw1", {**cfg, "model_sha256": "a" * 64,
+        validate_values("gw1", {**cfg.flat(), "model_sha256": "a" * 64,
                                 "gateway_teams": [{"name": "web", "key_sha256": A, field: value}]},
                         {"gateway_teams": "group_vars/gateway.yml"})
     text = str(e.value)

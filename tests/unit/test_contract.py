@@ -129,14 +129,16 @@ def test_a_nan_probe_never_matches():
 
 
 def test_the_long_probe_must_reach_the_64_token_path():
-    cfg = {"smoke_probe": True, "smoke_probe_prompt": "p", "smoke_probe_tokens": 4, "smoke_probe_long": True,
-           "smoke_probe_long_min_tokens": 512}
+    from tests.fixture_vars import all_yml_settings
+
+    cfg = all_yml_settings(smoke_probe=True, smoke_probe_prompt="p", smoke_probe_tokens=4, smoke_probe_long=True,
+                           smoke_probe_long_min_tokens=512)
     short, long_ = probe.probes(cfg)
     assert (short.name, short.prompt, short.min_prompt_tokens) == ("probe", "p", 0)
     assert long_.name == "probe_long" and long_.prompt == probe.long_prompt() and long_.min_prompt_tokens == 512
     assert len(long_.prompt.split()) > 400  # ~600+ tokens in the lab's and Qwen's tokenizers (checked on the lab)
-    assert probe.probes({**cfg, "smoke_probe_long": False}) == [short]
-    assert probe.probes({**cfg, "smoke_probe": False}) == []
+    assert probe.probes(cfg.replace(smoke_probe_long=False)) == [short]
+    assert probe.probes(cfg.replace(smoke_probe=False)) == []
     gold = {"tokens": [5, 6], "logprobs": [-0.1, -0.2]}
     ok = {"tokens": [5, 6], "logprobs": [-0.1, -0.2], "prompt_n": 640}
     assert probe.check(gold, ok, 0.5, long_) is None

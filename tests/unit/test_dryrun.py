@@ -16,7 +16,7 @@ UP = {"active": "active", "enabled": "enabled"}
 
 @pytest.fixture
 def plan(cfg):
-    cfg.update(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"], server_threads=1)
+    cfg = cfg.replace(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"], server_threads=1)
     return make_plan("h1", cfg, HostFacts(os="debian-12", systemd=252), None, COMMIT)
 
 

@@ -13,7 +13,7 @@ def test_seed_stage3_flags_with_explicit_defaults(cfg):
 
 
 def test_cpu_backend_offloads_nothing(cfg):
-    cfg["voltafleet_backend"] = "cpu"
+    cfg = cfg.replace(voltafleet_backend="cpu")
     args = server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)
     assert args[args.index("-ngl") + 1] == "0"
 
@@ -24,7 +24,7 @@ def test_api_key_only_as_a_file(cfg):
 
 
 def test_extra_flags_are_split(cfg):
-    cfg["server_extra_flags"] = ["--spec-draft-n-max 4", "--no-webui"]
+    cfg = cfg.replace(server_extra_flags=["--spec-draft-n-max 4", "--no-webui"])
     args = server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)
     assert args[-3:] == ["--spec-draft-n-max", "4", "--no-webui"]
 
@@ -43,13 +43,13 @@ def test_rendered_flags_pass_the_pinned_binary(cfg, help_text):
 
 
 def test_stale_seed_flag_names_its_replacement(cfg, help_text):
-    cfg["server_extra_flags"] = ["--draft-max 4"]
+    cfg = cfg.replace(server_extra_flags=["--draft-max 4"])
     errors = check_against_help(server_args(cfg, "/m", 1, None), help_text)
     assert len(errors) == 1 and errors[0].startswith("--draft-max:") and "--spec-draft-n-max" in errors[0]
 
 
 def test_unknown_flag_is_refused(cfg, help_text):
-    cfg["server_extra_flags"] = ["--no-such-flag"]
+    cfg = cfg.replace(server_extra_flags=["--no-such-flag"])
     errors = check_against_help(server_args(cfg, "/m", 1, None), help_text)
     assert errors == ["--no-such-flag: not a flag of the pinned llama-server; see llama-server --help"]
 
@@ -79,9 +79,9 @@ def test_draft_model_flags_are_current(cfg, help_text):
 
 def test_ngram_speculation_is_one_spec_type_list_and_passes_the_pinned_binary(cfg, help_text):
     assert "--spec-type" not in server_args(cfg, "/m.gguf", 8080, None)
-    args = server_args({**cfg, "server_spec_ngram": "ngram-mod"}, "/m.gguf", 8080, None)
+    args = server_args(cfg.replace(server_spec_ngram="ngram-mod"), "/m.gguf", 8080, None)
     assert args[args.index("--spec-type") + 1] == "ngram-mod" and "--spec-draft-n-max" not in args
-    both = server_args({**cfg, "server_spec_ngram": "ngram-simple", "server_spec_mtp": True}, "/m.gguf", 8080, None)
+    both = server_args(cfg.replace(server_spec_ngram="ngram-simple", server_spec_mtp=True), "/m.gguf", 8080, None)
     assert both[both.index("--spec-type") + 1] == "draft-mtp,ngram-simple" and both.count("--spec-type") == 1
     assert check_against_help(args, help_text) == []
 
@@ -98,6 +98,6 @@ def test_an_unknown_ngram_type_is_refused_naming_the_choices():
 
 def test_ubatch_is_rendered_only_when_set_and_passes_the_pinned_binary(cfg, help_text):
     assert "-ub" not in server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)  # llama.cpp's 512
-    cfg["server_ubatch"] = 1024
+    cfg = cfg.replace(server_ubatch=1024)
     args = server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)
     assert args[args.index("-ub") + 1] == "1024" and check_against_help(args, help_text) == []

@@ -2,6 +2,7 @@ import json
 import pytest
 
 from voltafleet.front.gateway import backend_name, backends, current_sessions, runtime, server_states, set_state
+from voltafleet.inputs.settings import Settings
 
 STAT = """# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,weight
 llama,FRONTEND,,,0,1,4096,3,,,,,,,,,,OPEN,
@@ -47,7 +48,7 @@ def render(cfg_over: dict | None = None, **over):
     cfg = all_yml_vars()
     env = jinja2.Environment(loader=jinja2.FileSystemLoader("templates"), trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    args = template_vars({**cfg, **cfg_over}, backends([("h1", "10.0.0.1", [8080, 8081], 4), ("h2", "10.0.0.2", [8080], None)]))
+    args = template_vars(Settings.of({**cfg, **cfg_over}), backends([("h1", "10.0.0.1", [8080, 8081], 4), ("h2", "10.0.0.2", [8080], None)]))
     args.update(state_file="/x")
     return env.get_template("haproxy.cfg.j2").render(**{**args, **over})
 
@@ -94,27 +95,26 @@ def test_stats_and_exporter_bind_to_loopback_by_default():
 def test_a_listening_server_without_a_key_is_refused_unless_said(cfg):
     from voltafleet.inputs.config import ConfigError, validate_values
 
-    base = {**cfg, "model_sha256": "a" * 64, "server_allow_unauthenticated": False, "server_api_key_file": None}
+    base = cfg.replace(model_sha256="a" * 64, server_allow_unauthenticated=False, server_api_key_file=None)
     with pytest.raises(ConfigError, match=r"(?s)server_host: is 0.0.0.0 without an API key.*Fix: set server_api_key_file"):
-        validate_values("h1", {**base, "server_host": "0.0.0.0"}, {})
-    validate_values("h1", {**base, "server_host": "127.0.0.1"}, {})                              # loopback only
-    validate_values("h1", {**base, "server_host": "0.0.0.0", "server_allow_unauthenticated": True}, {})
+        validate_values("h1", {**base.flat(), "server_host": "0.0.0.0"}, {})
+    validate_values("h1", {**base.flat(), "server_host": "127.0.0.1"}, {})                              # loopback only
+    validate_values("h1", {**base.flat(), "server_host": "0.0.0.0", "server_allow_unauthenticated": True}, {})
 
 
 def test_a_public_gateway_in_front_of_keyless_servers_is_refused_unless_said(cfg):
     # issue 28: server_allow_unauthenticated with the default gateway_bind 0.0.0.0:8000 made the fleet's API public
     from voltafleet.inputs.config import ConfigError, validate_values
 
-    base = {**cfg, "model_sha256": "a" * 64, "server_allow_unauthenticated": True, "server_api_key_file": None,
-            "gateway_allow_unauthenticated": False}
+    base = cfg.replace(model_sha256="a" * 64, server_allow_unauthenticated=True, server_api_key_file=None, gateway_allow_unauthenticated=False)
     for bind in ("0.0.0.0:8000", "[::]:8000", "192.0.2.10:8000", "gw.example:8000"):
         with pytest.raises(ConfigError, match=r"(?s)gateway_bind: is .* neither the gateway nor the servers check a key.*Fix: give each team a key \(gateway_teams\), or set server_api_key_file"):
-            validate_values("h1", {**base, "gateway_bind": bind}, {"gateway_bind": "group_vars/all.yml"})
+            validate_values("h1", {**base.flat(), "gateway_bind": bind}, {"gateway_bind": "group_vars/all.yml"})
     for bind in ("127.0.0.1:8000", "[::1]:8000", "localhost:8000"):
-        validate_values("h1", {**base, "gateway_bind": bind}, {})
-    validate_values("h1", {**base, "gateway_allow_unauthenticated": True}, {})           # said so
-    validate_values("h1", {**base, "gateway_teams": [{"name": "web", "key_sha256": "b" * 64}]}, {})  # keys at the gateway
-    key = {**base, "server_api_key_file": __file__}
+        validate_values("h1", {**base.flat(), "gateway_bind": bind}, {})
+    validate_values("h1", {**base.flat(), "gateway_allow_unauthenticated": True}, {})           # said so
+    validate_values("h1", {**base.flat(), "gateway_teams": [{"name": "web", "key_sha256": "b" * 64}]}, {})  # keys at the gateway
+    key = base.replace(server_api_key_file=__file__)
     try:
         validate_values("h1", key, {})
     except ConfigError as e:  # whatever else the key file needs, never this refusal
@@ -125,22 +125,21 @@ def test_a_public_gateway_in_front_of_keyless_servers_is_refused_unless_said(cfg
 def test_an_ipv6_scope_id_is_an_interface_name_and_nothing_else(cfg, value):
     from voltafleet.inputs.config import ConfigError, validate_values
 
-    base = {**cfg, "model_sha256": "a" * 64}
+    base = cfg.replace(model_sha256="a" * 64)
     for key in ("server_host", "mirror_listen"):
         with pytest.raises(ConfigError, match=rf"(?s){key}: .*scope id"):
-            validate_values("h1", {**base, key: value}, {})
-    validate_values("h1", {**base, "server_host": "fe80::1%eth0"}, {})
+            validate_values("h1", {**base.flat(), key: value}, {})
+    validate_values("h1", {**base.flat(), "server_host": "fe80::1%eth0"}, {})
 
 
 def test_slots_endpoint_is_off_and_props_writes_cannot_be_turned_on(cfg):
     from voltafleet.planning.flags import extra_flag_errors, server_args
 
-    args = server_args({**cfg, "server_ctx": 4096, "server_parallel": 2}, "/m.gguf", 8080, None)
+    args = server_args(cfg.replace(server_ctx=4096, server_parallel=2), "/m.gguf", 8080, None)
     assert "--no-slots" in args
-    assert "--no-slots" not in server_args({**cfg, "server_ctx": 4096, "server_parallel": 2,
-                                            "server_slots_endpoint": True}, "/m.gguf", 8080, None)
-    assert any("server_slots_endpoint" in fix for _, fix in extra_flag_errors(["--slots"], cfg["llama_cpp_ref"]))
-    assert extra_flag_errors(["--props"], cfg["llama_cpp_ref"])
+    assert "--no-slots" not in server_args(cfg.replace(server_ctx=4096, server_parallel=2, server_slots_endpoint=True), "/m.gguf", 8080, None)
+    assert any("server_slots_endpoint" in fix for _, fix in extra_flag_errors(["--slots"], cfg.build.ref))
+    assert extra_flag_errors(["--props"], cfg.build.ref)
 
 
 def test_a_streams_token_events_go_out_as_they_come():

@@ -61,9 +61,9 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
     assert (dest / "vf-build-release.sh").read_bytes() == (REPO / "roles/llama_cpp/files/vf-build-release.sh").read_bytes()
     plan = json.loads((dest / "plan.json").read_text())
     argv = plan["build"]["argv"]
-    spec = hostplan.build_spec({**gpu_proof.group_cfg("v100_16gb"), "llama_cpp_cmake_extra": [],
+    spec = hostplan.build_spec(gpu_proof.group_cfg("v100_16gb").replace(**{"llama_cpp_cmake_extra": [],
                                 "cuda_toolkit_version": gpu_proof.TOOLKIT, "llama_cpp_targets": gpu_proof.TARGETS,
-                                "llama_cpp_repo": "file://@PACK@/llama.cpp.git"}, [gpu_proof.ARCH], gpu_proof.COMMIT)
+                                "llama_cpp_repo": "file://@PACK@/llama.cpp.git"}), [gpu_proof.ARCH], gpu_proof.COMMIT)
     assert argv[0] == "@PACK@/vf-build-release.sh" and argv[argv.index("--") + 1:] == list(spec.flags)
     assert argv[2] == plan["build"]["fingerprint"] == spec.fingerprint("DEVICE_NVCC", "DEVICE_CXX")
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in argv and "llama-batched-bench" in argv[argv.index("--") - 1]

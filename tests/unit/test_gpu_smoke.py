@@ -105,7 +105,7 @@ def test_xid_on_a_listed_gpu_names_it_and_warn_xids_only_warn(cfg):
                         "goes to repair (gpu_fatal_xids lists the Xids that refuse)."]
     assert warnings == ["h: GPU 2 (0000:86:00.0, serial 0321618080002): Xid 31 since boot: pid=2817, "
                         "name=llama-server, Ch 00000008, intr 00000000. MMU Fault"]
-    assert gpuhealth.judge("h", {**cfg, "gpu_fatal_xids": []}, G.health(G.host_query(4), xids=xids))[0] == []
+    assert gpuhealth.judge("h", cfg.replace(gpu_fatal_xids=[]), G.health(G.host_query(4), xids=xids))[0] == []
     s = gpuhealth.summary("h", cfg, G.health(G.host_query(4), xids=xids))
     assert [(g["healthy"], g["xids"]) for g in s["gpus"]] == [(True, {}), (False, {79: 1}), (True, {31: 1}), (True, {})]
 
@@ -121,15 +121,15 @@ def test_ecc_off_unreadable_kernel_log_and_nvlink_errors(cfg):
     _, warnings = gpuhealth.judge("h", cfg, G.health(G.host_query(2), nvlink=bad))
     assert warnings == ["h: GPU 0 (0000:18:00.0, serial 0321618080000): NVLink errors: recovery 4 "
                         "(nvidia-smi nvlink -e; gpu_nvlink_errors_warn)"]
-    assert gpuhealth.judge("h", {**cfg, "gpu_nvlink_errors_warn": 4}, G.health(G.host_query(2), nvlink=bad))[1] == []
+    assert gpuhealth.judge("h", cfg.replace(gpu_nvlink_errors_warn=4), G.health(G.host_query(2), nvlink=bad))[1] == []
 
 
 def test_thresholds_are_variables_with_clear_errors(cfg):
-    assert gpuhealth.judge("h", {**cfg, "gpu_retired_pages_warn": 3},
+    assert gpuhealth.judge("h", cfg.replace(gpu_retired_pages_warn=3),
                            G.health(G.host_query(1, sick={0: G.PENDING})))[1] == [
         "h: GPU 0 (0000:18:00.0, serial 0321618080000): 3 pages retired of the 64 a V100 can retire: plan its "
         "replacement (gpu_retired_pages_warn)"]
     with pytest.raises(ConfigError, match=r"group_vars/x.yml: gpu_fatal_xids: has 300, not an Xid \(1-255\)"):
-        validate_values("h", {**cfg, "gpu_fatal_xids": [79, 300]}, {"gpu_fatal_xids": "group_vars/x.yml"})
+        validate_values("h", {**cfg.flat(), "gpu_fatal_xids": [79, 300]}, {"gpu_fatal_xids": "group_vars/x.yml"})
     with pytest.raises(ConfigError, match="gpu_retired_pages_warn: is 65, above the maximum 64"):
-        validate_values("h", {**cfg, "gpu_retired_pages_warn": 65})
+        validate_values("h", {**cfg.flat(), "gpu_retired_pages_warn": 65})

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from voltafleet.inputs.settings import Settings
+
 from roles.facts import FreeDisk, HostBasics
 from tests.gpu_fixtures import health, host_query
 from voltafleet.planning import hostcpu, hostmem
 from voltafleet.state import dryrun
-from voltafleet.inputs.config import validate_values
+from voltafleet.inputs.config import settings_of, validate_values
 from voltafleet.models.gguf_header import from_json
 from voltafleet.planning.hostmem import GIB, MIB
 from voltafleet.planning.hostplan import HostFacts, make_plan
@@ -28,13 +30,13 @@ V100_32 = {"index": 0, "name": "Tesla V100-SXM2-32GB", "compute_cap": "7.0", "me
            "driver_version": "580.95.05"}
 
 
-def group(cfg: dict, name: str) -> dict:
-    return {**cfg, **yaml.safe_load((ROOT / "group_vars" / f"{name}.yml").read_text())}
+def group(cfg: Settings, name: str) -> Settings:
+    return cfg.replace(**yaml.safe_load((ROOT / "group_vars" / f"{name}.yml").read_text()))
 
 
 def v100_32(cfg, **over):
     """v100_32gb at llama.cpp's 32 checkpoints a slot (the worst case the issue measured); the group ships 8."""
-    return {**group(cfg, "v100_32gb"), "model_sha256": "a" * 64, "server_ctx_checkpoints": 32, **over}
+    return group(cfg, "v100_32gb").replace(**{"model_sha256": "a" * 64, "server_ctx_checkpoints": 32, **over})
 
 
 # ---------------------------------------------------------------- the terms
@@ -45,32 +47,32 @@ def test_one_checkpoint_is_the_logged_149_626_mib_and_the_term_is_slots_x_n_of_t
     inst = hostmem.instance(c, QWEN)
     # llama-server's log: "created context checkpoint N of 32 (..., size = 149.626 MiB)": planned at or just above
     assert 149.626 <= inst.checkpoint_bytes / MIB < 149.63
-    assert inst.slots == c["server_parallel"] == 16 and inst.checkpoints_per_slot == c["server_ctx_checkpoints"] == 32
+    assert inst.slots == c.server.parallel == 16 and inst.checkpoints_per_slot == c.server.ctx_checkpoints == 32
     assert inst.checkpoints == 16 * 32 * inst.checkpoint_bytes
     assert 74.8 < inst.checkpoints / GIB < 74.9  # docs/domain.md: 16 x 32 x 149.6 MiB, ~75 GiB
     # what the kernel cannot reclaim, and the file pages read at every step on top
     assert inst.anonymous == inst.process + inst.host_buffers + inst.checkpoints + inst.cache_ram  # model mapped
     assert inst.held == inst.anonymous + inst.anonymous // 512 + inst.kernel  # page tables: 8 bytes a 4 KiB page
     assert inst.total == inst.held + inst.program + inst.model
-    assert inst.process == int((c["hostmem_process_mib"] + 16 * c["hostmem_slot_mib"]) * MIB)  # grows with -np
-    unmapped = hostmem.instance({**c, "server_mmap": False}, QWEN)  # -lm none: the weights are anonymous memory
+    assert inst.process == int((c.server.hostmem_process_mib + 16 * c.server.hostmem_slot_mib) * MIB)  # grows with -np
+    unmapped = hostmem.instance(c.replace(server_mmap=False), QWEN)  # -lm none: the weights are anonymous memory
     assert unmapped.held == inst.held + inst.model + (inst.anonymous + inst.model) // 512 - inst.anonymous // 512
 
 
 def test_checkpoints_follow_the_setting_and_speculation_keeps_one_more(cfg):
     c = v100_32(cfg)
-    assert hostmem.instance({**c, "server_ctx_checkpoints": 4}, QWEN).checkpoints_per_slot == 4
-    assert hostmem.instance({**c, "server_ctx_checkpoints": 0}, QWEN).checkpoints == 0
-    assert hostmem.instance({**c, "server_ctx_checkpoints": None}, QWEN).checkpoints_per_slot == 32  # llama.cpp's
-    assert hostmem.instance({**c, "server_spec_ngram": "ngram-mod"}, QWEN).checkpoints_per_slot == 33
+    assert hostmem.instance(c.replace(server_ctx_checkpoints=4), QWEN).checkpoints_per_slot == 4
+    assert hostmem.instance(c.replace(server_ctx_checkpoints=0), QWEN).checkpoints == 0
+    assert hostmem.instance(c.replace(server_ctx_checkpoints=None), QWEN).checkpoints_per_slot == 32  # llama.cpp's
+    assert hostmem.instance(c.replace(server_spec_ngram="ngram-mod"), QWEN).checkpoints_per_slot == 33
     dense = replace(QWEN, recurrent_bytes_per_seq=0, swa_layers=(), swa_window=0)
     assert hostmem.instance(c, dense).checkpoints == 0  # nothing to roll back: no checkpoint
 
 
 def test_a_sliding_window_checkpoint_copies_the_window_cells(cfg):
-    c = {**v100_32(cfg), "server_cache_type_k": "f16", "server_cache_type_v": "f16"}
+    c = v100_32(cfg).replace(server_cache_type_k="f16", server_cache_type_v="f16")
     swa = replace(QWEN, recurrent_bytes_per_seq=0, swa_layers=(0, 1), swa_window=1024)
-    one = hostmem.checkpoint_bytes(swa, c["server_ctx"], 16, "f16", "f16", 512)
+    one = hostmem.checkpoint_bytes(swa, c.server.ctx, 16, "f16", "f16", 512)
     cells = 1024 + 512  # the window and one ubatch (8K a slot is more)
     assert one == 2 * cells * swa.n_head_kv * (swa.head_k + swa.head_v) * 2 + hostmem.STATE_HEADER * swa.n_layer
     assert hostmem.instance(c, swa).checkpoints_per_slot == 32
@@ -78,10 +80,10 @@ def test_a_sliding_window_checkpoint_copies_the_window_cells(cfg):
 
 def test_the_host_cache_is_llama_cpps_8_gib_when_null_off_at_0_and_unbounded_at_minus_1(cfg):
     c = v100_32(cfg)
-    assert hostmem.instance({**c, "server_cache_ram": None}, QWEN).cache_ram == 8192 * MIB
-    assert hostmem.instance({**c, "server_cache_ram": 0}, QWEN).cache_ram == 0
-    assert hostmem.instance({**c, "server_cache_ram": 2048}, QWEN).cache_ram == 2048 * MIB
-    p = hostmem.plan({**c, "server_cache_ram": -1}, QWEN, 4, 1 << 50)
+    assert hostmem.instance(c.replace(server_cache_ram=None), QWEN).cache_ram == 8192 * MIB
+    assert hostmem.instance(c.replace(server_cache_ram=0), QWEN).cache_ram == 0
+    assert hostmem.instance(c.replace(server_cache_ram=2048), QWEN).cache_ram == 2048 * MIB
+    p = hostmem.plan(c.replace(server_cache_ram=-1), QWEN, 4, 1 << 50)
     assert p.cache_unbounded and "server_cache_ram: is -1" in p.refusal("h") and "Fix: set server_cache_ram" in p.refusal("h")
 
 
@@ -89,8 +91,8 @@ def test_cuda_model_term_is_token_embd_mapped_or_read(cfg):
     c = v100_32(cfg)
     inst = hostmem.instance(c, QWEN)
     assert inst.model == QWEN.tok_embd_bytes and abs(inst.model / MIB - 682.03) < 0.01  # CPU_Mapped model buffer
-    assert inst.model_mapped and not hostmem.instance({**c, "server_mmap": False}, QWEN).model_mapped
-    partial = hostmem.instance({**c, "server_gpu_layers": 32}, QWEN)  # half the trunk on the CPU
+    assert inst.model_mapped and not hostmem.instance(c.replace(server_mmap=False), QWEN).model_mapped
+    partial = hostmem.instance(c.replace(server_gpu_layers=32), QWEN)  # half the trunk on the CPU
     assert partial.model > QWEN.tok_embd_bytes + QWEN.weights_gpu * 0.45
 
 
@@ -98,7 +100,7 @@ def test_host_buffers_match_the_h200_logs(cfg):
     c = v100_32(cfg)  # -c 131072 -np 16, backend sampling: output 60.63 MiB, CUDA_Host compute 28.28 MiB
     out = hostmem.output_bytes(c, QWEN, 16, 131072)
     assert abs(out / MIB - 60.63) < 0.01
-    assert abs(hostmem.output_bytes({**c, "server_backend_sampling": False}, QWEN, 16, 131072) / MIB - 15.16) < 0.01
+    assert abs(hostmem.output_bytes(c.replace(server_backend_sampling=False), QWEN, 16, 131072) / MIB - 15.16) < 0.01
     compute = hostmem.host_compute_bytes(QWEN, 131072, 16, 512)
     assert 28.28 <= compute / MIB <= 28.28 + 2.5
     for ctx, slots, ub, logged in ((32768, 1, 512, 52.02), (8192, 3, 512, 23.08), (131072, 16, 2048, 112.34),
@@ -107,11 +109,11 @@ def test_host_buffers_match_the_h200_logs(cfg):
     assert hostmem.instance(c, QWEN).host_buffers == out + compute
     # verifying drafts: a row a draft token a slot, at most -b rows
     rows = 16 * 65  # 64 n-gram draft tokens and one a slot
-    assert hostmem.output_bytes({**c, "server_spec_ngram": "ngram-mod"}, QWEN, 16, 131072) == rows * (16 * QWEN.n_vocab + 4)
+    assert hostmem.output_bytes(c.replace(server_spec_ngram="ngram-mod"), QWEN, 16, 131072) == rows * (16 * QWEN.n_vocab + 4)
 
 
 def test_cpu_backend_model_term_holds_weights_kv_states_and_compute(cfg):
-    c = {**v100_32(cfg), "voltafleet_backend": "cpu", "server_ctx": 8192, "server_parallel": 4}
+    c = v100_32(cfg).replace(voltafleet_backend="cpu", server_ctx=8192, server_parallel=4)
     inst = hostmem.instance(c, QWEN)
     expect = (QWEN.file_weights + kv_bytes(QWEN, 8192, 4, "q8_0", "q8_0") + 4 * QWEN.recurrent_bytes_per_seq
               + compute_bytes(QWEN, 8192, 4, "q8_0", "q8_0"))
@@ -122,8 +124,8 @@ def test_cpu_backend_model_term_holds_weights_kv_states_and_compute(cfg):
 def test_no_header_plans_the_process_and_cache_and_says_what_is_missing(cfg):
     p = hostmem.plan(v100_32(cfg, server_cache_ram=None), None, 4, 256 * GIB)
     assert p.instance.model == p.instance.checkpoints == p.instance.host_buffers == 0
-    anonymous = int((cfg["hostmem_process_mib"] + 16 * cfg["hostmem_slot_mib"]) * MIB) + 8192 * MIB
-    assert p.instance.total == (anonymous + anonymous // 512 + (cfg["hostmem_kernel_mib"] + cfg["hostmem_program_mib"]) * MIB)
+    anonymous = int((cfg.server.hostmem_process_mib + 16 * cfg.server.hostmem_slot_mib) * MIB) + 8192 * MIB
+    assert p.instance.total == (anonymous + anonymous // 512 + (cfg.server.hostmem_kernel_mib + cfg.server.hostmem_program_mib) * MIB)
     assert "not planned: the model" in p.text()
 
 
@@ -149,11 +151,11 @@ def test_a_host_too_small_is_refused_with_each_fix_that_would_fit(cfg):
     budget = (256 * GIB - p.reserve) // 8
     fixes = dict(f.split(": ", 1) for f in p.fixes)
     n = int(fixes["server_ctx_checkpoints"].split()[0])
-    assert hostmem.instance({**c, "server_ctx_checkpoints": n}, QWEN).total <= budget
-    assert hostmem.instance({**c, "server_ctx_checkpoints": n + 1}, QWEN).total > budget
+    assert hostmem.instance(c.replace(server_ctx_checkpoints=n), QWEN).total <= budget
+    assert hostmem.instance(c.replace(server_ctx_checkpoints=n + 1), QWEN).total > budget
     slots = int(fixes["server_parallel"].split()[0])
-    assert hostmem.instance({**c, "server_ctx": 8192 * slots}, QWEN, slots=slots).total <= budget
-    assert hostmem.instance({**c, "server_ctx": 8192 * (slots + 1)}, QWEN, slots=slots + 1).total > budget
+    assert hostmem.instance(c.replace(server_ctx=8192 * slots), QWEN, slots=slots).total <= budget
+    assert hostmem.instance(c.replace(server_ctx=8192 * (slots + 1)), QWEN, slots=slots + 1).total > budget
     assert "server_instances" in fixes and "server_cache_ram" not in fixes  # the cache is already off
     for key in ("server_ctx_checkpoints", "server_parallel", "server_instances"):
         assert key in why
@@ -161,23 +163,23 @@ def test_a_host_too_small_is_refused_with_each_fix_that_would_fit(cfg):
 
 def test_the_cache_fix_names_the_largest_limit_that_fits(cfg):
     c = v100_32(cfg, server_ctx_checkpoints=0, server_cache_ram=None)
-    total = hostmem.instance({**c, "server_cache_ram": 0}, QWEN).total
-    mem = 2 * (total + 3000 * MIB) + c["hostmem_reserve_mib"] * MIB
+    total = hostmem.instance(c.replace(server_cache_ram=0), QWEN).total
+    mem = 2 * (total + 3000 * MIB) + c.server.hostmem_reserve_mib * MIB
     p = hostmem.plan(c, QWEN, 2, mem)
     assert not p.fits
     (fix,) = [f for f in p.fixes if f.startswith("server_cache_ram: ")]
     mib = int(fix.split()[1])  # 3,000 less the page tables 3,000 MiB of cache would take (1/512)
-    budget = (mem - c["hostmem_reserve_mib"] * MIB) // 2
+    budget = (mem - c.server.hostmem_reserve_mib * MIB) // 2
     assert 2990 < mib < 3000 and fix == f"server_cache_ram: {mib} or less"
-    assert hostmem.instance({**c, "server_cache_ram": mib}, QWEN).total <= budget
-    assert hostmem.instance({**c, "server_cache_ram": mib + 1}, QWEN).total > budget
+    assert hostmem.instance(c.replace(server_cache_ram=mib), QWEN).total <= budget
+    assert hostmem.instance(c.replace(server_cache_ram=mib + 1), QWEN).total > budget
 
 
 # ---------------------------------------------------------------- CPU
 
 
 def test_cpu_one_node_fits_without_placement(cfg):
-    p = hostcpu.plan({**cfg, "server_threads": 4, "hostcpu_reserve": 2}, [0, 1, 2, 3], cpus=32, nodes={0: "0-31"},
+    p = hostcpu.plan(cfg.replace(server_threads=4, hostcpu_reserve=2), [0, 1, 2, 3], cpus=32, nodes={0: "0-31"},
                      gpu_nodes={0: 0, 1: 0, 2: 0, 3: 0})
     assert p.need == 18 and p.refusal("h") is None and p.args(0) == [] and p.text().endswith("of 32 CPUs: fits")
 
@@ -185,14 +187,14 @@ def test_cpu_one_node_fits_without_placement(cfg):
 def test_cpu_two_nodes_place_each_instance_on_its_gpus_node(cfg):
     nodes = {0: "0-15,32-47", 1: "16-31,48-63"}
     gpu_nodes = {0: 0, 1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1, 7: 1}
-    p = hostcpu.plan({**cfg, "server_threads": 4}, list(range(8)), cpus=64, nodes=nodes, gpu_nodes=gpu_nodes)
+    p = hostcpu.plan(cfg.replace(server_threads=4), list(range(8)), cpus=64, nodes=nodes, gpu_nodes=gpu_nodes)
     assert p.refusal("h") is None and p.on_node(1) == [4, 5, 6, 7]
     node0 = format(sum(1 << c for c in [*range(16), *range(32, 48)]), "x")
     assert p.args(1) == ["-C", node0, "-Cb", node0] and p.args(1)[1] == "ffff0000ffff"
     assert p.args(5)[1] == "ffff0000ffff0000"
     assert "node 1 (CPUs 16-31,48-63): instances 4, 5, 6, 7" in p.text()
     # the instance's argv carries them
-    plan = make_plan("h", {**cfg, "model_sha256": "a" * 64, "server_threads": 4}, HostFacts(
+    plan = make_plan("h", cfg.replace(model_sha256="a" * 64, server_threads=4), HostFacts(
         os="debian-12", gpus=[{**V100_32, "index": i} for i in range(8)], gpu_health=health(host_query(8)),
         cpus=64, numa_nodes=nodes, gpu_numa=gpu_nodes), None, COMMIT)
     args = plan.argv[5]
@@ -200,18 +202,18 @@ def test_cpu_two_nodes_place_each_instance_on_its_gpus_node(cfg):
 
 
 def test_cpu_too_many_threads_is_refused_with_the_largest_that_fits(cfg):
-    c = {**cfg, "server_threads": 8, "server_threads_batch": 12, "hostcpu_reserve": 2}
+    c = cfg.replace(server_threads=8, server_threads_batch=12, hostcpu_reserve=2)
     p = hostcpu.plan(c, [0, 1, 2, 3], cpus=40)
     assert p.threads == 12 and p.need == 50
     why = p.refusal("gpu-01")
     assert "4 instances x 12 threads + 2 reserved (hostcpu_reserve) = 50 of 40 CPUs" in why
     assert "set server_threads (and server_threads_batch) to 9 or fewer" in why
-    assert hostcpu.plan({**c, "server_threads": 9, "server_threads_batch": None}, [0, 1, 2, 3], cpus=40).refusal("h") is None
+    assert hostcpu.plan(c.replace(server_threads=9, server_threads_batch=None), [0, 1, 2, 3], cpus=40).refusal("h") is None
 
 
 def test_cpu_a_crowded_node_is_refused_though_the_host_fits(cfg):
     nodes = {0: "0-7", 1: "8-39"}
-    p = hostcpu.plan({**cfg, "server_threads": 4, "hostcpu_reserve": 0}, [0, 1, 2, 3], cpus=40, nodes=nodes,
+    p = hostcpu.plan(cfg.replace(server_threads=4, hostcpu_reserve=0), [0, 1, 2, 3], cpus=40, nodes=nodes,
                      gpu_nodes={0: 0, 1: 0, 2: 0, 3: 1})
     why = p.refusal("h")
     assert "NUMA node 0 (CPUs 0-7): instances 0, 1, 2 (their GPUs' node) x 4 threads = 12 of 8 CPUs" in why
@@ -219,7 +221,7 @@ def test_cpu_a_crowded_node_is_refused_though_the_host_fits(cfg):
 
 
 def test_cpu_unknown_topology_is_not_placed_nor_checked(cfg):
-    p = hostcpu.plan({**cfg, "server_threads": 64}, [0, 1])
+    p = hostcpu.plan(cfg.replace(server_threads=64), [0, 1])
     assert p.refusal("h") is None and p.args(0) == [] and "CPUs not read" in p.text()
     two = hostcpu.plan(cfg, [0, 1], cpus=64, nodes={0: "0-31", 1: "32-63"}, gpu_nodes={0: 0})  # GPU 1's node unknown
     assert two.placement == {} and two.args(0) == [] and "GPUs' nodes unknown: no placement" in two.text()
@@ -242,7 +244,7 @@ def test_make_plan_refuses_a_host_whose_memory_does_not_fit_or_warns_when_not_re
     assert plan.hostmem.instances == 8 and plan.hostmem.instance.slots == 16
     assert [r for r in plan.refusals if "do not fit the host's memory" in r]
     assert plan.hostcpu.refusal("gpu-01") is None
-    warned = make_plan("gpu-01", {**c, "hostmem_plan_required": False}, facts, HEADER, COMMIT)
+    warned = make_plan("gpu-01", c.replace(hostmem_plan_required=False), facts, HEADER, COMMIT)
     assert not [r for r in warned.refusals if "memory" in r] and [w for w in warned.warnings if "memory" in w]
     lines = plan.resource_lines()
     assert lines[0].startswith("host memory: 8 x") and lines[1].startswith("per instance: process")
@@ -257,9 +259,7 @@ def test_make_plan_refuses_too_many_threads(cfg):
 
 
 def test_threads_batch_and_mmap_render(cfg):
-    plan = make_plan("h", {**cfg, "model_sha256": "a" * 64, "server_threads": 4, "server_threads_batch": 6,
-                           "server_mmap": False, "server_ctx": 8192, "server_parallel": 2,
-                           "voltafleet_backend": "cpu", "server_instances": 1}, HostFacts(os="debian-12"), None, COMMIT)
+    plan = make_plan("h", cfg.replace(model_sha256="a" * 64, server_threads=4, server_threads_batch=6, server_mmap=False, server_ctx=8192, server_parallel=2, voltafleet_backend="cpu", server_instances=1), HostFacts(os="debian-12"), None, COMMIT)
     args = plan.argv[0]
     assert args[args.index("-tb") + 1] == "6" and args[args.index("-lm") + 1] == "none" and "-C" not in args
     assert plan.hostcpu.threads == 6
@@ -268,7 +268,7 @@ def test_threads_batch_and_mmap_render(cfg):
 def test_lab_hosts_fit_the_lab_machine(cfg):
     """group_vars/lab.yml on a lab host: the machine's 2 CPUs and its 23.5 GiB MemTotal, the tiny
     qwen35 model's header or none."""
-    lab = validate_values("vf-lab-1", {**group(cfg, "lab"), "model_sha256": "a" * 64})
+    lab = settings_of("vf-lab-1", group(cfg, "lab").replace(model_sha256="a" * 64))
     facts = HostFacts(os="debian-12", systemd=252, mem_total=24683664 * 1024, cpus=2, numa_nodes={0: "0-1"})
     plan = make_plan("vf-lab-1", lab, facts, None, COMMIT)
     assert plan.refusals == (), plan.refusals
@@ -290,8 +290,7 @@ def test_facts_parse_memory_nodes_gpus_and_releases():
 
 
 def test_plan_table_shows_host_resources_per_group(cfg):
-    c = {**cfg, "voltafleet_backend": "cpu", "server_instances": 2, "llama_cpp_targets": ["llama-server"],
-         "server_threads": 1, "server_ctx": 4096, "server_parallel": 4, "model_sha256": "a" * 64, "hostcpu_reserve": 0}
+    c = cfg.replace(voltafleet_backend="cpu", server_instances=2, llama_cpp_targets=["llama-server"], server_threads=1, server_ctx=4096, server_parallel=4, model_sha256="a" * 64, hostcpu_reserve=0)
     ok = make_plan("h1", c, HostFacts(os="debian-12", systemd=252, mem_total=64 * GIB, cpus=2), None, COMMIT)
     small = make_plan("h2", c, HostFacts(os="debian-12", systemd=252, mem_total=8 * GIB, cpus=2), None, COMMIT)
     assert not ok.refusals and small.refusals
@@ -314,16 +313,16 @@ def test_new_counts_refuse_a_negative_value(cfg, key):
     from voltafleet.inputs.config import ConfigError
 
     with pytest.raises(ConfigError, match=key):
-        validate_values("h", {**cfg, "model_sha256": "a" * 64, key: -1})
+        validate_values("h", {**cfg.flat(), "model_sha256": "a" * 64, key: -1})
 
 
 def test_the_shipped_v100_32gb_fits_eight_gpus_in_128_gib_and_llama_cpps_default_would_not(cfg):
-    shipped = {**group(cfg, "v100_32gb"), "model_sha256": "a" * 64}
-    assert shipped["server_ctx_checkpoints"] == 4
+    shipped = group(cfg, "v100_32gb").replace(model_sha256="a" * 64)
+    assert shipped.server.ctx_checkpoints == 4
     p = hostmem.plan(shipped, QWEN, 8, mem_total=128 * GIB)
     assert p.fits and 95 < p.need / GIB < 100, p.text()
-    assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 8}, QWEN, 8, mem_total=128 * GIB).fits
-    assert not hostmem.plan({**shipped, "server_ctx_checkpoints": 32}, QWEN, 8, mem_total=256 * GIB).fits
+    assert not hostmem.plan(shipped.replace(server_ctx_checkpoints=8), QWEN, 8, mem_total=128 * GIB).fits
+    assert not hostmem.plan(shipped.replace(server_ctx_checkpoints=32), QWEN, 8, mem_total=256 * GIB).fits
 
 
 def test_docs_host_md_quotes_the_plan_as_it_is_computed_today():
@@ -338,7 +337,7 @@ def test_docs_host_md_quotes_the_plan_as_it_is_computed_today():
     shape = vram.ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
 
     def plan(group, **over):
-        return hostmem.plan({**group_cfg(group), "voltafleet_backend": "cuda", **over}, shape, 8, 128 * GIB)
+        return hostmem.plan(group_cfg(group).replace(**{"voltafleet_backend": "cuda", **over}), shape, 8, 128 * GIB)
     v32 = {"server_ctx": 8192 * 16, "server_parallel": 16}
     ck4, ck8, ck32 = (plan("v100_32gb", **v32, server_ctx_checkpoints=n) for n in (4, 8, 32))
     text = " ".join((REPO / "docs/host.md").read_text().split())

@@ -169,32 +169,32 @@ def test_aliases_come_from_the_help_text():
 
 
 def test_harmless_extra_flags_pass(cfg):
-    cfg["server_extra_flags"] = ["--no-webui", "--seed -1", "--spec-draft-n-min 2",
-                                 "--cors-origins https://chat.example.com"]
-    assert validate_values("h1", cfg, SRC)["server_extra_flags"] == cfg["server_extra_flags"]
+    cfg = cfg.replace(server_extra_flags=["--no-webui", "--seed -1", "--spec-draft-n-min 2",
+                                          "--cors-origins https://chat.example.com"])
+    assert validate_values("h1", cfg, SRC)["server_extra_flags"] == cfg.server.extra_flags
 
 
 def test_the_model_name_is_one_variable_the_same_on_every_instance(cfg):
     # issue 32: /v1/models lists server_model_alias, never a path; --alias in extra flags is refused
-    args = flags.server_args({**cfg, "server_model_alias": "qwen3.6-27b"}, "/m/q.gguf", port=1, api_key_file=None)
+    args = flags.server_args(cfg.replace(server_model_alias="qwen3.6-27b"), "/m/q.gguf", port=1, api_key_file=None)
     assert args[args.index("--alias") + 1] == "qwen3.6-27b"
-    assert "--alias" not in flags.server_args({**cfg, "server_model_alias": None}, "/m/q.gguf", port=1, api_key_file=None)
-    assert "is set by voltafleet from server_model_alias" in refused({**cfg, "server_extra_flags": ["--alias x"]})
-    assert "server_model_alias" in refused({**cfg, "server_model_alias": "/var/lib/m.gguf"})
+    assert "--alias" not in flags.server_args(cfg.replace(server_model_alias=None), "/m/q.gguf", port=1, api_key_file=None)
+    assert "is set by voltafleet from server_model_alias" in refused(cfg.replace(server_extra_flags=["--alias x"]))
+    assert "server_model_alias" in refused(cfg.replace(server_model_alias="/var/lib/m.gguf"))
 
 
 def test_stale_flag_is_refused_at_load_time_for_the_pinned_commit(cfg):
-    msg = refused({**cfg, "server_extra_flags": ["--draft-max 4"]})
+    msg = refused(cfg.replace(server_extra_flags=["--draft-max 4"]))
     assert "server_extra_flags: --draft-max: llama-server 0c1e57098bba says: the argument has been removed" in msg
     assert "Fix: use --spec-draft-n-max instead." in msg
-    msg = refused({**cfg, "server_extra_flags": ["--no-such-flag"]})
+    msg = refused(cfg.replace(server_extra_flags=["--no-such-flag"]))
     assert "--no-such-flag is not a flag of llama-server 0c1e57098bba" in msg
 
 
 def test_other_refs_leave_unknown_flags_to_the_build_time_check(cfg):
-    cfg.update(llama_cpp_ref="lab-next", server_extra_flags=["--no-such-flag"])
+    cfg = cfg.replace(llama_cpp_ref="lab-next", server_extra_flags=["--no-such-flag"])
     assert validate_values("h1", cfg, SRC)
-    cfg["server_extra_flags"] = ["-ngl 10"]  # protected flags are refused whatever the ref
+    cfg = cfg.replace(server_extra_flags=["-ngl 10"])  # protected flags are refused whatever the ref
     assert "is set by voltafleet from server_gpu_layers" in refused(cfg)
 
 
@@ -214,39 +214,38 @@ def test_extra_flags_must_be_plain_words(extra):
 # --- ports, slots, key file -------------------------------------------------------------
 
 def test_port_range_is_checked_for_the_instance_count():
-    cfg = {"server_port_base": 65535}
-    (p,) = checks.port_problems(cfg, 8, sources=SRC)
+    (p,) = checks.port_problems(65535, 8, sources=SRC)
     assert p.key == "server_port_base" and p.source == "group_vars/test.yml"
     assert "ports 65535-65542 (8 instances) go past 65535" in p.what and p.fix == "set server_port_base to 65528 or less"
-    assert checks.port_problems({"server_port_base": 65528}, 8) == []
-    assert checks.port_problems({"server_port_base": 65535}, 1) == []
+    assert checks.port_problems(65528, 8) == []
+    assert checks.port_problems(65535, 1) == []
 
 
 def test_port_range_misses_the_other_ports_of_the_project():
-    (p,) = checks.port_problems({"server_port_base": 8080}, 8, other_ports={"gateway_port": 8084})
+    (p,) = checks.port_problems(8080, 8, other_ports={"gateway_port": 8084})
     assert "ports 8080-8087 (8 instances) include 8084, which gateway_port uses" in p.what
     assert p.fix.startswith("set server_port_base to 8085 or more")
-    assert checks.port_problems({"server_port_base": 8080}, 4, other_ports={"gateway_port": 8084}) == []
+    assert checks.port_problems(8080, 4, other_ports={"gateway_port": 8084}) == []
 
 
 def test_privileged_ports_are_refused():
-    (p,) = checks.port_problems({"server_port_base": 80}, 1)
+    (p,) = checks.port_problems(80, 1)
     assert "cannot bind below 1024" in p.what
 
 
 def test_port_range_at_load_time_when_server_instances_is_set(cfg):
-    msg = refused({**cfg, "server_instances": 8, "server_port_base": 65535})
+    msg = refused(cfg.replace(server_instances=8, server_port_base=65535))
     assert "group_vars/test.yml: server_port_base: is 65535: ports 65535-65542" in msg
     assert "Fix: set server_port_base to 65528 or less." in msg
 
 
 def test_four_token_slots_are_refused(cfg):
-    msg = refused({**cfg, "server_ctx": 256, "server_parallel": 64})
+    msg = refused(cfg.replace(server_ctx=256, server_parallel=64))
     assert "server_ctx: is 256 for server_parallel 64 slots: 4 tokens a slot, below the minimum 512" in msg
     assert "Fix: raise server_ctx to 32768 or more." in msg
-    msg = refused({**cfg, "server_ctx": 4096, "server_parallel": 16})
+    msg = refused(cfg.replace(server_ctx=4096, server_parallel=16))
     assert "Fix: raise server_ctx to 8192 or more, or lower server_parallel to 8 or less." in msg
-    assert validate_values("h1", {**cfg, "server_ctx": 4096, "server_parallel": 8}, SRC)
+    assert validate_values("h1", {**cfg.flat(), "server_ctx": 4096, "server_parallel": 8}, SRC)
 
 
 @pytest.fixture
@@ -258,23 +257,23 @@ def keyfile(tmp_path):
 
 
 def test_a_private_key_file_passes(cfg, keyfile):
-    assert validate_values("h1", {**cfg, "server_api_key_file": str(keyfile)}, SRC)
+    assert validate_values("h1", {**cfg.flat(), "server_api_key_file": str(keyfile)}, SRC)
 
 
 @pytest.mark.parametrize("mode, who", [(0o644, "everyone"), (0o640, "its group"), (0o604, "everyone")])
 def test_a_key_file_others_can_read_is_refused_with_chmod(cfg, keyfile, mode, who):
     keyfile.chmod(mode)
-    msg = refused({**cfg, "server_api_key_file": str(keyfile)})
+    msg = refused(cfg.replace(server_api_key_file=str(keyfile)))
     assert f"server_api_key_file: {keyfile} is open to {who} (mode {mode:03o})" in msg
     assert f"Fix: chmod 600 {keyfile}." in msg
 
 
 def test_a_missing_or_empty_key_file_is_refused_at_load_time(cfg, keyfile, tmp_path):
-    msg = refused({**cfg, "server_api_key_file": str(tmp_path / "nope")})
+    msg = refused(cfg.replace(server_api_key_file=str(tmp_path / "nope")))
     assert f"{tmp_path / 'nope'} does not exist on the controller" in msg
     keyfile.write_text("# a comment\n\n")
-    assert "holds no key" in refused({**cfg, "server_api_key_file": str(keyfile)})
-    assert "is not a regular file" in refused({**cfg, "server_api_key_file": str(tmp_path)})
+    assert "holds no key" in refused(cfg.replace(server_api_key_file=str(keyfile)))
+    assert "is not a regular file" in refused(cfg.replace(server_api_key_file=str(tmp_path)))
 
 
 def as_unprivileged(fn) -> str:
@@ -310,7 +309,7 @@ def test_an_unreadable_key_file_is_refused(cfg):
     os.chmod(key, 0o000)
     try:
         assert os.geteuid() != 0 or os.access(key, os.R_OK)  # root reads it: the child must not be root
-        assert "cannot be read" in as_unprivileged(lambda: refused({**cfg, "server_api_key_file": key}))
+        assert "cannot be read" in as_unprivileged(lambda: refused(cfg.replace(server_api_key_file=key)))
     finally:
         os.unlink(key)
         os.rmdir(d)
@@ -321,41 +320,42 @@ def test_an_unreadable_key_file_is_refused(cfg):
 def test_data_values_are_checked_and_named_as_pyinfra_data(cfg):
     src = cli_sources(SRC, ["server_port_base", "ssh_user"])
     assert src["server_port_base"] == CLI_SOURCE and "ssh_user" not in src
-    msg = refused({**cfg, "server_port_base": 70000}, src)
+    msg = refused(cfg.replace(server_port_base=70000), src)
     assert "pyinfra --data: server_port_base: is 70000, above the maximum 65535" in msg
 
 
 def test_string_numbers_and_bools_are_read_as_pyinfra_reads_data(cfg):
-    out = validate_values("h1", {**cfg, "server_port_base": "9000", "smoke_enabled": "false",
+    out = validate_values("h1", {**cfg.flat(), "server_port_base": "9000", "smoke_enabled": "false",
                                  "llama_cpp_cuda_archs": "[70]"}, SRC)
     assert out["server_port_base"] == 9000 and out["smoke_enabled"] is False and out["llama_cpp_cuda_archs"] == [70]
-    assert "above the maximum 65535" in refused({**cfg, "server_port_base": "70000"})
-    assert "is '8k' (str)" in refused({**cfg, "server_ctx": "8k"})
+    assert "above the maximum 65535" in refused(cfg.replace(server_port_base="70000"))
+    assert "is '8k' (str)" in refused(cfg.replace(server_ctx="8k"))
 
 
 def test_flash_attention_off_with_a_quantized_v_cache_is_refused_from_data(cfg):
-    msg = refused({**cfg, "server_flash_attn": "off"}, cli_sources(SRC, ["server_flash_attn"]))
+    msg = refused(cfg.replace(server_flash_attn="off"), cli_sources(SRC, ["server_flash_attn"]))
     assert "pyinfra --data: server_flash_attn: is off, but server_cache_type_v is q8_0" in msg
 
 
 def test_a_number_where_text_is_wanted_says_how_to_pass_text(cfg):
-    msg = refused({**cfg, "cuda_toolkit_version": 12.9}, cli_sources(SRC, ["cuda_toolkit_version"]))
+    msg = refused(cfg.replace(cuda_toolkit_version=12.9), cli_sources(SRC, ["cuda_toolkit_version"]))
     assert "pyinfra --data reads it as float" in msg
     assert """Fix: pass it as a JSON string: --data 'cuda_toolkit_version="..."'.""" in msg
 
 
 def test_missing_values_are_refused_not_a_keyerror(cfg):
-    del cfg["server_threads"]
-    assert "server_threads: must be set" in refused(cfg)
+    values = cfg.flat()
+    del values["server_threads"]
+    assert "server_threads: must be set" in refused(values)
 
 
 def test_other_keys_are_ignored_and_only_schema_keys_come_back(cfg):
-    out = validate_values("h1", {**cfg, "ssh_user": "deploy", "voltafleet_groups": ["g"]}, None)
+    out = validate_values("h1", {**cfg.flat(), "ssh_user": "deploy", "voltafleet_groups": ["g"]}, None)
     assert set(out) == set(SCHEMA)
 
 
 def test_without_sources_the_key_is_still_named(cfg):
-    msg = refused({**cfg, "server_threads": 0}, None)
+    msg = refused(cfg.replace(server_threads=0), None)
     assert "\n  server_threads: is 0, below the minimum 1.\n  Fix: set 1 or more." in msg
 
 
@@ -409,7 +409,7 @@ def test_one_block_lists_every_problem():
 
 def test_config_error_keeps_its_problems(cfg):
     with pytest.raises(ConfigError) as e:
-        validate_values("h9", {**cfg, "server_extra_flags": ["-ngl 1", "--port 1"]}, SRC)
+        validate_values("h9", {**cfg.flat(), "server_extra_flags": ["-ngl 1", "--port 1"]}, SRC)
     assert [p.key for p in e.value.problems] == ["server_extra_flags"] * 2 and e.value.host == "h9"
     assert str(e.value).startswith("voltafleet: h9: configuration refused")
 
@@ -417,15 +417,15 @@ def test_config_error_keeps_its_problems(cfg):
 def test_build_time_check_uses_the_binarys_own_aliases(cfg, help_text):
     # a future llama-server that adds an alias of -ngl: refused with the binary's own --help
     newer = help_text.replace("-ngl,  --gpu-layers, --n-gpu-layers N  ", "-ngl,  --gpu-layers, --ngl-new N       ")
-    cfg["server_extra_flags"] = ["--ngl-new 10", "--draft-max 4"]
+    cfg = cfg.replace(server_extra_flags=["--ngl-new 10", "--draft-max 4"])
     args = flags.server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)
-    problems = flags.binary_flag_problems(args, cfg["server_extra_flags"], newer, source="group_vars/g.yml")
+    problems = flags.binary_flag_problems(args, cfg.server.extra_flags, newer, source="group_vars/g.yml")
     text = format_errors("h1", problems, "llama-server flags refused, nothing restarted")
     assert "group_vars/g.yml: server_extra_flags: --ngl-new (an alias of -ngl) is set by voltafleet from " \
            "server_gpu_layers" in text
     assert "--draft-max: the pinned llama-server says: the argument has been removed. use --spec-draft-n-max" in text
     assert "Fix: use --spec-draft-n-max instead." in text
-    cfg["server_extra_flags"] = ["--no-webui"]
+    cfg = cfg.replace(server_extra_flags=["--no-webui"])
     assert flags.binary_flag_problems(flags.server_args(cfg, "/m", 1, None), ["--no-webui"], help_text) == []
 
 
@@ -439,10 +439,10 @@ def test_an_empty_extra_flag_is_refused():
 
 
 def test_draft_count_belongs_to_its_key(cfg):
-    msg = refused({**cfg, "server_extra_flags": ["--spec-draft-n-max 4"]})
+    msg = refused(cfg.replace(server_extra_flags=["--spec-draft-n-max 4"]))
     assert "server_spec_draft_max" in msg
 
 
 def test_a_ubatch_past_llama_cpp_s_batch_is_refused_with_its_range(cfg):
-    msg = refused({**cfg, "server_ubatch": 4096})
+    msg = refused(cfg.replace(server_ubatch=4096))
     assert "group_vars/test.yml: server_ubatch: is 4096" in msg and "2048" in msg

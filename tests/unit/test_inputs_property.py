@@ -13,6 +13,7 @@ from tests.fixture_vars import prod_host_vars
 from voltafleet.models import modelfiles
 from voltafleet.planning import flags
 from voltafleet.inputs.config import SCHEMA, ConfigError, validate_values
+from voltafleet.inputs.settings import Settings
 
 SRC = {k: "group_vars/prop.yml" for k in SCHEMA}
 
@@ -109,7 +110,7 @@ def test_every_string_is_refused_clearly_or_harmless(kv):
         assert not (set(v) & SHELL_ACTIVE), (key, v)
         assert not v.startswith("-") or key == "llama_cpp_cmake_extra", (key, v)
         assert v.isprintable()
-    render_one_argument_per_value(out)
+    render_one_argument_per_value(Settings.of(out))
 
 
 def render_one_argument_per_value(cfg):
@@ -117,17 +118,17 @@ def render_one_argument_per_value(cfg):
     whitespace, so the env file must give back exactly the argv, and every accepted value
     that reaches the argv stays one argument."""
     model = modelfiles.model_files(cfg)[0].dest
-    args = flags.server_args(cfg, model, port=cfg["server_port_base"], api_key_file="/etc/voltafleet/api-key",
+    args = flags.server_args(cfg, model, port=cfg.server.port_base, api_key_file="/etc/voltafleet/api-key",
                              draft_path=modelfiles.draft_path(cfg))
     env = flags.env_file(0, args, cuda=True)
     line = next(l for l in env.splitlines() if l.startswith("LLAMA_SERVER_ARGS="))
     assert line.split("=", 1)[1].split() == args
-    assert args[args.index("--host") + 1] == cfg["server_host"]
+    assert args[args.index("--host") + 1] == cfg.server.host
     assert args[args.index("-m") + 1] == model and shlex.quote(model) == model  # safe even unquoted
-    for v in (cfg["voltafleet_root"], cfg["model_dir"], cfg["llama_cpp_ref"], cfg["server_user"],
-              cfg["server_host"], cfg["cuda_toolkit_version"]):
+    for v in (cfg.preflight.root, cfg.model.dir, cfg.build.ref, cfg.server.user,
+              cfg.server.host, cfg.toolchain.cuda_toolkit_version):
         assert shlex.quote(v) == v, v  # these reach fact commands and paths: no quoting needed
-    extra = [w for item in cfg["server_extra_flags"] for w in shlex.split(item)]
+    extra = [w for item in cfg.server.extra_flags for w in shlex.split(item)]
     assert args[len(args) - len(extra):] == extra
     for w in extra:
         assert not (set(w) & SHELL_ACTIVE) and w.isprintable(), w
@@ -148,7 +149,7 @@ def test_free_text_never_reaches_a_shell(cfg):
     from roles.smoke import PROMPT_PATHS, client_command
     from voltafleet.planning.hostplan import HostFacts, make_plan
 
-    cfg.update(voltafleet_backend="cpu", server_instances=1, smoke_probe_prompt="$(touch /tmp/vf-canary)")
+    cfg = cfg.replace(voltafleet_backend="cpu", server_instances=1, smoke_probe_prompt="$(touch /tmp/vf-canary)")
     cmd = client_command(make_plan("h", cfg, HostFacts(os="debian-12"), None, "0" * 40))
     assert "vf-canary" not in cmd and PROMPT_PATHS["probe"] in cmd
 

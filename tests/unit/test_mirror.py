@@ -25,6 +25,7 @@ from voltafleet.models import mirror
 from voltafleet.inputs.config import ConfigError, validate_values
 from voltafleet.state.fleetplan import FleetPlan, with_servers
 from voltafleet.inputs.groupvars import build_inventory
+from voltafleet.inputs.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 HF = "https://huggingface.co/unsloth/Qwen3.6-27B-GGUF/resolve/main/Qwen3.6-27B-Q4_K_S.gguf"
@@ -70,10 +71,10 @@ def test_each_host_always_picks_the_same_mirror_and_the_fleet_spreads():
 
 
 def test_a_mirror_is_reached_at_mirror_address_else_ssh_hostname_else_its_name():
-    base = {"mirror_port": 8880, "model_url": HF}
-    assert mirror.mirror_of("m1", {**base, "mirror_address": "10.1.1.1", "ssh_hostname": "127.0.0.1"}).address == "10.1.1.1"
-    assert mirror.mirror_of("m1", {**base, "mirror_address": None, "ssh_hostname": "127.0.0.1"}).address == "127.0.0.1"
-    assert mirror.mirror_of("m1.fleet", {**base, "mirror_address": None}) == \
+    base = {**prod_host_vars(), "mirror_port": 8880, "model_url": HF}
+    assert mirror.mirror_of("m1", Settings.of({**base, "mirror_address": "10.1.1.1"}), "127.0.0.1").address == "10.1.1.1"
+    assert mirror.mirror_of("m1", Settings.of({**base, "mirror_address": None}), "127.0.0.1").address == "127.0.0.1"
+    assert mirror.mirror_of("m1.fleet", Settings.of({**base, "mirror_address": None})) == \
         mirror.Mirror("m1.fleet", "m1.fleet", 8880, "https://huggingface.co")
 
 
@@ -130,7 +131,7 @@ def test_bad_mirror_values_name_the_file_the_key_and_the_fix(tmp_path, key, valu
 
 
 def render(cfg: dict | None = None, nameservers=("10.0.0.53",), **over) -> str:
-    cfg = {**prod_host_vars(), **(cfg or {})}
+    cfg = Settings.of({**prod_host_vars(), **(cfg or {})})
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / "templates")), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     return env.get_template("nginx-mirror.conf.j2").render(**{**mirror.nginx_vars(cfg, list(nameservers)), **over})
@@ -375,7 +376,7 @@ def test_the_lab_gateway_is_the_mirror_when_asked(tmp_path):
     gw2 = dict(groups["gateway"])["vf-lab-gw2"]
     assert (gw2["gateway_address"], gw2["gateway_metrics_bind"], gw2["mirror_listen"]) == \
         ("10.231.0.12", "10.231.0.12:18404", "10.231.0.12")  # each on its own address on the bridge
-    mirrors = mirror.mirrors_of(groups["mirror"])
+    mirrors = mirror.mirrors_of([(h, Settings.of(d), d.get("ssh_hostname")) for h, d in groups["mirror"]])
     assert mirrors == (mirror.Mirror("vf-lab-gw", "10.231.0.11", fleet.MIRROR_PORT, "http://10.231.0.1:8808"),)
     assert mirror.fetch_url("http://10.231.0.1:8808/models/tiny-qwen35.gguf", "vf-lab-1", mirrors) == \
         f"http://10.231.0.11:{fleet.MIRROR_PORT}/models/tiny-qwen35.gguf"

@@ -169,13 +169,13 @@ def test_preferences_pin_one_release_only_when_asked():
 
 
 def test_version_refusals(cfg):
-    assert nvidia.version_refusals("h", {**cfg, "nvidia_driver_version": "latest"}) == []
-    assert nvidia.version_refusals("h", {**cfg, "nvidia_driver_version": "580.95.05"}) == []
-    [err] = nvidia.version_refusals("h", {**cfg, "nvidia_driver_version": "590.44.01"})
+    assert nvidia.version_refusals("h", cfg.replace(nvidia_driver_version="latest")) == []
+    assert nvidia.version_refusals("h", cfg.replace(nvidia_driver_version="580.95.05")) == []
+    [err] = nvidia.version_refusals("h", cfg.replace(nvidia_driver_version="590.44.01"))
     assert err.startswith("h: nvidia_driver_version is 590.44.01, not a release of branch R580")
-    [err] = nvidia.version_refusals("h", {**cfg, "nvidia_driver_version": "580.95.05", "nvidia_driver_source": "distro"})
+    [err] = nvidia.version_refusals("h", cfg.replace(nvidia_driver_version="580.95.05", nvidia_driver_source="distro"))
     assert "Ubuntu's archive keeps only the newest release" in err
-    assert nvidia.version_refusals("h", {**cfg, "nvidia_driver_version": "575.1", "manage_driver": False}) == []
+    assert nvidia.version_refusals("h", cfg.replace(nvidia_driver_version="575.1", manage_driver=False)) == []
 
 
 @pytest.mark.parametrize("value,ok", [(None, True), ("latest", True), ("580.95.05", True), ("580.95", True),

@@ -13,6 +13,7 @@ from tests.fixture_vars import all_yml_vars
 from voltafleet.front import gateway, pair
 from voltafleet.inputs import pairvars
 from voltafleet.state import rolling
+from voltafleet.inputs.settings import Settings
 
 
 def gw_cfg(address: str | None, **over) -> dict:
@@ -20,17 +21,22 @@ def gw_cfg(address: str | None, **over) -> dict:
             "gateway_address": address, **over}
 
 
+def typed(gateways: list) -> list:
+    """(name, variables, ssh_hostname) as the gateway role gives them to pair.decide: the variables typed."""
+    return [(n, Settings.of(c), h) for n, c, h in gateways]
+
+
 def two(**over) -> list:
     return [("gw-a", gw_cfg("10.0.0.11", **over), "gw-a.fleet"), ("gw-b", gw_cfg("10.0.0.12", **over), "gw-b.fleet")]
 
 
 def test_one_gateway_is_no_pair_and_needs_nothing():
-    assert pair.decide([("gw", all_yml_vars(), None)]) is None and pairvars.problems([("gw", all_yml_vars(), None)]) == []
+    assert pair.decide(typed([("gw", all_yml_vars(), None)])) is None and pairvars.problems([("gw", all_yml_vars(), None)]) == []
     assert pair.decide([]) is None
 
 
 def test_the_first_gateway_holds_the_address_first_and_each_knows_the_others():
-    p = pair.decide(two() + [("gw-c", gw_cfg("10.0.0.13"), None)])
+    p = pair.decide(typed(two() + [("gw-c", gw_cfg("10.0.0.13"), None)]))
     assert [p.priority(n) for n in ("gw-a", "gw-b", "gw-c")] == [150, 140, 130]
     k = p.keepalived_vars("gw-b")
     assert (k["address"], k["peers"], k["vip"], k["priority"]) == ("10.0.0.12", ["10.0.0.11", "10.0.0.13"], "10.0.0.10", 140)
@@ -42,9 +48,9 @@ def test_the_first_gateway_holds_the_address_first_and_each_knows_the_others():
 
 
 def test_a_gateways_address_falls_back_to_its_ssh_hostname():
-    assert pairvars.address("gw", {"gateway_address": None}, "10.0.0.5") == "10.0.0.5"
-    assert pairvars.address("gw", {"gateway_address": "10.0.0.6"}, "10.0.0.5") == "10.0.0.6"
-    assert pair.alive_url({"gateway_metrics_bind": "10.0.0.11:18404"}) == "http://10.0.0.11:18404/voltafleet/alive"
+    assert pairvars.address("gw", None, "10.0.0.5") == "10.0.0.5"
+    assert pairvars.address("gw", "10.0.0.6", "10.0.0.5") == "10.0.0.6"
+    assert pair.alive_url(Settings.of(gw_cfg(None, gateway_metrics_bind="10.0.0.11:18404"))) == "http://10.0.0.11:18404/voltafleet/alive"
 
 
 @pytest.mark.parametrize("change, key, words", [
@@ -94,7 +100,7 @@ def env() -> jinja2.Environment:
 
 
 def test_keepalived_gets_unicast_peers_the_address_and_haproxys_own_check():
-    p = pair.decide(two())
+    p = pair.decide(typed(two()))
     text = env().get_template("keepalived.conf.j2").render(**p.keepalived_vars("gw-a"))
     assert "unicast_src_ip 10.0.0.11\n" in text and "unicast_peer {\n        10.0.0.12\n    }" in text
     assert "10.0.0.10/24 dev eth0" in text and "priority 150" in text and "state BACKUP" in text
@@ -103,15 +109,15 @@ def test_keepalived_gets_unicast_peers_the_address_and_haproxys_own_check():
 
 
 def haproxy_text(pair_vars: dict | None, teams: bool = True) -> str:
-    cfg = {**gw_cfg("10.0.0.11"), "gateway_teams": [{"name": "web", "key_sha256": "a" * 64, "tokens_per_day": 100}]
-           if teams else []}
+    cfg = Settings.of({**gw_cfg("10.0.0.11"), "gateway_teams": [{"name": "web", "key_sha256": "a" * 64, "tokens_per_day": 100}]
+                       if teams else []})
     args = gateway.template_vars(cfg, gateway.backends([("h1", "10.0.0.1", [8080], 4)]), pair_vars)
     args.update(state_file="/x")
     return env().get_template("haproxy.cfg.j2").render(**args)
 
 
 def test_haproxy_shares_the_teams_table_and_answers_its_counts_to_the_other_gateways_only():
-    text = haproxy_text(pair.decide(two()).haproxy_vars("gw-a"))
+    text = haproxy_text(pair.decide(typed(two())).haproxy_vars("gw-a"))
     assert "    localpeer gw-a\n" in text
     assert "peers vf_gateways\n    peer gw-a 10.0.0.11:10000\n    peer gw-b 10.0.0.12:10000\n" in text
     assert "store conn_cur,http_req_rate(60s),http_req_cnt,bytes_out_cnt peers vf_gateways\n" in text
@@ -134,7 +140,7 @@ def test_haproxy_accepts_the_pairs_configuration(tmp_path):
     import re
 
     assert shutil.which("haproxy"), "no haproxy on this machine (make setup installs it)"
-    text = haproxy_text(pair.decide(two()).haproxy_vars("gw-a"))
+    text = haproxy_text(pair.decide(typed(two())).haproxy_vars("gw-a"))
     for path in sorted(set(re.findall(r"/etc/haproxy/[\w.-]+", text))):  # maps, pages, the Lua file: into tmp
         name = path.rsplit("/", 1)[1]
         src = "roles/gateway/files/voltafleet-teams.lua" if name.endswith(".lua") else None

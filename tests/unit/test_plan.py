@@ -25,15 +25,15 @@ def test_one_instance_per_gpu_with_consecutive_ports(cfg):
 
 
 def test_instances_capped_by_setting_and_cpu_count(cfg):
-    cfg["server_instances"] = 2
+    cfg = cfg.replace(server_instances=2)
     assert len(plan.instances(cfg, gpus(8))) == 2
-    cfg["voltafleet_backend"] = "cpu"
+    cfg = cfg.replace(voltafleet_backend="cpu")
     assert len(plan.instances(cfg, [])) == 2
 
 
 def test_cuda_archs_from_the_host_unless_set(cfg):
     assert plan.cuda_archs(cfg, gpus(2) + gpus(1, "9.0")) == [70, 90]
-    cfg["llama_cpp_cuda_archs"] = [70]
+    cfg = cfg.replace(llama_cpp_cuda_archs=[70])
     assert plan.cuda_archs(cfg, gpus(1, "9.0")) == [70]
 
 
@@ -52,7 +52,7 @@ def test_preflight_refuses_unsupported_os(cfg):
 
 
 def test_preflight_refuses_too_little_disk_with_numbers(cfg):
-    cfg["preflight_release_mib"] = 512
+    cfg = cfg.replace(preflight_release_mib=512)
     errs = plan.host_refusals("gpu-01", cfg, facts(free_model=10 * GIB, free_root=10 * GIB))
     # 2 % margin on the model; new, current and last good releases (keep 0), none on the host yet
     assert len(errs) == 1 and errs[0].startswith("gpu-01: 10.0 GiB free for model (15.3 GiB) plus build (6.0 GiB, "
@@ -64,7 +64,7 @@ def test_preflight_refuses_too_little_disk_with_numbers(cfg):
 
 
 def test_preflight_counts_no_model_bytes_when_present(cfg):
-    cfg["preflight_release_mib"] = 512
+    cfg = cfg.replace(preflight_release_mib=512)
     # the model is there (not counted again); 2 releases on the host: one more (the new one) = 6.5 GiB
     assert plan.host_refusals("h", cfg, facts(free_model=7 * GIB, free_root=7 * GIB, model_present=True,
                                               releases=2)) == []
@@ -73,7 +73,7 @@ def test_preflight_counts_no_model_bytes_when_present(cfg):
 
 
 def test_disk_counts_the_kept_releases_not_yet_on_the_host(cfg):
-    cfg.update(preflight_release_mib=1024, llama_cpp_keep_releases=2)
+    cfg = cfg.replace(preflight_release_mib=1024, llama_cpp_keep_releases=2)
     assert plan.releases_needed(cfg, facts(releases=None)) == 5      # new, current, last good and 2 kept
     assert plan.releases_needed(cfg, facts(releases=3)) == 2
     assert plan.releases_needed(cfg, facts(releases=9)) == 1         # the new one at least, before the prune
@@ -85,5 +85,5 @@ def test_disk_counts_the_kept_releases_not_yet_on_the_host(cfg):
 
 
 def test_preflight_refuses_more_instances_than_gpus(cfg):
-    cfg["server_instances"] = 9
+    cfg = cfg.replace(server_instances=9)
     assert "server_instances is 9 but the host has 8 GPU(s)" in plan.host_refusals("h", cfg, facts())[0]

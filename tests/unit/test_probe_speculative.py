@@ -4,6 +4,7 @@ the lab's CPU build with --spec-type draft-mtp), so those steps are judged by th
 import pytest
 
 from voltafleet.models import probe
+from tests.fixture_vars import all_yml_settings
 
 GOLD = {"tokens": [7, 7, 7, 7], "logprobs": [-9.73, -1.41, -2.52, -1.61]}
 
@@ -31,9 +32,9 @@ def test_a_server_that_does_not_speculate_is_held_to_every_log_probability():
 
 
 def test_speculates_reads_every_kind_of_drafting():
-    assert not probe.speculates({"server_spec_mtp": False, "server_spec_ngram": None})
-    assert all(probe.speculates(c) for c in ({"server_spec_mtp": True}, {"server_spec_ngram": "ngram-mod"},
-                                             {"model_draft_url": "http://m/d.gguf"}))
+    assert not probe.speculates(all_yml_settings(server_spec_mtp=False, server_spec_ngram=None, model_draft_url=None))
+    assert all(probe.speculates(all_yml_settings(**c)) for c in ({"server_spec_mtp": True}, {"server_spec_ngram": "ngram-mod"},
+                                                                 {"model_draft_url": "http://m/d.gguf"}))
 
 
 def test_a_golden_probe_is_never_recorded_from_a_speculating_server(tmp_path):

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from voltafleet.inputs.settings import Settings
+
 from bench.gpu import proof_report as pr
 from voltafleet.models.gguf_header import from_json
 from voltafleet.planning.vram import MIB, ModelShape, decide, plan, route
@@ -25,7 +27,7 @@ def header():
 def group(name):
     cfg = yaml.safe_load((ROOT / "group_vars/all.yml").read_text())
     cfg.update(yaml.safe_load((ROOT / f"group_vars/{name}.yml").read_text()))
-    return cfg
+    return Settings.of(cfg)
 
 
 def text(name):
@@ -45,22 +47,22 @@ def test_planner_within_1_percent_of_the_peak_after_long_prompts(build, name, pa
 
 
 def test_the_cublas_path_is_volta_unless_forced():
-    volta = {**group("v100_32gb"), "llama_cpp_cmake_extra": []}
+    volta = group("v100_32gb").replace(llama_cpp_cmake_extra=[])
     assert route(volta, None) == "volta"                            # [70]: cuBLAS for 64+ row batches
     assert route(group("v100_16gb"), None) == "mmq"                 # GGML_CUDA_FORCE_MMQ=ON
-    assert route({**volta, "llama_cpp_cuda_archs": None}, [90]) == "mmq"
-    assert route({**volta, "llama_cpp_cmake_extra": ["-DGGML_CUDA_FORCE_CUBLAS=ON"]}, [90]) == "cublas"
-    assert route({**volta, "voltafleet_backend": "cpu"}, None) == "mmq"
+    assert route(volta.replace(llama_cpp_cuda_archs=None), [90]) == "mmq"
+    assert route(volta.replace(llama_cpp_cmake_extra=["-DGGML_CUDA_FORCE_CUBLAS=ON"]), [90]) == "cublas"
+    assert route(volta.replace(voltafleet_backend="cpu"), None) == "mmq"
 
 
 def test_groups_re_decided_with_the_pool():
     d16 = decide(group("v100_16gb"), V100_16, header())
     assert d16.error is None and d16.plan.pool == 32 * MIB and round(V100_16 - d16.plan.needed / MIB) == 649
-    volta16 = decide({**group("v100_16gb"), "llama_cpp_cmake_extra": []}, V100_16, header())
+    volta16 = decide(group("v100_16gb").replace(**{"llama_cpp_cmake_extra": []}), V100_16, header())
     assert volta16.error and "short by 178 MiB" in volta16.error and "GGML_CUDA_FORCE_MMQ" in volta16.error
     d32 = decide(group("v100_32gb"), V100_32, header())
     assert d32.error is None and d32.plan.route == "mmq" and round(d32.plan.needed / MIB) == 22160
-    volta32 = decide({**group("v100_32gb"), "llama_cpp_cmake_extra": []}, V100_32, header())
+    volta32 = decide(group("v100_32gb").replace(**{"llama_cpp_cmake_extra": []}), V100_32, header())
     assert volta32.plan.route == "volta" and round(volta32.plan.needed / MIB) == 22475
     assert "22,160 MiB planned" in text("v100_32gb") and "Volta rule: 22,475" in text("v100_32gb")
     assert "649 free" in text("v100_16gb") and "15,826 MiB planned, 334 free" in text("v100_16gb")
@@ -144,5 +146,5 @@ def test_ngram_stays_off_where_16_clients_gain_nothing_and_vram_grows():
     grow = SPEC[("v32-ngram-mod-cublas", "plain", 16)]["mem_after"] - SPEC[("v32-nospec-cublas", "plain", 16)]["mem_after"]
     assert grow == 674 and SPEC[("v32-ngram-mod", "plain", 1)]["mem_after"] - SPEC[("v32-nospec", "plain", 1)]["mem_after"] == 400
     for g in ("v100_16gb", "v100_32gb"):
-        assert group(g).get("server_spec_ngram") is None
+        assert group(g).server.spec_ngram is None
     assert "674 MiB" in text("v100_16gb") and "0.94-1.01x on MMQ" in text("v100_32gb")

@@ -86,17 +86,18 @@ def test_the_voltarule_patch_is_the_one_the_gpu_ran():
 def test_both_v100_groups_build_one_release_and_a_toolkit_move_rebuilds_it_once():
     import yaml
 
+    from voltafleet.inputs.settings import Settings
     from voltafleet.planning import hostplan
     from voltafleet.state.fleetplan import ServerEntry, builders
 
     def cfg(group, **over):
         c = yaml.safe_load((ROOT / "group_vars/all.yml").read_text())
         c.update(yaml.safe_load((ROOT / f"group_vars/{group}.yml").read_text()), **over)
-        return c
+        return Settings.of(c)
 
     commit, cxx = "0c1e57098bba43ac29e6e3b677cdceebdd22334f", "12.2.0 x86_64-linux-gnu"
     for g in ("v100_16gb", "v100_32gb"):
-        assert cfg(g)["cuda_toolkit_version"] == "12.8" and "-DGGML_CUDA_FORCE_MMQ=ON" in cfg(g)["llama_cpp_cmake_extra"]
+        assert cfg(g).toolchain.cuda_toolkit_version == "12.8" and "-DGGML_CUDA_FORCE_MMQ=ON" in cfg(g).build.cmake_extra
     spec = {g: hostplan.build_spec(cfg(g), [70], commit) for g in ("v100_16gb", "v100_32gb")}
     assert spec["v100_16gb"] == spec["v100_32gb"]  # the same flags, toolkit path and targets: one release
     assert "-DCMAKE_CUDA_COMPILER=/usr/local/cuda-12.8/bin/nvcc" in spec["v100_32gb"].flags

@@ -20,8 +20,8 @@ RUN2 = ROOT / "bench/records/proof29/run2"
 RECORDS = json.loads((RUN1 / "results.json").read_text())["tune29"]
 RECORDS2 = json.loads((RUN2 / "results.json").read_text())["tune29b"]
 SECTION = (ROOT / "bench/RESULTS.md").read_text().split("## Issue 29: the tune of the v100_32gb group")[1].split("\n## ")[0]
-CFG = {**group_cfg(tune29.GROUP), "voltafleet_backend": "cuda", **tune29.PROOF_WORKLOAD}
-CFG2 = {**CFG, **tune29.FOLLOWUP_WORKLOAD}
+CFG = group_cfg(tune29.GROUP).replace(**{"voltafleet_backend": "cuda", **tune29.PROOF_WORKLOAD})
+CFG2 = CFG.replace(**tune29.FOLLOWUP_WORKLOAD)
 
 
 def med(r, key):
@@ -100,16 +100,16 @@ def test_the_calibration_covers_every_repetition_s_peak():
     """Issue 38: the overhead covers the highest repetition of every setting, in both runs; the median rule
     left one of run 2's repetitions 7.2 MiB over its plan."""
     for records, cfg, want in ((RECORDS, CFG, 628), (RECORDS2, CFG2, 640)):
-        cal = tune.calibration(tune29.trials(records, records is RECORDS2), cfg["vram_cuda_overhead_mib"])
+        cal = tune.calibration(tune29.trials(records, records is RECORDS2), cfg.server.vram_cuda_overhead_mib)
         short = max(x["peak_mib"] - r["planned_mib"] for r in records for x in r["reps"])
         assert cal["plan_short_at_peak_mib"] == pytest.approx(short, abs=0.05)
-        assert cal["cuda_overhead_mib"] == want == math.ceil(round(cfg["vram_cuda_overhead_mib"] + short, 1))
+        assert cal["cuda_overhead_mib"] == want == math.ceil(round(cfg.server.vram_cuda_overhead_mib + short, 1))
         assert cal["peaks_covered"] == 3 * len(records)
         for r in records:  # every repetition's peak within its plan at the calibrated overhead
             for x in r["reps"]:
-                assert r["planned_mib"] - cfg["vram_cuda_overhead_mib"] + cal["cuda_overhead_mib"] >= x["peak_mib"], r["name"]
-    _, old = median_rule(RECORDS2, CFG2["vram_cuda_overhead_mib"])
-    worst = max((x["peak_mib"] - (r["planned_mib"] - CFG2["vram_cuda_overhead_mib"] + old), r["name"])
+                assert r["planned_mib"] - cfg.server.vram_cuda_overhead_mib + cal["cuda_overhead_mib"] >= x["peak_mib"], r["name"]
+    _, old = median_rule(RECORDS2, CFG2.server.vram_cuda_overhead_mib)
+    worst = max((x["peak_mib"] - (r["planned_mib"] - CFG2.server.vram_cuda_overhead_mib + old), r["name"])
                 for r in RECORDS2 for x in r["reps"])
     assert old == 632 and worst[1] == "no checkpoints" and worst[0] == pytest.approx(7.2, abs=0.05)
     text = SECTION.replace("\n", " ")
@@ -128,7 +128,7 @@ def test_the_records_after_load_figure_was_read_after_a_request_and_is_not_plann
     assert min(after.values()) == pytest.approx(615.2, abs=0.05) and max(after.values()) == pytest.approx(616.2, abs=0.05)
     assert ngram == pytest.approx(130.2, abs=0.05)
     for records, cfg, late in ((RECORDS, CFG, 616.2), (RECORDS2, CFG2, 615.2)):
-        cal = tune.calibration(tune29.trials(records, records is RECORDS2), cfg["vram_cuda_overhead_mib"])
+        cal = tune.calibration(tune29.trials(records, records is RECORDS2), cfg.server.vram_cuda_overhead_mib)
         assert cal["cuda_overhead_after_load_mib"] is None and cal["cuda_overhead_after_requests_mib"] == late
         assert late < cal["cuda_overhead_mib"]  # it would not have decided either run
     assert "after the golden probe's request" in SECTION
@@ -147,7 +147,7 @@ def test_the_stored_tuned_files_are_the_drivers_under_the_median_rule(run):
         doc["values"].pop("vram_cuda_overhead_mib")
     cal, now = written.pop("calibration"), again.pop("calibration")
     assert written == again and written["values"] == {"server_ctx_checkpoints": 0}
-    short, old = median_rule(records, cfg["vram_cuda_overhead_mib"])
+    short, old = median_rule(records, cfg.server.vram_cuda_overhead_mib)
     assert cal["plan_short_at_peak_mib"] == pytest.approx(short, abs=0.05) and cal["cuda_overhead_mib"] == old
     assert now["cuda_overhead_mib"] >= old and written["tuned"]["gpu"]["driver"] == "580.159.04"
     assert written["tuned"]["gpu"]["judged_as_mib"] == 32768

@@ -36,8 +36,8 @@ def progress() -> tuple[dict, dict]:
 
 def planned(**over) -> hostmem.Instance:
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
-    cfg = {**group_cfg("v100_32gb"), "voltafleet_backend": "cuda", "server_ctx": 8192 * SLOTS,
-           "server_parallel": SLOTS, "server_ctx_checkpoints": N, **over}
+    cfg = group_cfg("v100_32gb").replace(**{"voltafleet_backend": "cuda", "server_ctx": 8192 * SLOTS,
+           "server_parallel": SLOTS, "server_ctx_checkpoints": N, **over})
     return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1).instance
 
 
@@ -193,7 +193,7 @@ def test_run2_the_shipped_count_is_the_one_that_resumes_for_the_least_memory_and
     its follow-up TTFT within 10 % of the best with checkpoints; no minimum spacing (-cms 0) is slower."""
     from bench.gpu.gpu_proof import host38_table
 
-    shipped = group_cfg("v100_32gb")["server_ctx_checkpoints"]
+    shipped = group_cfg("v100_32gb").server.ctx_checkpoints
     rows = {r["ckpt"]: r for r in host38_table({"host38": run2()}) if r["kind"] == "chat" and r["cms"] is None}
     assert shipped == 4 and set(rows) == {0, 4, 8, 32}
     resume = {n: r for n, r in rows.items() if n}

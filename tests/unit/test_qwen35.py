@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from voltafleet.inputs.settings import Settings
+
 from lab import qwen35gen as gen
 from voltafleet.planning.flags import check_against_help, server_args
 from voltafleet.models.gguf_header import from_json, read_file
@@ -145,7 +147,7 @@ def test_mtp_speculation_counted_within_3_percent(name, draft):
 def group(name):
     cfg = yaml.safe_load((ROOT / "group_vars/all.yml").read_text())
     cfg.update(yaml.safe_load((ROOT / f"group_vars/{name}.yml").read_text()))
-    return cfg
+    return Settings.of(cfg)
 
 
 def test_v100_16gb_group_fits_and_the_seeds_four_slots_do_not():
@@ -154,7 +156,7 @@ def test_v100_16gb_group_fits_and_the_seeds_four_slots_do_not():
     assert d.error is None and d.plan.fits
     free = V100_16 - d.plan.needed / MIB
     assert 512 <= free <= 1024, free  # docs/domain.md: keep 0.5-1 GB free
-    seed = decide({**cfg, "server_parallel": 4}, V100_16, _header())
+    seed = decide(cfg.replace(server_parallel=4), V100_16, _header())
     assert seed.error and "short by" in seed.error
 
 
@@ -172,36 +174,36 @@ def test_unreadable_header_refuses_unless_opted_out():
     cfg = group("v100_16gb")
     d = decide(cfg, V100_16, "URLError: connection refused")
     assert d.error and "vram_plan_required: false" in d.error and "connection refused" in d.error
-    d = decide({**cfg, "vram_plan_required": False}, V100_16, "URLError: connection refused")
+    d = decide(cfg.replace(vram_plan_required=False), V100_16, "URLError: connection refused")
     assert d.error is None and "not planned" in d.text and (d.ctx, d.parallel) == (8192, 2)
-    d = decide({**cfg, "vram_plan_required": False, "server_parallel": None}, V100_16, "URLError: x")
+    d = decide(cfg.replace(vram_plan_required=False, server_parallel=None), V100_16, "URLError: x")
     assert d.error  # nothing to plan from
 
 
 def test_mtp_refused_without_nextn_layers_and_when_it_does_not_fit():
-    cfg = {**group("v100_16gb"), "server_spec_mtp": True}
+    cfg = group("v100_16gb").replace(server_spec_mtp=True)
     d = decide(cfg, V100_16, _header())
     assert d.error and "server_spec_mtp" in d.error and "nextn" in d.error
     d = decide(cfg, V100_16, _header("qwen35-27b-q4ks-mtp"))
     assert d.error and "MTP speculation" in d.error and "server_spec_mtp: false" in d.error
     # 16 slots with MTP (3 drafts: 64 logits rows a ubatch) on Volta's default build: the output matrix goes
     # through cuBLAS in F16 (2,425 MiB) and it is short by 1,387 MiB; the MMQ-only build v100_32gb ships fits it
-    d = decide({**group("v100_32gb"), "server_spec_mtp": True, "llama_cpp_cmake_extra": []}, V100_32,
+    d = decide(group("v100_32gb").replace(**{"server_spec_mtp": True, "llama_cpp_cmake_extra": []}), V100_32,
                _header("qwen35-27b-q4ks-mtp"))
     assert d.error and "short by 1,387 MiB" in d.error and "server_spec_mtp: false" in d.error
     assert d.plan.route == "volta" and round(d.plan.pool / MIB) == 2425 + 160 + 1  # + 64 F16 input rows
-    d = decide({**group("v100_32gb"), "server_spec_mtp": True}, V100_32, _header("qwen35-27b-q4ks-mtp"))
+    d = decide(group("v100_32gb").replace(**{"server_spec_mtp": True}), V100_32, _header("qwen35-27b-q4ks-mtp"))
     assert d.error is None and d.plan.spec > 0 and d.plan.route == "mmq" and d.plan.pool == 32 * MIB
 
 
 def test_new_flags_render_and_are_known_to_the_pinned_server():
-    cfg = {**group("v100_32gb"), "server_spec_mtp": True}
+    cfg = group("v100_32gb").replace(**{"server_spec_mtp": True})
     args = server_args(cfg, "/m.gguf", port=8080, api_key_file=None)
     joined = " ".join(args)
-    assert f"--ctx-checkpoints {cfg['server_ctx_checkpoints']}" in joined and "--backend-sampling" in args
+    assert f"--ctx-checkpoints {cfg.server.ctx_checkpoints}" in joined and "--backend-sampling" in args
     assert "--spec-type draft-mtp --spec-draft-n-max 3" in joined
     help_text = (ROOT / "voltafleet/data/llama-server-help-0c1e57098bba.txt").read_text()
     assert check_against_help(args, help_text) == []
-    plain = server_args({**group("v100_32gb"), "server_ctx_checkpoints": None, "server_backend_sampling": False},
+    plain = server_args(group("v100_32gb").replace(**{"server_ctx_checkpoints": None, "server_backend_sampling": False}),
                         "/m.gguf", port=8080, api_key_file=None)
     assert "--ctx-checkpoints" not in plain and "--backend-sampling" not in plain and "--spec-type" not in plain

@@ -29,7 +29,7 @@ def test_partial_offload_fails_on_cuda(cfg):
 
 
 def test_offload_not_judged_on_cpu(cfg):
-    cfg["voltafleet_backend"] = "cpu"
+    cfg = cfg.replace(voltafleet_backend="cpu")
     assert verdict({"instances": [inst(offload=None)]}, cfg) == []
 
 
@@ -81,7 +81,7 @@ def test_verdict_fails_on_a_cpu_fallback_naming_the_figure(cfg):
     assert fails == ["instance 0 (port 8080): the scheduler split the graph 4 times (sched_reserve: splits = 4), "
                      "2 expected for a model served whole on the GPU: an op or layer fell back to the CPU"]
     assert verdict({"instances": [inst(splits=[2])]}, cfg) == []
-    cfg["voltafleet_backend"] = "cpu"
+    cfg = cfg.replace(voltafleet_backend="cpu")
     assert verdict({"instances": [inst(splits=[1], offload=None)]}, cfg) == []
 
 

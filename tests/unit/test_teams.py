@@ -44,7 +44,7 @@ def test_bad_teams_are_refused_naming_the_file_the_key_and_the_fix(cfg, value, s
     from voltafleet.inputs.config import ConfigError, validate_values
 
     with pytest.raises(ConfigError) as e:
-        validate_values("gw1", {**cfg, "model_sha256": "a" * 64, "gateway_teams": value},
+        validate_values("gw1", {**cfg.flat(), "model_sha256": "a" * 64, "gateway_teams": value},
                         {"gateway_teams": "group_vars/gateway.yml"})
     text = str(e.value)
     assert "group_vars/gateway.yml: gateway_teams:" in text and says in text and fix in text

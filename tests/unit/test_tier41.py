@@ -89,9 +89,9 @@ def test_the_shipped_depth_is_the_fastest_at_the_acceptance_real_chats_see(t):
 
 
 def test_the_latency_group_renders_the_measured_argv_at_its_depth(results):
-    cfg = {**group_cfg("v100_32gb"), **LATENCY}
+    cfg = group_cfg("v100_32gb").replace(**{**LATENCY})
     assert server_args(cfg, "MODEL", port=18080, api_key_file=None)[2:] == runs(results)["lat-d2"]["args"][2:]
-    assert latency41(LATENCY["server_spec_draft_max"])["server_ctx"] == LATENCY["server_ctx"]
+    assert latency41(LATENCY["server_spec_draft_max"]).server.ctx == LATENCY["server_ctx"]
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 3])
@@ -99,8 +99,8 @@ def test_the_latency_groups_plans_never_fall_under_a_measured_peak(results, dept
     """VRAM (the V100-32GB plan at the latency group's values, Volta's archs) within 0.2 % above every depth's peak;
     host memory above the peak RSS."""
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks-mtp.json").read_text()))
-    cfg = {**group_cfg("v100_32gb"), **LATENCY, "voltafleet_backend": "cuda", "model_url": "MODEL",
-           "server_spec_mtp": bool(depth), "server_spec_draft_max": depth or LATENCY["server_spec_draft_max"]}
+    cfg = group_cfg("v100_32gb").replace(**{**LATENCY, "voltafleet_backend": "cuda", "model_url": "MODEL",
+           "server_spec_mtp": bool(depth), "server_spec_draft_max": depth or LATENCY["server_spec_draft_max"]})
     decision = vram.decide(cfg, 32768, header, archs=[70])
     r = runs(results)[f"lat-d{depth}"]
     planned = decision.plan.needed / MIB

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from tests.fixture_vars import all_yml_vars
+from tests.fixture_vars import all_yml_settings, all_yml_vars
 from voltafleet.state import fleetplan
 from voltafleet.front import gateway, teams, tiers
 from voltafleet.inputs.config import ConfigError, validate_values
@@ -49,7 +49,7 @@ def test_each_team_has_a_tier_the_tiers_it_may_ask_for_and_an_overflow():
 ])
 def test_a_bad_tier_of_a_team_is_refused_naming_the_file_the_key_and_the_fix(cfg, entry, says, fix):
     with pytest.raises(ConfigError) as e:
-        validate_values("gw1", {**cfg, "gateway_teams": [{"name": "ide", "key_sha256": A, **entry}]},
+        validate_values("gw1", {**cfg.flat(), "gateway_teams": [{"name": "ide", "key_sha256": A, **entry}]},
                         {"gateway_teams": "group_vars/gateway.yml"})
     text = str(e.value)
     assert "group_vars/gateway.yml: gateway_teams: team 1 (ide)" in text and says in text and fix in text
@@ -59,13 +59,13 @@ def test_a_tier_group_must_say_its_slots_and_name_its_tier_plainly(cfg):
     src = {"server_tier": "group_vars/latency.yml", "server_parallel": "group_vars/all.yml"}
     with pytest.raises(ConfigError, match=r"(?s)group_vars/latency\.yml: server_tier: is latency but server_parallel is "
                                           r"empty.*Fix: set server_parallel in the same group"):
-        validate_values("l1", {**cfg, "server_tier": "latency", "server_parallel": None}, src)
+        validate_values("l1", {**cfg.flat(), "server_tier": "latency", "server_parallel": None}, src)
     with pytest.raises(ConfigError, match=r"(?s)server_tier: is 'Low Latency'.*Fix: give lowercase letters"):
-        validate_values("l1", {**cfg, "server_tier": "Low Latency"}, src)
-    assert validate_values("l1", {**cfg, "server_tier": "latency", "server_parallel": 2}, src)["server_tier"] == "latency"
-    assert validate_values("t1", {**cfg, "server_parallel": None}, src)["server_tier"] == "throughput"  # as it was
+        validate_values("l1", {**cfg.flat(), "server_tier": "Low Latency"}, src)
+    assert validate_values("l1", {**cfg.flat(), "server_tier": "latency", "server_parallel": 2}, src)["server_tier"] == "latency"
+    assert validate_values("t1", {**cfg.flat(), "server_parallel": None}, src)["server_tier"] == "throughput"  # as it was
     with pytest.raises(ConfigError, match=r"gateway_tier_overflow: is 'queue'.*\n  Fix: use one of throughput, refuse"):
-        validate_values("gw1", {**cfg, "gateway_tier_overflow": "queue"}, {})
+        validate_values("gw1", {**cfg.flat(), "gateway_tier_overflow": "queue"}, {})
 
 
 def inventory(tmp_path, groups: dict, **group_vars):
@@ -97,7 +97,7 @@ def test_a_team_sent_to_a_tier_no_server_host_serves_refuses_the_inventory(tmp_p
 def render(backends, **cfg_over):
     import jinja2
 
-    cfg = {**all_yml_vars(), **cfg_over}
+    cfg = all_yml_settings(**cfg_over)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader("templates"), trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     return env.get_template("haproxy.cfg.j2").render(**gateway.template_vars(cfg, backends))

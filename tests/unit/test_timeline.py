@@ -3,6 +3,7 @@ which installs, and how the seconds add up (hosts of a batch in parallel, step b
 instances of a host one at a time; batches one after the other)."""
 import pytest
 
+from tests.fixture_vars import all_yml_settings
 from voltafleet.planning.timeline import (COMPILE, INSTALL, KEEP, MIB, MISSING, SWITCH, Constants, Release, Work,
                                  duration, estimate, host_steps, release_actions)
 
@@ -119,7 +120,7 @@ def test_refused_hosts_count_for_nothing_and_constants_are_per_host():
 
 
 def test_constants_come_from_plan_variables():
-    cfg = {f"plan_{k}": v for k, v in C.__dict__.items()}
+    cfg = all_yml_settings(**{f"plan_{k}": v for k, v in C.__dict__.items()})
     assert Constants.from_cfg(cfg) == C
     assert Constants.from_dict({"compile_s": 7, "unknown": 1}).compile_s == 7
 

@@ -6,7 +6,7 @@ from voltafleet.measure import tune
 
 
 def cfg_of(cfg, **over):
-    return {**cfg, "model_sha256": "a" * 64, **over}
+    return cfg.replace(model_sha256="a" * 64, **over)
 
 
 def rep(tps, p99, peak=None, errors=(), p50=None):
@@ -131,12 +131,12 @@ def test_the_inventory_applies_a_tuned_file_after_its_group_file(tmp_path, cfg):
 
     gv = tmp_path / "group_vars"
     gv.mkdir()
-    (gv / "all.yml").write_text(yaml.safe_dump({**cfg, "model_sha256": "a" * 64, "server_parallel": 4}))
+    (gv / "all.yml").write_text(yaml.safe_dump(cfg.replace(model_sha256="a" * 64, server_parallel=4).flat()))
     (gv / "g.yml").write_text("server_parallel: 6\n")
     inv = build_inventory({"g": ["h1"]}, origin="inv.py", group_vars=gv)
     assert inv["g"][0][1]["server_parallel"] == 6
     (gv / "g.tuned.yml").write_text(tune.document("g", trial("slots 8", {"server_parallel": 8}, [rep(1, 1)]),
-                                                  [], {**cfg, "tune_repetitions": 1}, {}))
+                                                  [], cfg.replace(tune_repetitions=1), {}))
     data = build_inventory({"g": ["h1"]}, origin="inv.py", group_vars=gv)["g"][0][1]
     assert data["server_parallel"] == 8 and data["voltafleet_sources"]["server_parallel"] == "group_vars/g.tuned.yml"
     (gv / "g.tuned.yml").write_text("values:\n  server_parallel: 0\n")
@@ -159,22 +159,23 @@ def test_the_gpu_proof_tunes_the_v100_32gb_group_as_its_hosts_get_it():
 
 
 def test_tune_try_keeps_the_shipped_setting_and_only_the_kinds_named():
+    from tests.fixture_vars import all_yml_settings
     from voltafleet.measure.tune import candidates, kind
 
-    cfg = {"voltafleet_backend": "cuda", "server_parallel": 16, "server_ctx": 131072, "server_ctx_checkpoints": 4,
-           "server_cache_ram": 0, "llama_cpp_cmake_extra": ["-DGGML_CUDA_FORCE_MMQ=ON"]}
+    cfg = all_yml_settings(voltafleet_backend="cuda", server_parallel=16, server_ctx=131072, server_ctx_checkpoints=4,
+                           server_cache_ram=0, llama_cpp_cmake_extra=["-DGGML_CUDA_FORCE_MMQ=ON"])
     every = candidates(cfg)
     assert {kind(s) for s in every[1:]} == {"slots", "context", "ubatch", "ngram", "backend_sampling",
                                             "host_cache", "checkpoints", "build"}
-    assert candidates({**cfg, "tune_try": None}) == every
-    some = candidates({**cfg, "tune_try": ["slots", "checkpoints"]})
+    assert candidates(cfg.replace(tune_try=None)) == every
+    some = candidates(cfg.replace(tune_try=["slots", "checkpoints"]))
     assert [s.name for s in some] == ["shipped", "slots 8", "slots 32", "32 checkpoints"]
-    assert candidates({**cfg, "tune_try": []}) == every[:1]
+    assert candidates(cfg.replace(tune_try=[])) == every[:1]
 
 
 def test_an_unknown_kind_in_tune_try_is_refused_naming_the_kinds(cfg):
     from voltafleet.inputs.config import ConfigError, validate_values
 
     with pytest.raises(ConfigError) as e:
-        validate_values("h", {**cfg, "model_sha256": "a" * 64, "tune_try": ["slots", "threads"]})
+        validate_values("h", {**cfg.flat(), "model_sha256": "a" * 64, "tune_try": ["slots", "threads"]})
     assert "tune_try" in str(e.value) and "'threads'" in str(e.value) and "backend_sampling" in str(e.value)

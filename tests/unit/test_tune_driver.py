@@ -32,7 +32,9 @@ class Runner:
 
 
 def test_each_trials_status_comes_from_its_runs_records(tmp_path):
-    fleet = Fleet("inventory/x.py", {"gpu-01": ["v100_16gb"]}, {"gpu-01": {"tune_profile_hours": 0}})
+    from tests.fixture_vars import prod_host_vars
+
+    fleet = Fleet("inventory/x.py", {"gpu-01": ["v100_16gb"]}, {"gpu-01": {**prod_host_vars(), "tune_profile_hours": 0}})
     runner = Runner({"trial-0": "measured", "trial-1": "refused", "trial-2": "nothing"})
     t = Tune(SimpleNamespace(report_dir=str(tmp_path)), fleet, runner, "gpu-01")
     for n, name in enumerate(("shipped", "slots 8", "ctx x2")):

@@ -21,7 +21,7 @@ def test_cuda_unit_allows_only_the_nvidia_nodes_and_backs_off(cfg):
 
 
 def test_cpu_unit_has_no_devices_and_old_systemd_no_backoff_keys(cfg):
-    cfg["voltafleet_backend"] = "cpu"
+    cfg = cfg.replace(voltafleet_backend="cpu")
     unit = render_unit(cfg, systemd_version=252)
     assert "PrivateDevices=yes" in unit and "DeviceAllow" not in unit
     assert "RestartSteps" not in unit  # unknown to systemd 252 (Debian 12)
@@ -36,7 +36,7 @@ HEADER = from_json(json.loads((Path(__file__).resolve().parents[1] / "fixtures/g
 
 def memory(cfg: dict, **cfg_over) -> hostmem.HostMemoryPlan:
     """Qwen3.6-27B's host-memory plan for these variables, two instances."""
-    return hostmem.plan({**cfg, **cfg_over}, vram.shape_of(HEADER), 2)
+    return hostmem.plan(cfg.replace(**cfg_over), vram.shape_of(HEADER), 2)
 
 
 def lines(unit: str, *keys: str) -> list[str]:
@@ -47,7 +47,7 @@ KEYS = ("MemoryHigh", "MemoryMax", "MemorySwapMax", "OOMScoreAdjust", "OOMPolicy
 
 
 def test_the_unit_carries_the_plans_ceiling_and_the_oom_preference(cfg):
-    cfg["server_oom_score_adjust"] = 700
+    cfg = cfg.replace(server_oom_score_adjust=700)
     plan = memory(cfg)
     assert plan.instance.checkpoints > 0 and plan.instance.total < plan.memory_max
     unit = render_unit(cfg, 252, plan)
@@ -83,7 +83,7 @@ def test_another_plan_is_another_unit_text(cfg):
 def test_the_oom_score_adjust_is_a_preference_for_the_server_never_a_protection(cfg, value, why):
     """1..1000: a negative score would make sshd or the system the kernel's choice before a server."""
     with pytest.raises(ConfigError, match=rf"server_oom_score_adjust: is {value}, {why}"):
-        validate_values("gpu-01", {**cfg, "server_oom_score_adjust": value})
+        validate_values("gpu-01", {**cfg.flat(), "server_oom_score_adjust": value})
 
 
 def test_every_stop_folds_its_cgroups_memory_events_as_root_and_never_fails(cfg):

@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.front import budgets, routes, teams, tiers
 from voltafleet.front.haproxy_cli import ADMIN_SOCKET, admin, runtime  # noqa: F401 (the gateway's API, used by the roles)
 
@@ -155,16 +156,16 @@ def haproxy_string(body: dict) -> str:
     return text
 
 
-def teams_vars(cfg: dict, backends: list[Backend]) -> dict | None:
+def teams_vars(cfg: Settings, backends: list[Backend]) -> dict | None:
     """The template's `teams` block (None: no team keys; the client's Authorization goes through)."""
-    team_list = teams.parse(cfg["gateway_teams"])
+    team_list = teams.parse(cfg.gateway.teams)
     if not team_list:
         return None
-    retry = cfg["gateway_team_retry_after_s"]
+    retry = cfg.gateway.team_retry_after_s
     served = tiers.ordered({b.tier for b in backends})
     return {
         "lua": teams.USAGE_LUA, "usage_filter": teams.USAGE_FILTER, "keys_map": teams.KEYS_MAP, "limits_map": teams.LIMITS_MAP,
-        "upstream_map": teams.UPSTREAM_MAP, "upstream_key": bool(cfg["server_api_key_file"]),
+        "upstream_map": teams.UPSTREAM_MAP, "upstream_key": bool(cfg.server.api_key_file),
         "table": teams.TABLE, "metrics_path": teams.METRICS_PATH, "retry_after_s": retry,
         "budgets_map": teams.BUDGETS_MAP, "budget_dir": budgets.DIR, "tiers_map": teams.TIERS_MAP,
         "tier_header": tiers.HEADER.lower(), "tier_names": " ".join(served),
@@ -198,16 +199,16 @@ def tier_backends(backends: list[Backend], errorfile: str = ERRORFILE) -> list[d
              "errorfile": tiers.errorfile(t, errorfile)} for t in tiers.ordered({b.tier for b in backends})]
 
 
-def template_vars(cfg: dict, backends: list[Backend], pair: dict | None = None) -> dict:
+def template_vars(cfg: Settings, backends: list[Backend], pair: dict | None = None) -> dict:
     """Everything templates/haproxy.cfg.j2 reads, from the gateway host's variables; `pair`: this
     gateway's part of the gateway pair (voltafleet/front/pair.py Pair.haproxy_vars), None for one gateway."""
     return dict(
-        backends=backends, tiers=tier_backends(backends), bind=cfg["gateway_bind"], metrics_bind=cfg["gateway_metrics_bind"],
-        stream_timeout_s=cfg["gateway_stream_timeout_s"], check_interval_ms=cfg["gateway_check_interval_ms"],
-        maxconn=cfg["gateway_maxconn"], admin_socket=ADMIN_SOCKET, state_file=STATE_FILE,
-        queue_timeout_s=cfg["gateway_queue_timeout_s"], keepalive_timeout_s=cfg["gateway_keepalive_timeout_s"],
-        affinity=cfg["gateway_affinity"], hash_balance_factor=cfg["gateway_hash_balance_factor"],
-        model_alias=cfg["server_model_alias"], errorfile=ERRORFILE, teams=teams_vars(cfg, backends),
+        backends=backends, tiers=tier_backends(backends), bind=cfg.gateway.bind, metrics_bind=cfg.gateway.metrics_bind,
+        stream_timeout_s=cfg.gateway.stream_timeout_s, check_interval_ms=cfg.gateway.check_interval_ms,
+        maxconn=cfg.gateway.maxconn, admin_socket=ADMIN_SOCKET, state_file=STATE_FILE,
+        queue_timeout_s=cfg.gateway.queue_timeout_s, keepalive_timeout_s=cfg.gateway.keepalive_timeout_s,
+        affinity=cfg.gateway.affinity, hash_balance_factor=cfg.gateway.hash_balance_factor,
+        model_alias=cfg.server.model_alias, errorfile=ERRORFILE, teams=teams_vars(cfg, backends),
         routes=routes_vars(), pair=pair)
 
 

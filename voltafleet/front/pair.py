@@ -16,8 +16,8 @@ variables, pure (no pyinfra).
   every `gateway_budget_peer_poll_ms` on their budget port (SPENT_PATH, answered to the other
   gateways' addresses only) and adds them to its own before it admits a request.
 
-    >>> p = decide([("gw1", {**EXAMPLE, "gateway_address": "10.0.0.11"}, None),
-    ...             ("gw2", {**EXAMPLE, "gateway_address": "10.0.0.12"}, None)])
+    >>> p = decide([("gw1", settings.replace(gateway_address="10.0.0.11"), None),
+    ...             ("gw2", settings.replace(gateway_address="10.0.0.12"), None)])
     >>> p.priority("gw1"), p.priority("gw2"), [m.address for m in p.others("gw1")]
     (150, 140, ['10.0.0.12'])
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voltafleet.inputs.pairvars import address
+from voltafleet.inputs.settings import Settings
 
 PEERS = "vf_gateways"                      # HAProxy's peers section
 ALIVE_PATH = "/voltafleet/alive"           # on the stats frontend: keepalived's check of HAProxy itself
@@ -83,22 +84,22 @@ class Pair:
                     budget_peers=" ".join(f"{m.name}=http://{m.address}:{self.budget_port}{SPENT_PATH}" for m in others))
 
 
-def alive_url(cfg: dict) -> str:
+def alive_url(cfg: Settings) -> str:
     """The HAProxy check keepalived runs on the gateway itself: its stats frontend (a wildcard bind: loopback)."""
-    host, port = cfg["gateway_metrics_bind"].rsplit(":", 1)
+    host, port = cfg.gateway.metrics_bind.rsplit(":", 1)
     host = host.strip("[]")
     return f"http://{'127.0.0.1' if host in ('', '*', '0.0.0.0', '::') else host}:{port}{ALIVE_PATH}"
 
 
-def decide(gateways: list[tuple[str, dict, str | None]]) -> Pair | None:
+def decide(gateways: list[tuple[str, Settings, str | None]]) -> Pair | None:
     """The pair from the gateway group's hosts (name, variables, ssh_hostname) in inventory order;
     None for one gateway or none (no keepalived, no peers). Assumes problems() found none (the
     inventory loader refuses such an inventory: voltafleet/inputs/pairvars.py)."""
     if len(gateways) < 2:
         return None
     cfg = gateways[0][1]
-    return Pair(vip=cfg["gateway_vip"], prefix=cfg["gateway_vip_prefix"], interface=cfg["gateway_vip_interface"],
-                router_id=cfg["gateway_vrrp_router_id"], preempt_delay_s=cfg["gateway_vrrp_preempt_delay_s"],
-                peers_port=cfg["gateway_peers_port"], budget_port=cfg["gateway_budget_peer_port"],
-                poll_ms=cfg["gateway_budget_peer_poll_ms"],
-                members=tuple(Member(n, address(n, c, h), alive_url(c)) for n, c, h in gateways))
+    return Pair(vip=cfg.gateway.vip, prefix=cfg.gateway.vip_prefix, interface=cfg.gateway.vip_interface,
+                router_id=cfg.gateway.vrrp_router_id, preempt_delay_s=cfg.gateway.vrrp_preempt_delay_s,
+                peers_port=cfg.gateway.peers_port, budget_port=cfg.gateway.budget_peer_port,
+                poll_ms=cfg.gateway.budget_peer_poll_ms,
+                members=tuple(Member(n, address(n, c.gateway.address, h), alive_url(c)) for n, c, h in gateways))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.ground.errors import Problem
 
 # the throttle reasons that cost tok/s, in words (the smoke client samples them by these names: THROTTLE_BITS)
@@ -214,7 +215,7 @@ def _line(host: str, what: str, fix: str) -> str:
     return f"{host}: {Problem(what, fix).line()} Fix: {fix.rstrip('.')}."
 
 
-def _gpu_refusals(g: dict, cfg: dict) -> list[tuple[str, str]]:
+def _gpu_refusals(g: dict, cfg: Settings) -> list[tuple[str, str]]:
     """(what, fix) for each reason this GPU must not serve."""
     i, out = g["index"], []
     r = g.get("retired")
@@ -238,7 +239,7 @@ def _gpu_refusals(g: dict, cfg: dict) -> list[tuple[str, str]]:
     p = g.get("pcie")
     if not p or None in (p.get("width"), p.get("width_max"), p.get("gen"), p.get("gen_max")):
         out.append(("nvidia-smi -q has no PCIe link record", f"check the driver (nvidia-smi -q -i {i})"))
-    elif cfg["gpu_refuse_pcie_downtrained"]:
+    elif cfg.gpu_health.refuse_pcie_downtrained:
         if p["width"] < p["width_max"]:
             out.append((f"its PCIe link is x{p['width']} of x{p['width_max']}",
                         "reseat the board or its riser; or set gpu_refuse_pcie_downtrained: false where a "
@@ -249,11 +250,11 @@ def _gpu_refusals(g: dict, cfg: dict) -> list[tuple[str, str]]:
     return out
 
 
-def _gpu_warnings(g: dict, cfg: dict, nvlink: dict) -> list[str]:
+def _gpu_warnings(g: dict, cfg: Settings, nvlink: dict) -> list[str]:
     out = []
     r = g.get("retired") or {}
     pages = (r.get("sbe") or 0) + (r.get("dbe") or 0)
-    if pages >= cfg["gpu_retired_pages_warn"]:
+    if pages >= cfg.gpu_health.retired_pages_warn:
         out.append(f"{pages} pages retired of the {VOLTA_RETIRED_PAGES_MAX} a V100 can retire: plan its "
                    "replacement (gpu_retired_pages_warn)")
     reasons = g.get("throttle")
@@ -264,13 +265,13 @@ def _gpu_warnings(g: dict, cfg: dict, nvlink: dict) -> list[str]:
         t = (g.get("temperature") or {}).get("gpu")
         out.append(f"throttled now: {words}" + (f" at {t} C" if t is not None else ""))
     errs = nvlink.get(g["index"]) or {}
-    if sum(errs.values()) > cfg["gpu_nvlink_errors_warn"]:
+    if sum(errs.values()) > cfg.gpu_health.nvlink_errors_warn:
         out.append("NVLink errors: " + ", ".join(f"{k} {v}" for k, v in errs.items() if v)
                    + " (nvidia-smi nvlink -e; gpu_nvlink_errors_warn)")
     return out
 
 
-def judge(host: str, cfg: dict, health: dict | None) -> tuple[list[str], list[str]]:
+def judge(host: str, cfg: Settings, health: dict | None) -> tuple[list[str], list[str]]:
     """(refusals, warnings) of a host's GPUs, each line naming the GPU (index, PCI address,
     serial) and what to do. `health` is parse_fact's result; None: it was not read."""
     if health is None or health.get("error"):
@@ -288,16 +289,16 @@ def judge(host: str, cfg: dict, health: dict | None) -> tuple[list[str], list[st
     for x in health.get("xids", []):
         g = next((g for g in gpus if g["pci"].startswith(x["pci"])), None)
         name = who(g) if g else f"the GPU at {x['pci']} (not listed by nvidia-smi)"
-        if x["xid"] in cfg["gpu_fatal_xids"]:
+        if x["xid"] in cfg.gpu_health.fatal_xids:
             refusals.append(_line(host, f"{name}: Xid {x['xid']} since boot: {x['text'][:120]}",
                                   "drain the host and reboot it; a GPU whose Xid comes back goes to repair "
                                   "(gpu_fatal_xids lists the Xids that refuse)"))
-        elif x["xid"] in cfg["gpu_warn_xids"]:
+        elif x["xid"] in cfg.gpu_health.warn_xids:
             warnings.append(f"{host}: {name}: Xid {x['xid']} since boot: {x['text'][:120]}")
     return refusals, warnings
 
 
-def summary(host: str, cfg: dict, health: dict) -> dict:
+def summary(host: str, cfg: Settings, health: dict) -> dict:
     """The health as the smoke report and the textfile keep it: each GPU with "healthy",
     its Xid counts since boot ({xid: n}) and NVLink counters, plus the refusals and warnings.
 

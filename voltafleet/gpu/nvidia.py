@@ -10,6 +10,8 @@ Facts this rests on (docs/domain.md, with their sources):
 """
 from __future__ import annotations
 
+from voltafleet.inputs.settings import Settings
+
 import re
 
 NVIDIA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -72,7 +74,7 @@ def major(version: str | None) -> int | None:
     return int(version.split(".")[0]) if version else None
 
 
-def refusals(host: str, cfg: dict, gpus: list[dict], installed_nvcc: str | None,
+def refusals(host: str, cfg: Settings, gpus: list[dict], installed_nvcc: str | None,
              installed_driver: str | None) -> list[str]:
     """Why the NVIDIA stack this config asks for cannot serve these GPUs, each with its fix."""
     out = []
@@ -80,30 +82,30 @@ def refusals(host: str, cfg: dict, gpus: list[dict], installed_nvcc: str | None,
     low, high = (min(caps), max(caps)) if caps else (None, None)
     names = ", ".join(sorted({g["name"] for g in gpus})) or "no GPU"
     pre_turing = low is not None and low < TURING
-    if pre_turing and major(cfg["cuda_toolkit_version"]) >= 13:
-        out.append(f"{host}: cuda_toolkit_version is {cfg['cuda_toolkit_version']}, but the host has "
+    if pre_turing and major(cfg.toolchain.cuda_toolkit_version) >= 13:
+        out.append(f"{host}: cuda_toolkit_version is {cfg.toolchain.cuda_toolkit_version}, but the host has "
                    f"{names} (compute capability {low}): CUDA 13 removed Volta support and nvcc 13 cannot "
                    'build sm_70. Fix: set cuda_toolkit_version: "12.8"')
     if pre_turing and installed_nvcc and major(installed_nvcc) >= 13:
         out.append(f"{host}: the installed CUDA toolkit is {installed_nvcc} (nvcc on PATH or /usr/local/cuda), "
                    f"but the host has {names} (compute capability {low}): CUDA 13 cannot build sm_70. "
                    "Fix: remove CUDA 13 or point /usr/local/cuda at 12.x; voltafleet installs "
-                   f"{toolkit_package(cfg['cuda_toolkit_version'])}")
-    if pre_turing and cfg["nvidia_driver_branch"] > LAST_VOLTA_BRANCH:
-        out.append(f"{host}: nvidia_driver_branch is {cfg['nvidia_driver_branch']}, but R{LAST_VOLTA_BRANCH} is "
+                   f"{toolkit_package(cfg.toolchain.cuda_toolkit_version)}")
+    if pre_turing and cfg.toolchain.nvidia_driver_branch > LAST_VOLTA_BRANCH:
+        out.append(f"{host}: nvidia_driver_branch is {cfg.toolchain.nvidia_driver_branch}, but R{LAST_VOLTA_BRANCH} is "
                    f"the last branch that supports {names}. Fix: set nvidia_driver_branch: {LAST_VOLTA_BRANCH}")
-    if pre_turing and cfg["nvidia_driver_flavour"] == "open":
+    if pre_turing and cfg.toolchain.nvidia_driver_flavour == "open":
         out.append(f"{host}: nvidia_driver_flavour is open, but NVIDIA's open kernel modules support "
                    f"Turing and newer only, not {names}. Fix: set nvidia_driver_flavour: proprietary")
-    if high is not None and high >= BLACKWELL and cfg["nvidia_driver_flavour"] == "proprietary":
+    if high is not None and high >= BLACKWELL and cfg.toolchain.nvidia_driver_flavour == "proprietary":
         out.append(f"{host}: {names} (compute capability {high}) needs NVIDIA's open kernel modules. "
                    "Fix: set nvidia_driver_flavour: open for this group")
     if installed_driver and pre_turing and major(installed_driver) > LAST_VOLTA_BRANCH:
         out.append(f"{host}: the installed driver is {installed_driver}, newer than R{LAST_VOLTA_BRANCH}, the last "
                    f"branch for {names}. Fix: install R{LAST_VOLTA_BRANCH} (manage_driver: true) and hold it")
-    if installed_driver and not cfg["manage_driver"] and major(installed_driver) != cfg["nvidia_driver_branch"]:
+    if installed_driver and not cfg.toolchain.manage_driver and major(installed_driver) != cfg.toolchain.nvidia_driver_branch:
         out.append(f"{host}: manage_driver is false and the installed driver is {installed_driver}, not branch "
-                   f"R{cfg['nvidia_driver_branch']}. Fix: align nvidia_driver_branch with the driver managed "
+                   f"R{cfg.toolchain.nvidia_driver_branch}. Fix: align nvidia_driver_branch with the driver managed "
                    "elsewhere, or set manage_driver: true")
     return out + version_refusals(host, cfg)
 
@@ -313,17 +315,17 @@ def driver_preferences(branch: int, target: str | None) -> str | None:
             f"Pin: version {target}-*\nPin-Priority: 1001\n")
 
 
-def version_refusals(host: str, cfg: dict) -> list[str]:
+def version_refusals(host: str, cfg: Settings) -> list[str]:
     """Why nvidia_driver_version cannot be honoured, each with its fix."""
-    target = cfg.get("nvidia_driver_version")
-    if target in (None, "latest") or not cfg["manage_driver"]:
+    target = cfg.toolchain.nvidia_driver_version
+    if target in (None, "latest") or not cfg.toolchain.manage_driver:
         return []
     out = []
-    if major(target) != cfg["nvidia_driver_branch"]:
+    if major(target) != cfg.toolchain.nvidia_driver_branch:
         out.append(f"{host}: nvidia_driver_version is {target}, not a release of branch "
-                   f"R{cfg['nvidia_driver_branch']}. Fix: set a {cfg['nvidia_driver_branch']}.x version, or "
+                   f"R{cfg.toolchain.nvidia_driver_branch}. Fix: set a {cfg.toolchain.nvidia_driver_branch}.x version, or "
                    '"latest"')
-    if cfg["nvidia_driver_source"] == "distro":
+    if cfg.toolchain.nvidia_driver_source == "distro":
         out.append(f"{host}: nvidia_driver_version is {target}, but Ubuntu's archive keeps only the newest "
                    "release of a branch. Fix: set nvidia_driver_version: latest, or nvidia_driver_source: "
                    "nvidia_repo")

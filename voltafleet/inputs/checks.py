@@ -2,7 +2,7 @@
 a host's instances, the context a slot gets, the API key file. Each returns a list of
 Problems (empty when all is well) naming the key, the file that set it and the fix.
 
-    problems = port_problems(cfg, count=8, other_ports={"gateway_port": 8000}, sources=src)
+    problems = port_problems(8080, count=8, other_ports={"gateway_port": 8000}, sources=src)
 """
 from __future__ import annotations
 
@@ -22,12 +22,11 @@ def _src(sources: dict | None, key: str) -> str | None:
     return (sources or {}).get(key)
 
 
-def port_problems(cfg: dict, count: int, other_ports: dict[str, int] | None = None,
+def port_problems(base, count: int, other_ports: dict[str, int] | None = None,
                   sources: dict | None = None) -> list[Problem]:
-    """Instance i listens on server_port_base + i: the whole range must be valid ports an
+    """Instance i listens on `base` (server_port_base) + i: the whole range must be valid ports an
     unprivileged user may bind, and miss every other port the project uses on the host
     (other_ports: {what uses it, e.g. "gateway_port": port})."""
-    base = cfg["server_port_base"]
     if not isinstance(base, int) or isinstance(base, bool) or count < 1:
         return []
     last = base + count - 1
@@ -51,9 +50,8 @@ def port_problems(cfg: dict, count: int, other_ports: dict[str, int] | None = No
     return out
 
 
-def slot_ctx_problems(cfg: dict, sources: dict | None = None) -> list[Problem]:
-    """server_ctx is the KV pool of all slots: each slot gets server_ctx / server_parallel."""
-    ctx, par = cfg.get("server_ctx"), cfg.get("server_parallel")
+def slot_ctx_problems(ctx, par, sources: dict | None = None) -> list[Problem]:
+    """`ctx` (server_ctx) is the KV pool of all slots: each slot gets ctx / `par` (server_parallel)."""
     if not isinstance(ctx, int) or not isinstance(par, int) or par < 1:
         return []
     per = ctx // par

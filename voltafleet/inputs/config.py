@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from voltafleet.inputs import checks, teamvars, urls
+from voltafleet.inputs.settings import Settings
 from voltafleet.planning import flags
 from voltafleet.ground.errors import Problem, format_errors
 
@@ -380,14 +381,16 @@ def mirror_error(v: dict) -> tuple[str, str, str] | None:
     return None
 
 
-def validate_values(host_name: str, values: dict, sources: dict | None = None) -> dict:
+def validate_values(host_name: str, values: dict | Settings, sources: dict | None = None) -> dict:
     """Check a plain dict of voltafleet variables, whatever its source (group_vars, the
     inventory, pyinfra --data): every SCHEMA key, with the same checks and messages as
     the inventory loader. Strings where a number or a bool is wanted are read as pyinfra
     reads --data. Keys outside SCHEMA are ignored (pyinfra's own connection data).
     Returns the checked values (SCHEMA keys only); raises ConfigError naming the host,
-    the file (sources: {key: file}) and the key."""
+    the file (sources: {key: file}) and the key. `settings_of` gives them typed."""
     src = dict(sources or {})
+    if isinstance(values, Settings):
+        values = values.flat()
     v = {key: coerce(key, values.get(key)) for key in SCHEMA}
     for key in SCHEMA:
         check_value(key, v[key], src.get(key), host_name)
@@ -455,11 +458,11 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
         fail(*mirror_problem)
     problems = [Problem(what, fix, src.get("server_extra_flags"), "server_extra_flags")
                 for what, fix in flags.extra_flag_errors(v["server_extra_flags"], v["llama_cpp_ref"])]
-    problems += checks.slot_ctx_problems(v, src)
+    problems += checks.slot_ctx_problems(v["server_ctx"], v["server_parallel"], src)
     if v["server_instances"] is not None:
-        problems += checks.port_problems(v, v["server_instances"], sources=src)
+        problems += checks.port_problems(v["server_port_base"], v["server_instances"], sources=src)
     else:
-        problems += checks.port_problems(v, 1, sources=src)
+        problems += checks.port_problems(v["server_port_base"], 1, sources=src)
     problems += checks.api_key_file_problems(v["server_api_key_file"], src)
     if problems:
         raise ConfigError(problems, host=host_name)
@@ -469,3 +472,7 @@ def validate_values(host_name: str, values: dict, sources: dict | None = None) -
         fail("model_sha256", str(e), "give one sha256 per file of the model")
     return v
 
+
+def settings_of(host_name: str, values: dict | Settings, sources: dict | None = None) -> Settings:
+    """validate_values, typed: what every stage after the inputs reads."""
+    return Settings.of(validate_values(host_name, values, sources))

@@ -14,9 +14,9 @@ SHARED = ("gateway_vip", "gateway_vip_prefix", "gateway_vrrp_router_id", "gatewa
           "gateway_budget_peer_port")
 
 
-def address(name: str, cfg: dict, ssh_hostname: str | None) -> str:
-    """Where the other gateways reach gateway `name`: gateway_address, else its ssh_hostname, else its name."""
-    return cfg.get("gateway_address") or ssh_hostname or name
+def address(name: str, gateway_address: str | None, ssh_hostname: str | None) -> str:
+    """Where the other gateways reach gateway `name`: its gateway_address, else its ssh_hostname, else its name."""
+    return gateway_address or ssh_hostname or name
 
 
 def _ipv4(text: str) -> bool:
@@ -49,7 +49,7 @@ def problems(gateways: list[tuple[str, dict, str | None]]) -> list[tuple[str, st
             out.append((name, "gateway_bind", f"is {cfg['gateway_bind']}, not on gateway_vip {cfg['gateway_vip']}: "
                         "clients would reach one gateway, not the one holding the address",
                         f'set gateway_bind: "{cfg["gateway_vip"]}:{cfg["gateway_bind"].rsplit(":", 1)[1]}"'))
-        me = address(name, cfg, ssh_hostname)
+        me = address(name, cfg.get("gateway_address"), ssh_hostname)
         if not _ipv4(me) or ipaddress.ip_address(me).is_loopback:
             out.append((name, "gateway_address", f"is {me!r} (gateway_address, else ssh_hostname): the other gateways "
                         "need this gateway's own IPv4 address (VRRP unicast, peers, the source its token counts "
@@ -57,7 +57,7 @@ def problems(gateways: list[tuple[str, dict, str | None]]) -> list[tuple[str, st
         elif me == cfg["gateway_vip"]:
             out.append((name, "gateway_address", f"is the shared address {me}",
                         "set gateway_address to the host's own address, not gateway_vip"))
-    addresses = [address(n, c, h) for n, c, h in gateways]
+    addresses = [address(n, c.get("gateway_address"), h) for n, c, h in gateways]
     for name, a in zip([n for n, _, _ in gateways], addresses):
         if addresses.count(a) > 1:
             out.append((name, "gateway_address", f"is {a}, another gateway's too",

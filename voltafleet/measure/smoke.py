@@ -5,6 +5,7 @@ lowest of its three measurements; a disagreement above 15 % is reported.
 """
 from __future__ import annotations
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.gpu.gpuhealth import SLOWDOWNS, reason_words
 from voltafleet.state.metrics import gauge  # the textfile format
 
@@ -75,13 +76,13 @@ def ttft_summary(m: dict) -> dict:
     return {"single": m.get("ttft_ms"), "p50": percentile(par, 50), "p99": percentile(par, 99)}
 
 
-def verdict(report: dict, cfg: dict) -> list[str]:
+def verdict(report: dict, cfg: Settings) -> list[str]:
     """Every threshold an instance missed, as a sentence with the numbers. [] = pass.
     Single-stream tok/s is judged on the conservative figure (see single_stream); a figure
     under its floor names the throttle reason its GPU showed (see slowdown). The quality
     probe is judged against the golden one by voltafleet.models.probe.compare."""
     fails = []
-    cuda = cfg["voltafleet_backend"] == "cuda"
+    cuda = cfg.preflight.backend == "cuda"
     for m in report["instances"]:
         who = f"instance {m['instance']} (port {m['port']})"
         if "error" in m:
@@ -91,21 +92,21 @@ def verdict(report: dict, cfg: dict) -> list[str]:
             off = m.get("offload")
             if not off:
                 fails.append(f"{who}: no 'offloaded N/M layers to GPU' line in the journal")
-            elif off["offloaded"] < off["total"] and not cfg["server_allow_partial_offload"]:
+            elif off["offloaded"] < off["total"] and not cfg.server.allow_partial_offload:
                 fails.append(f"{who}: only {off['offloaded']}/{off['total']} layers on the GPU")
-        why = splits_problem(m.get("splits"), cuda, cfg["server_allow_partial_offload"])
+        why = splits_problem(m.get("splits"), cuda, cfg.server.allow_partial_offload)
         if why:
             fails.append(f"{who}: {why}")
-        if m["ttft_ms"] > cfg["smoke_max_ttft_ms"]:
-            fails.append(f"{who}: time to first token {m['ttft_ms']:.0f} ms > {cfg['smoke_max_ttft_ms']} ms")
+        if m["ttft_ms"] > cfg.smoke.max_ttft_ms:
+            fails.append(f"{who}: time to first token {m['ttft_ms']:.0f} ms > {cfg.smoke.max_ttft_ms} ms")
         single, _, _ = single_stream(m)
-        if single < cfg["smoke_min_single_tps"]:
-            fails.append(f"{who}: single-stream {single:.1f} tok/s < {cfg['smoke_min_single_tps']}{slowdown(m)}")
+        if single < cfg.smoke.min_single_tps:
+            fails.append(f"{who}: single-stream {single:.1f} tok/s < {cfg.smoke.min_single_tps}{slowdown(m)}")
         if m["errors"]:
             fails.append(f"{who}: {len(m['errors'])} of {m['parallel']} parallel streams failed: {m['errors'][0]}")
-        if (m["aggregate_tps"] or 0) < cfg["smoke_min_aggregate_tps"]:
+        if (m["aggregate_tps"] or 0) < cfg.smoke.min_aggregate_tps:
             fails.append(f"{who}: {m['parallel']}-way aggregate {m['aggregate_tps'] or 0:.1f} tok/s "
-                         f"< {cfg['smoke_min_aggregate_tps']}{slowdown(m)}")
+                         f"< {cfg.smoke.min_aggregate_tps}{slowdown(m)}")
     return fails
 
 

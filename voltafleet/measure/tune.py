@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import yaml
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.inputs.config import SCHEMA
 from voltafleet.state.records import Preflight, Tune
 from voltafleet.planning.vram import N_UBATCH  # llama.cpp's -ub when server_ubatch is null
@@ -54,9 +55,9 @@ class Workload:
     repetitions: int
 
     @classmethod
-    def of(cls, cfg: dict) -> "Workload":
-        return cls(cfg["tune_prompt_tokens"], cfg["tune_answer_tokens"], cfg["tune_clients"], cfg["tune_requests"],
-                   cfg["tune_followup_share"], cfg["tune_repetitions"])
+    def of(cls, cfg: Settings) -> "Workload":
+        return cls(cfg.tune.prompt_tokens, cfg.tune.answer_tokens, cfg.tune.clients, cfg.tune.requests,
+                   cfg.tune.followup_share, cfg.tune.repetitions)
 
     def argv(self) -> list[str]:
         return ["--clients", str(self.clients), "--requests", str(self.requests), "--reps", str(self.repetitions),
@@ -77,39 +78,39 @@ def gpu_used_mib(stdout: str) -> float | None:
         return None
 
 
-def candidates(cfg: dict) -> list[Setting]:
+def candidates(cfg: Settings) -> list[Setting]:
     """The bounded set: the shipped setting, then one change at a time (slots at the same context
     a slot, twice the context a slot, the prompt step (ubatch) halved and doubled, n-gram
     drafting, backend sampling, the host-RAM prompt cache on or off, context checkpoints, and on
     CUDA the build variant without FORCE_MMQ, the other release the Volta issue keeps)."""
     out = [Setting("shipped", {})]
-    par, ctx = cfg.get("server_parallel"), cfg.get("server_ctx")
+    par, ctx = cfg.server.parallel, cfg.server.ctx
     if par:
         per_slot = (ctx // par) if ctx else None
         for n in sorted({max(1, par // 2), par * 2} - {par}):
             out.append(Setting(f"slots {n}", {"server_parallel": n, **({"server_ctx": per_slot * n} if per_slot else {})}))
         if ctx and ctx * 2 <= SCHEMA["server_ctx"].max:
             out.append(Setting(f"context {ctx * 2 // par} a slot", {"server_ctx": ctx * 2}))
-    ub = cfg.get("server_ubatch") or N_UBATCH
+    ub = cfg.server.ubatch or N_UBATCH
     for n in (ub // 2, ub * 2):
         if UBATCH_RANGE[0] <= n <= UBATCH_RANGE[1]:
             out.append(Setting(f"ubatch {n}", {"server_ubatch": n}))
-    if not cfg.get("server_spec_ngram"):
+    if not cfg.server.spec_ngram:
         out.append(Setting("n-gram drafts", {"server_spec_ngram": "ngram-mod"}))
-    out.append(Setting(f"backend sampling {'off' if cfg.get('server_backend_sampling') else 'on'}",
-                       {"server_backend_sampling": not cfg.get("server_backend_sampling")}))
-    if cfg.get("server_cache_ram") != 0:
+    out.append(Setting(f"backend sampling {'off' if cfg.server.backend_sampling else 'on'}",
+                       {"server_backend_sampling": not cfg.server.backend_sampling}))
+    if cfg.server.cache_ram != 0:
         out.append(Setting("no host-RAM cache", {"server_cache_ram": 0}))
     else:
         out.append(Setting(f"host-RAM cache {HOST_CACHE_MIB} MiB", {"server_cache_ram": HOST_CACHE_MIB}))
-    checkpoints = cfg.get("server_ctx_checkpoints")
+    checkpoints = cfg.server.ctx_checkpoints
     out.append(Setting("32 checkpoints" if checkpoints != 32 else "no checkpoints",
                        {"server_ctx_checkpoints": 32 if checkpoints != 32 else 0}))
-    extra = list(cfg.get("llama_cpp_cmake_extra") or [])
-    if cfg.get("voltafleet_backend") == "cuda" and FORCE_MMQ in extra:
+    extra = list(cfg.build.cmake_extra or [])
+    if cfg.preflight.backend == "cuda" and FORCE_MMQ in extra:
         out.append(Setting("Volta rule build (no FORCE_MMQ)",
                            {"llama_cpp_cmake_extra": [f for f in extra if f != FORCE_MMQ]}))
-    tried = cfg.get("tune_try")
+    tried = cfg.tune.try_
     return [s for s in out if not s.values or tried is None or kind(s) in tried]
 
 
@@ -175,26 +176,26 @@ def unmeasured(preflight: Preflight | None, rc: int, log) -> tuple[str, str]:
     return "failed", f"no tune record (pyinfra exit {rc}; see {log})"
 
 
-def judge(t: Trial, cfg: dict, vram_mib: float | None) -> str | None:
+def judge(t: Trial, cfg: Settings, vram_mib: float | None) -> str | None:
     """Why a trial can never win (None: it can)."""
     if t.status != "measured":
         return t.reason or t.status
-    if len(t.reps) < cfg["tune_repetitions"]:
-        return f"{len(t.reps)} of {cfg['tune_repetitions']} repetitions"
+    if len(t.reps) < cfg.tune.repetitions:
+        return f"{len(t.reps)} of {cfg.tune.repetitions} repetitions"
     if t.errors():
         return f"{len(t.errors())} request error(s): {t.errors()[0]}"
     if t.probe not in ("match", "recorded"):
         return f"golden probe: {t.probe or 'not compared'}"
     p99 = t.median("ttft_p99_ms")
-    if p99 is None or p99 > cfg["tune_max_ttft_p99_ms"]:
-        return f"TTFT p99 {p99} ms over the objective {cfg['tune_max_ttft_p99_ms']} ms"
+    if p99 is None or p99 > cfg.tune.max_ttft_p99_ms:
+        return f"TTFT p99 {p99} ms over the objective {cfg.tune.max_ttft_p99_ms} ms"
     peak = t.highest("peak_mib")  # every repetition's: one that filled the GPU is not outvoted
-    if vram_mib is not None and (peak is None or peak > vram_mib - cfg["tune_headroom_mib"]):
-        return f"VRAM peak {peak} MiB leaves less than {cfg['tune_headroom_mib']} MiB of {vram_mib:.0f}"
+    if vram_mib is not None and (peak is None or peak > vram_mib - cfg.tune.headroom_mib):
+        return f"VRAM peak {peak} MiB leaves less than {cfg.tune.headroom_mib} MiB of {vram_mib:.0f}"
     return None
 
 
-def winner(trials: list[Trial], cfg: dict, vram_mib: float | None = None) -> Trial | None:
+def winner(trials: list[Trial], cfg: Settings, vram_mib: float | None = None) -> Trial | None:
     ok = [t for t in trials if judge(t, cfg, vram_mib) is None]
     return max(ok, key=lambda t: t.median("throughput_tps") or 0) if ok else None
 
@@ -228,7 +229,7 @@ def calibration(trials: list[Trial], overhead_mib: float | None = None) -> dict:
     return out
 
 
-def table(trials: list[Trial], cfg: dict, vram_mib: float | None = None, best: Trial | None = None) -> str:
+def table(trials: list[Trial], cfg: Settings, vram_mib: float | None = None, best: Trial | None = None) -> str:
     head = f"{'setting':<32} {'status':<9} {'tok/s':>8} {'TTFT p50':>9} {'p99':>8} {'decode':>7} {'peak MiB':>9}  verdict"
     lines = [head, "-" * len(head)]
     for t in trials:
@@ -241,12 +242,12 @@ def table(trials: list[Trial], cfg: dict, vram_mib: float | None = None, best: T
     return "\n".join(lines)
 
 
-def document(group: str, best: Trial | None, trials: list[Trial], cfg: dict, meta: dict,
+def document(group: str, best: Trial | None, trials: list[Trial], cfg: Settings, meta: dict,
              vram_mib: float | None = None) -> str:
     """group_vars/<group>.tuned.yml: `values` (applied after group_vars/<group>.yml) and what
     they were chosen on: every trial's medians, the machine, the commit, the model."""
     values = dict(best.setting.values) if best else {}
-    cal = calibration(trials, cfg.get("vram_cuda_overhead_mib"))
+    cal = calibration(trials, cfg.server.vram_cuda_overhead_mib)
     if cal.get("cuda_overhead_mib") is not None:  # the planner's CUDA context, as measured on this GPU model
         values["vram_cuda_overhead_mib"] = cal["cuda_overhead_mib"]
     doc = {
@@ -256,8 +257,8 @@ def document(group: str, best: Trial | None, trials: list[Trial], cfg: dict, met
                            "golden probe matched" if best else "no setting passed: the shipped values stay"),
                    **({"figures": best.figures()} if best else {})},
         "tuned": {**meta, "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-                  "workload": asdict(Workload.of(cfg)), "objective_ttft_p99_ms": cfg["tune_max_ttft_p99_ms"],
-                  "headroom_mib": cfg["tune_headroom_mib"]},
+                  "workload": asdict(Workload.of(cfg)), "objective_ttft_p99_ms": cfg.tune.max_ttft_p99_ms,
+                  "headroom_mib": cfg.tune.headroom_mib},
         "calibration": cal,
         "trials": [{"setting": t.setting.name, "values": t.setting.values, "status": t.status,
                     "verdict": judge(t, cfg, vram_mib) or "eligible", "probe": t.probe, "seconds": t.seconds,

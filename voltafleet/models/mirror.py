@@ -20,6 +20,7 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.models.modelfiles import model_files  # the model's parts and the draft model: what the fleet fetches
 
 GROUP = "mirror"
@@ -54,16 +55,16 @@ def host_port(address: str, port: int) -> str:
     return f"{address}:{port}"
 
 
-def mirror_of(name: str, data: dict) -> Mirror:
-    """A mirror host's entry from its inventory data (validated variables and ssh_hostname):
-    reached at mirror_address, else the address pyinfra connects to, else its name."""
-    address = data.get("mirror_address") or data.get("ssh_hostname") or name
-    return Mirror(host=name, address=address, port=int(data["mirror_port"]), upstream=origin(data["model_url"]))
+def mirror_of(name: str, cfg: Settings, ssh_hostname: str | None = None) -> Mirror:
+    """A mirror host's entry from its settings and the address pyinfra connects to (ssh_hostname):
+    reached at mirror_address, else ssh_hostname, else its name."""
+    address = cfg.mirror.address or ssh_hostname or name
+    return Mirror(host=name, address=address, port=int(cfg.mirror.port), upstream=origin(cfg.model.url))
 
 
-def mirrors_of(hosts: list[tuple[str, dict]]) -> tuple[Mirror, ...]:
-    """The fleet's mirrors, inventory order: [(name, data)] of the `mirror` group's hosts."""
-    return tuple(mirror_of(name, data) for name, data in hosts)
+def mirrors_of(hosts: list[tuple[str, Settings, str | None]]) -> tuple[Mirror, ...]:
+    """The fleet's mirrors, inventory order: [(name, settings, ssh_hostname)] of the `mirror` group's hosts."""
+    return tuple(mirror_of(name, cfg, ssh) for name, cfg, ssh in hosts)
 
 
 def _score(mirror: Mirror, host: str) -> bytes:
@@ -124,25 +125,25 @@ def allow_list(addresses: list[str]) -> list[str] | None:
     return sorted(out) or None
 
 
-def nginx_vars(cfg: dict, nameservers: list[str], fetchers: list[str] | None = None) -> dict:
+def nginx_vars(cfg: Settings, nameservers: list[str], fetchers: list[str] | None = None) -> dict:
     """The template's variables (templates/nginx-mirror.conf.j2) from a mirror host's
     validated variables and its nameservers; `fetchers`: the addresses allowed to fetch
     (allow_list of the server hosts), None for any."""
-    up = origin(cfg["model_url"])
+    up = origin(cfg.model.url)
     paths = sorted({urlsplit(f.url).path for f in model_files(cfg) if origin(f.url) == up}
-                   | set(cfg.get("mirror_extra_paths") or []))
+                   | set(cfg.mirror.extra_paths or []))
     return {
         "upstream": up,
         "paths": paths,
         "allow": fetchers or [],
         "https": up.startswith("https://"),
-        "listen": host_port(cfg["mirror_listen"], cfg["mirror_port"]),
-        "port": cfg["mirror_port"],
-        "cache_dir": cfg["mirror_cache_dir"],
-        "cache_max_gb": cfg["mirror_cache_max_gb"],
-        "slice_mb": cfg["mirror_slice_mb"],
-        "valid_days": cfg["mirror_cache_valid_days"],
-        "lock_timeout_s": cfg["mirror_lock_timeout_s"],
+        "listen": host_port(cfg.mirror.listen, cfg.mirror.port),
+        "port": cfg.mirror.port,
+        "cache_dir": cfg.mirror.cache_dir,
+        "cache_max_gb": cfg.mirror.cache_max_gb,
+        "slice_mb": cfg.mirror.slice_mb,
+        "valid_days": cfg.mirror.cache_valid_days,
+        "lock_timeout_s": cfg.mirror.lock_timeout_s,
         "socket": SOCKET,
         "resolvers": nameservers,
         "ca_file": CA_FILE,

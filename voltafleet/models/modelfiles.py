@@ -12,6 +12,7 @@ import posixpath
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.inputs import checks
 
 
@@ -29,20 +30,20 @@ def model_filename(url: str) -> str:
     return name
 
 
-def draft_path(cfg: dict) -> str | None:
-    url = cfg["model_draft_url"]
-    return model_dest(cfg["model_dir"], url, cfg["model_draft_sha256"]) if url else None
+def draft_path(cfg: Settings) -> str | None:
+    url = cfg.model.draft_url
+    return model_dest(cfg.model.dir, url, cfg.model.draft_sha256) if url else None
 
 
-def model_files(cfg: dict) -> list[ModelFile]:
+def model_files(cfg: Settings) -> list[ModelFile]:
     """Every file to fetch: each part of a split GGUF (`-00001-of-00003.gguf`; llama-server
     is given the first and finds the rest: voltafleet.inputs.checks.model_parts, the rule the
     settings' check applies too), then the draft model."""
-    parts = checks.model_parts(cfg["model_url"], cfg["model_sha256"])
+    parts = checks.model_parts(cfg.model.url, cfg.model.sha256)
     # every part of a split GGUF in one directory (llama-server finds them by name), keyed by the first part
-    out = [ModelFile(u, model_dest(cfg["model_dir"], u, parts[0][1]), s) for u, s in parts]
-    if cfg["model_draft_url"]:
-        out.append(ModelFile(cfg["model_draft_url"], draft_path(cfg), cfg["model_draft_sha256"]))
+    out = [ModelFile(u, model_dest(cfg.model.dir, u, parts[0][1]), s) for u, s in parts]
+    if cfg.model.draft_url:
+        out.append(ModelFile(cfg.model.draft_url, draft_path(cfg), cfg.model.draft_sha256))
     return out
 
 

@@ -14,6 +14,8 @@ The short probe never reaches that path; the long one must (smoke_probe_long_min
 """
 from __future__ import annotations
 
+from voltafleet.inputs.settings import Settings
+
 import hashlib
 import json
 import math
@@ -37,14 +39,14 @@ def long_prompt() -> str:
     return LONG_PROMPT_FILE.read_text()
 
 
-def probes(cfg: dict) -> list[Probe]:
+def probes(cfg: Settings) -> list[Probe]:
     """The probes of this configuration: [] with smoke_probe off; the short one; the long one
     with smoke_probe_long (same token count, its prompt the fixed long text)."""
-    if not cfg["smoke_probe"]:
+    if not cfg.smoke.probe:
         return []
-    out = [Probe("probe", cfg["smoke_probe_prompt"], cfg["smoke_probe_tokens"])]
-    if cfg.get("smoke_probe_long"):
-        out.append(Probe("probe_long", long_prompt(), cfg["smoke_probe_tokens"], cfg["smoke_probe_long_min_tokens"]))
+    out = [Probe("probe", cfg.smoke.probe_prompt, cfg.smoke.probe_tokens)]
+    if cfg.smoke.probe_long:
+        out.append(Probe("probe_long", long_prompt(), cfg.smoke.probe_tokens, cfg.smoke.probe_long_min_tokens))
     return out
 
 
@@ -100,9 +102,9 @@ def save(model_sha256: str, prompt: str, tokens: int, probe: dict, source: str, 
     return p
 
 
-def speculates(cfg: dict) -> bool:
+def speculates(cfg: Settings) -> bool:
     """Whether the servers draft tokens (MTP, n-gram or a draft model)."""
-    return bool(cfg.get("server_spec_mtp") or cfg.get("server_spec_ngram") or cfg.get("model_draft_url"))
+    return bool(cfg.server.spec_mtp or cfg.server.spec_ngram or cfg.model.draft_url)
 
 
 def unreported(probe: dict) -> set[int]:

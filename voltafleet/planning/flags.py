@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.ground.errors import Problem
 
 # Flags the seed (and older guides) use that the pinned llama.cpp no longer has at all.
@@ -25,62 +26,62 @@ REPLACED = {
 _DESC_COL = 40
 
 
-def server_args(cfg: dict, model_path: str, port: int, api_key_file: str | None,
+def server_args(cfg: Settings, model_path: str, port: int, api_key_file: str | None,
                 draft_path: str | None = None, placement: list[str] | None = None) -> list[str]:
     """argv for one llama-server instance. Options whose defaults llama.cpp now picks for
     you (-ngl auto, --fit on, -np auto, -fa auto) are always explicit, so behaviour does
     not drift with the pinned version. `placement`: the instance's CPU affinity flags
     (voltafleet.planning.hostcpu.CpuPlan.args: -C/-Cb of its GPU's NUMA node), none when not placed."""
-    cuda = cfg["voltafleet_backend"] == "cuda"
+    cuda = cfg.preflight.backend == "cuda"
     args = [
         "-m", model_path,
-        "-ngl", str(cfg["server_gpu_layers"]) if cuda else "0",
+        "-ngl", str(cfg.server.gpu_layers) if cuda else "0",
         "--fit", "off",
-        "-c", str(cfg["server_ctx"]),
-        "-np", str(cfg["server_parallel"]),
-        "-ctk", cfg["server_cache_type_k"],
-        "-ctv", cfg["server_cache_type_v"],
-        "-fa", cfg["server_flash_attn"],
-        *(["-ub", str(cfg["server_ubatch"])] if cfg.get("server_ubatch") else []),  # prompt step: the VRAM plan counts it
-        "-t", str(cfg["server_threads"]),
-        *(["-tb", str(cfg["server_threads_batch"])] if cfg.get("server_threads_batch") else []),
+        "-c", str(cfg.server.ctx),
+        "-np", str(cfg.server.parallel),
+        "-ctk", cfg.server.cache_type_k,
+        "-ctv", cfg.server.cache_type_v,
+        "-fa", cfg.server.flash_attn,
+        *(["-ub", str(cfg.server.ubatch)] if cfg.server.ubatch else []),  # prompt step: the VRAM plan counts it
+        "-t", str(cfg.server.threads),
+        *(["-tb", str(cfg.server.threads_batch)] if cfg.server.threads_batch else []),
         *(placement or []),
         # llama.cpp's default maps the file (its pages reclaimable); "none" reads it into anonymous memory
-        *([] if cfg.get("server_mmap", True) else ["-lm", "none"]),
-        "--host", cfg["server_host"],
+        *([] if cfg.server.mmap else ["-lm", "none"]),
+        "--host", cfg.server.host,
         "--port", str(port),
-        *(["--alias", cfg["server_model_alias"]] if cfg.get("server_model_alias") else []),  # /v1/models's id
+        *(["--alias", cfg.server.model_alias] if cfg.server.model_alias else []),  # /v1/models's id
         # thinking tokens before the answer is forced to start (-1: unbounded); a request's own
         # thinking_budget_tokens overrides it, chat_template_kwargs enable_thinking=false skips it
-        *(["--reasoning-budget", str(cfg["server_reasoning_budget"])]
-          if cfg.get("server_reasoning_budget") is not None else []),
+        *(["--reasoning-budget", str(cfg.server.reasoning_budget)]
+          if cfg.server.reasoning_budget is not None else []),
         "--metrics",
-        *([] if cfg.get("server_slots_endpoint") else ["--no-slots"]),  # /slots shows users' prompts
+        *([] if cfg.server.slots_endpoint else ["--no-slots"]),  # /slots shows users' prompts
         # llama.cpp logs its library's info lines (`offloaded N/M layers to GPU`, buffer
         # sizes) at trace level: 4 keeps them in the journal for the offload check.
         "--log-verbosity", "4",
     ]
-    if cfg.get("server_ctx_checkpoints") is not None:
+    if cfg.server.ctx_checkpoints is not None:
         # hybrid/recurrent models reuse a cached prefix only through these checkpoints
-        args += ["--ctx-checkpoints", str(cfg["server_ctx_checkpoints"])]
-    if cfg.get("server_backend_sampling"):
+        args += ["--ctx-checkpoints", str(cfg.server.ctx_checkpoints)]
+    if cfg.server.backend_sampling:
         args += ["--backend-sampling"]
-    if cfg.get("server_cache_ram") is not None:
+    if cfg.server.cache_ram is not None:
         # the host-RAM prompt cache: 0 turns it off (and the save of idle slots before a request)
-        args += ["--cache-ram", str(cfg["server_cache_ram"])]
-    spec = (["draft-mtp"] if cfg.get("server_spec_mtp") else []) + (
-        [cfg["server_spec_ngram"]] if cfg.get("server_spec_ngram") else [])
+        args += ["--cache-ram", str(cfg.server.cache_ram)]
+    spec = (["draft-mtp"] if cfg.server.spec_mtp else []) + (
+        [cfg.server.spec_ngram] if cfg.server.spec_ngram else [])
     if spec:
         # draft-mtp: the model's own MTP head (the preflight refuses a file without nextn layers);
         # ngram-*: drafts from the context's own n-grams, verified in the main batch (no VRAM)
         args += ["--spec-type", ",".join(spec)]
-    if cfg.get("server_spec_mtp") or draft_path:
-        args += ["--spec-draft-n-max", str(cfg.get("server_spec_draft_max", 3))]
+    if cfg.server.spec_mtp or draft_path:
+        args += ["--spec-draft-n-max", str(cfg.server.spec_draft_max)]
     if draft_path:
-        args += ["-md", draft_path, "-ngld", str(cfg["server_gpu_layers"]) if cuda else "0"]
+        args += ["-md", draft_path, "-ngld", str(cfg.server.gpu_layers) if cuda else "0"]
     if api_key_file:
         args += ["--api-key-file", api_key_file]
-    for extra in cfg["server_extra_flags"]:
+    for extra in cfg.server.extra_flags:
         args += shlex.split(extra)
     return args
 

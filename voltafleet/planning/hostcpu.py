@@ -15,6 +15,8 @@ kernel enforces them. One node, or an unknown topology: no placement flags.
 """
 from __future__ import annotations
 
+from voltafleet.inputs.settings import Settings
+
 from dataclasses import dataclass, field
 
 
@@ -46,9 +48,9 @@ def gpu_nodes(by_address: dict, gpu_addresses: dict | None = None) -> dict[int, 
     return {int(i): n for i, n in pairs if n is not None and n >= 0}
 
 
-def threads(cfg: dict) -> int:
+def threads(cfg: Settings) -> int:
     """Threads one instance runs: the larger of -t and -tb (server_threads_batch null: same as -t)."""
-    return max(int(cfg["server_threads"]), int(cfg.get("server_threads_batch") or cfg["server_threads"]))
+    return max(int(cfg.server.threads), int(cfg.server.threads_batch or cfg.server.threads))
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class CpuPlan:
         return line + (": fits" if not self.problems() else ": does not fit")
 
 
-def plan(cfg: dict, indexes: list[int], cpus: int | None = None, nodes: dict | None = None,
+def plan(cfg: Settings, indexes: list[int], cpus: int | None = None, nodes: dict | None = None,
          gpu_nodes: dict | None = None) -> CpuPlan:
     """The host's CPU plan. `nodes`: {NUMA node: CPU list} (sysfs); `gpu_nodes`: {GPU index: node}
     (None or missing: not known). Instances are placed only when there are several nodes and every
@@ -128,4 +130,4 @@ def plan(cfg: dict, indexes: list[int], cpus: int | None = None, nodes: dict | N
     placement = {}
     if len(nodes) > 1 and indexes and all(gpu_nodes.get(i) in nodes for i in indexes):
         placement = {i: gpu_nodes[i] for i in indexes}
-    return CpuPlan(threads(cfg), tuple(indexes), int(cfg["hostcpu_reserve"]), cpus, nodes, placement)
+    return CpuPlan(threads(cfg), tuple(indexes), int(cfg.server.hostcpu_reserve), cpus, nodes, placement)

@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.planning import vram
 
 MIB = 1024 * 1024
@@ -179,19 +180,19 @@ def size(n: int, unit: str | None = None) -> str:
 # ---------------------------------------------------------------- the terms
 
 
-def speculative_draft(cfg: dict) -> int:
+def speculative_draft(cfg: Settings) -> int:
     """Draft tokens a slot verifies at most: MTP or a draft model (server_spec_draft_max), n-gram
     drafts (vram.NGRAM_DRAFT_MAX); 0 without speculation."""
-    draft = int(cfg.get("server_spec_draft_max", 3)) if cfg.get("server_spec_mtp") or cfg.get("model_draft_url") else 0
-    return max(draft, vram.NGRAM_DRAFT_MAX if cfg.get("server_spec_ngram") else 0)
+    draft = int(cfg.server.spec_draft_max) if cfg.server.spec_mtp or cfg.model.draft_url else 0
+    return max(draft, vram.NGRAM_DRAFT_MAX if cfg.server.spec_ngram else 0)
 
 
-def output_bytes(cfg: dict, shape, slots: int, ctx: int) -> int:
+def output_bytes(cfg: Settings, shape, slots: int, ctx: int) -> int:
     """The output buffer at its largest (llama-context.cpp output_reserve): a row a slot, 1 + draft a
     slot while verifying, at most -b rows; each row n_vocab F32 logits, and with backend sampling
     probabilities, candidates (F32, token ids) and the sampled id too."""
     rows = min(min(N_BATCH, ctx), slots * (1 + speculative_draft(cfg)))
-    per_row = shape.n_vocab * 4 + (3 * shape.n_vocab * 4 + 4 if cfg.get("server_backend_sampling") else 0)
+    per_row = shape.n_vocab * 4 + (3 * shape.n_vocab * 4 + 4 if cfg.server.backend_sampling else 0)
     return max(rows, slots) * per_row
 
 
@@ -216,32 +217,32 @@ def checkpoint_bytes(shape, ctx: int, slots: int, cache_k: str, cache_v: str, ub
     return shape.recurrent_bytes_per_seq + swa + STATE_HEADER * shape.n_layer
 
 
-def checkpoints_per_slot(cfg: dict, shape) -> int:
+def checkpoints_per_slot(cfg: Settings, shape) -> int:
     """--ctx-checkpoints (llama.cpp's 32 when null), one more while speculating (the draft's rollback
     checkpoint); 0 for a model that needs none (neither recurrent nor sliding-window)."""
     if shape is None or not (shape.hybrid or shape.swa_layers):
         return 0
-    n = cfg.get("server_ctx_checkpoints")
+    n = cfg.server.ctx_checkpoints
     return (CHECKPOINTS_DEFAULT if n is None else int(n)) + (1 if speculative_draft(cfg) else 0)
 
 
-def cache_bytes(cfg: dict) -> int:
+def cache_bytes(cfg: Settings) -> int:
     """--cache-ram in bytes (null: llama.cpp's 8192 MiB; 0 off; -1 unbounded: 0 here, refused by the plan)."""
-    mib = cfg.get("server_cache_ram")
+    mib = cfg.server.cache_ram
     mib = CACHE_RAM_DEFAULT_MIB if mib is None else int(mib)
     return max(mib, 0) * MIB
 
 
-def model_bytes(cfg: dict, shape, slots: int, ctx: int, ubatch: int) -> int:
+def model_bytes(cfg: Settings, shape, slots: int, ctx: int, ubatch: int) -> int:
     """The model's host-resident bytes: see the module's docstring."""
-    k, v = cfg["server_cache_type_k"], cfg["server_cache_type_v"]
-    draft = int(cfg.get("server_spec_draft_max", 3)) if cfg.get("server_spec_mtp") else 0
+    k, v = cfg.server.cache_type_k, cfg.server.cache_type_v
+    draft = int(cfg.server.spec_draft_max) if cfg.server.spec_mtp else 0
     state = shape.recurrent_bytes_per_seq * slots * (1 + draft)
-    if cfg["voltafleet_backend"] != "cuda":
-        weights = shape.file_weights + (shape.mtp_bytes if cfg.get("server_spec_mtp") else 0)
+    if cfg.preflight.backend != "cuda":
+        weights = shape.file_weights + (shape.mtp_bytes if cfg.server.spec_mtp else 0)
         return (weights + vram.kv_bytes(shape, ctx, slots, k, v, ubatch) + state
                 + vram.compute_bytes(shape, ctx, slots, k, v, ubatch))
-    layers = cfg.get("server_gpu_layers", "all")
+    layers = cfg.server.gpu_layers
     trunk = shape.n_layer - shape.nextn_layers
     cpu_layers = 0 if layers == "all" else max(0, trunk - int(layers))
     if not cpu_layers:
@@ -252,26 +253,26 @@ def model_bytes(cfg: dict, shape, slots: int, ctx: int, ubatch: int) -> int:
     return shape.tok_embd_bytes + int(share * (shape.weights_gpu + vram.kv_bytes(shape, ctx, slots, k, v, ubatch) + state))
 
 
-def instance(cfg: dict, shape, slots: int | None = None, checkpoints: int | None = None,
+def instance(cfg: Settings, shape, slots: int | None = None, checkpoints: int | None = None,
              cache_mib: int | None = None) -> Instance:
     """One instance's plan from the group's values (server_parallel and server_ctx as the VRAM plan
     resolved them); `slots`, `checkpoints` (a slot) and `cache_mib` override them, for the fixes."""
-    slots = slots or int(cfg.get("server_parallel") or 1)
-    ctx = int(cfg.get("server_ctx") or vram.CTX_LADDER[-1])
-    ubatch = int(cfg.get("server_ubatch") or vram.N_UBATCH)
+    slots = slots or int(cfg.server.parallel or 1)
+    ctx = int(cfg.server.ctx or vram.CTX_LADDER[-1])
+    ubatch = int(cfg.server.ubatch or vram.N_UBATCH)
     cache = cache_bytes(cfg) if cache_mib is None else cache_mib * MIB
-    process = int((cfg["hostmem_process_mib"] + slots * cfg["hostmem_slot_mib"]) * MIB)
-    program = int(cfg["hostmem_program_mib"]) * MIB
-    kernel = int(cfg["hostmem_kernel_mib"]) * MIB
-    mapped = bool(cfg.get("server_mmap", True))
+    process = int((cfg.server.hostmem_process_mib + slots * cfg.server.hostmem_slot_mib) * MIB)
+    program = int(cfg.server.hostmem_program_mib) * MIB
+    kernel = int(cfg.server.hostmem_kernel_mib) * MIB
+    mapped = bool(cfg.server.mmap)
     if shape is None:
         return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel)
     host = output_bytes(cfg, shape, slots, ctx)
-    if cfg["voltafleet_backend"] == "cuda":
+    if cfg.preflight.backend == "cuda":
         host += host_compute_bytes(shape, ctx, slots, ubatch)
     per_slot = checkpoints_per_slot(cfg, shape) if checkpoints is None else checkpoints
     return Instance(process, model_bytes(cfg, shape, slots, ctx, ubatch), mapped, host, slots, per_slot,
-                    checkpoint_bytes(shape, ctx, slots, cfg["server_cache_type_k"], cfg["server_cache_type_v"], ubatch)
+                    checkpoint_bytes(shape, ctx, slots, cfg.server.cache_type_k, cfg.server.cache_type_v, ubatch)
                     if per_slot else 0, cache, program, kernel)
 
 
@@ -287,7 +288,7 @@ def largest(fits, most: int) -> int:
     return lo
 
 
-def fixes(cfg: dict, shape, inst: Instance, instances: int, budget: int) -> list[str]:
+def fixes(cfg: Settings, shape, inst: Instance, instances: int, budget: int) -> list[str]:
     """Each setting that alone would bring one instance within `budget` bytes: the most checkpoints,
     the most slots, the largest host cache, the most instances."""
     out = []
@@ -298,9 +299,9 @@ def fixes(cfg: dict, shape, inst: Instance, instances: int, budget: int) -> list
         if 0 <= n < inst.checkpoints_per_slot - spec:
             out.append(f"server_ctx_checkpoints: {n}" + (" (0: a follow-up that leaves the cached prompt reprocesses "
                                                           "it whole)" if n == 0 else " or fewer"))
-    per_slot_ctx = int(cfg.get("server_ctx") or vram.CTX_LADDER[-1]) // inst.slots
+    per_slot_ctx = int(cfg.server.ctx or vram.CTX_LADDER[-1]) // inst.slots
     for s in range(inst.slots - 1, 0, -1):
-        if instance({**cfg, "server_ctx": per_slot_ctx * s}, shape, slots=s).total <= budget:
+        if instance(cfg.replace(server_ctx=per_slot_ctx * s), shape, slots=s).total <= budget:
             out.append(f"server_parallel: {s} or fewer, with server_ctx: {per_slot_ctx * s} (the same context a slot)")
             break
     if inst.cache_ram:
@@ -313,14 +314,14 @@ def fixes(cfg: dict, shape, inst: Instance, instances: int, budget: int) -> list
     return out
 
 
-def plan(cfg: dict, shape, instances: int, mem_total: int | None = None, mem_available: int | None = None) -> HostMemoryPlan:
+def plan(cfg: Settings, shape, instances: int, mem_total: int | None = None, mem_available: int | None = None) -> HostMemoryPlan:
     """The host's memory plan. `shape`: the model's vram.ModelShape, or None when its GGUF header
     could not be read (then the model, host-buffer and checkpoint terms are 0 and the plan says so)."""
     inst = instance(cfg, shape)
-    reserve = int(cfg["hostmem_reserve_mib"]) * MIB
-    out = HostMemoryPlan(inst, instances, reserve, mem_total, mem_available, float(cfg["hostmem_ceiling_margin"]),
+    reserve = int(cfg.server.hostmem_reserve_mib) * MIB
+    out = HostMemoryPlan(inst, instances, reserve, mem_total, mem_available, float(cfg.server.hostmem_ceiling_margin),
                None if shape is not None else "the model, its host buffers and checkpoints (no GGUF header)",
-               cfg.get("server_cache_ram") == -1)
+               cfg.server.cache_ram == -1)
     if mem_total is not None and out.need > mem_total and instances:
         budget = (mem_total - reserve) // instances
         out = replace(out, fixes=tuple(fixes(cfg, shape, inst, instances, budget)))

@@ -18,6 +18,7 @@ import json
 import posixpath
 from dataclasses import dataclass, field
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.inputs import checks
 from voltafleet.planning import flags as flagmod
 from voltafleet.planning import fingerprint as fpmod
@@ -83,7 +84,7 @@ class BuildSpec:
 @dataclass(frozen=True)
 class HostPlan:
     host: str
-    cfg: dict                          # validated values; server_ctx/parallel resolved by the VRAM plan
+    cfg: Settings                          # validated values; server_ctx/parallel resolved by the VRAM plan
     facts: HostFacts
     instances: tuple[Instance, ...]
     model_files: tuple[ModelFile, ...]
@@ -100,11 +101,11 @@ class HostPlan:
 
     @property
     def cuda(self) -> bool:
-        return self.cfg["voltafleet_backend"] == "cuda"
+        return self.cfg.preflight.backend == "cuda"
 
     @property
     def root(self) -> str:
-        return self.cfg["voltafleet_root"]
+        return self.cfg.preflight.root
 
     @property
     def model_path(self) -> str:
@@ -131,39 +132,39 @@ class HostPlan:
 # ---------------------------------------------------------------- small rules
 
 
-def instances(cfg: dict, gpus: list[dict]) -> list[Instance]:
+def instances(cfg: Settings, gpus: list[dict]) -> list[Instance]:
     """One server per GPU (or server_instances of them); on the CPU backend, server_instances."""
-    if cfg["voltafleet_backend"] == "cuda":
-        count = len(gpus) if cfg["server_instances"] is None else min(cfg["server_instances"], len(gpus))
+    if cfg.preflight.backend == "cuda":
+        count = len(gpus) if cfg.server.instances is None else min(cfg.server.instances, len(gpus))
     else:
-        count = cfg["server_instances"]
-    return [Instance(i, cfg["server_port_base"] + i) for i in range(count)]
+        count = cfg.server.instances
+    return [Instance(i, cfg.server.port_base + i) for i in range(count)]
 
 
-def cuda_archs(cfg: dict, gpus: list[dict]) -> list[int]:
+def cuda_archs(cfg: Settings, gpus: list[dict]) -> list[int]:
     """The configured archs, else each GPU's own compute capability ("7.0" -> 70)."""
-    if cfg["llama_cpp_cuda_archs"]:
-        return sorted(set(cfg["llama_cpp_cuda_archs"]))
+    if cfg.build.cuda_archs:
+        return sorted(set(cfg.build.cuda_archs))
     return sorted({int(g["compute_cap"].replace(".", "")) for g in gpus
                    if g.get("compute_cap") not in (None, "", "unknown")})
 
 
-def connect_host(cfg: dict) -> str:
+def connect_host(cfg: Settings) -> str:
     """Where a program on the server host reaches its servers: the address they bind (127.0.0.1 for a wildcard)."""
-    bind = cfg["server_host"]
+    bind = cfg.server.host
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
 
 
-def health_url(cfg: dict, port: int) -> str:
+def health_url(cfg: Settings, port: int) -> str:
     return f"http://{connect_host(cfg)}:{port}/health"
 
 
-def build_spec(cfg: dict, archs: list[int], commit: str) -> BuildSpec:
-    cuda = cfg["voltafleet_backend"] == "cuda"
-    nvcc = nvidia.toolkit_nvcc(cfg["cuda_toolkit_version"]) if cuda else None
-    flags = fpmod.cmake_flags(cfg["voltafleet_backend"], archs, cfg["llama_cpp_cmake_extra"],
-                              (cfg["server_cache_type_k"], cfg["server_cache_type_v"]), nvcc=nvcc)
-    return BuildSpec(commit, tuple(flags), tuple(cfg["llama_cpp_targets"]), cfg["llama_cpp_repo"],
+def build_spec(cfg: Settings, archs: list[int], commit: str) -> BuildSpec:
+    cuda = cfg.preflight.backend == "cuda"
+    nvcc = nvidia.toolkit_nvcc(cfg.toolchain.cuda_toolkit_version) if cuda else None
+    flags = fpmod.cmake_flags(cfg.preflight.backend, archs, cfg.build.cmake_extra,
+                              (cfg.server.cache_type_k, cfg.server.cache_type_v), nvcc=nvcc)
+    return BuildSpec(commit, tuple(flags), tuple(cfg.build.targets), cfg.build.repo,
                      posixpath.dirname(nvcc) if nvcc else None)
 
 
@@ -176,25 +177,25 @@ def build_argv(script: str, root: str, fp: str, build: BuildSpec, jobs, info: di
 # ---------------------------------------------------------------- refusals
 
 
-def releases_needed(cfg: dict, facts: HostFacts) -> int:
+def releases_needed(cfg: Settings, facts: HostFacts) -> int:
     """Releases that may still land on the host: it holds at most the new one, the current, the
     last good and llama_cpp_keep_releases (roles/server prunes the rest after the switch); those
     already there take no more space. At least one: this rollout's may be new."""
-    return max(1, 3 + cfg["llama_cpp_keep_releases"] - (facts.releases or 0))
+    return max(1, 3 + cfg.build.keep_releases - (facts.releases or 0))
 
 
-def disk_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
+def disk_refusals(host_name: str, cfg: Settings, facts: HostFacts) -> list[str]:
     """Free disk for the model (unless it is there, verified: never counted twice), a build and the
     releases still to be kept (preflight_release_mib each), on one filesystem or on each."""
     need_model = 0 if facts.model_present else int((facts.model_bytes or 0) * 1.02)  # 2 % margin
     n = releases_needed(cfg, facts)
-    need_releases = n * cfg["preflight_release_mib"] * 1024 * 1024
-    need_build = int(cfg["preflight_build_disk_gb"] * GIB) + need_releases
-    build = (f"build ({float(cfg['preflight_build_disk_gb']):.1f} GiB, preflight_build_disk_gb) and {n} more "
+    need_releases = n * cfg.preflight.release_mib * 1024 * 1024
+    need_build = int(cfg.preflight.build_disk_gb * GIB) + need_releases
+    build = (f"build ({float(cfg.preflight.build_disk_gb):.1f} GiB, preflight_build_disk_gb) and {n} more "
              f"release(s) kept ({need_releases / GIB:.1f} GiB: preflight_release_mib each; the host keeps the new one, "
-             f"the current, the last good and llama_cpp_keep_releases {cfg['llama_cpp_keep_releases']}, and has "
+             f"the current, the last good and llama_cpp_keep_releases {cfg.build.keep_releases}, and has "
              f"{facts.releases or 0})")
-    fix = ("Fix: free disk space" + (", or lower llama_cpp_keep_releases" if cfg["llama_cpp_keep_releases"] else ""))
+    fix = ("Fix: free disk space" + (", or lower llama_cpp_keep_releases" if cfg.build.keep_releases else ""))
     free_model, free_root = facts.free_model, facts.free_root
     errors = []
     if free_model is not None and free_root is not None and facts.same_fs:
@@ -203,41 +204,41 @@ def disk_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
                           f"plus {build} = {(need_model + need_build) / GIB:.1f} GiB. {fix}")
         return errors
     if free_model is not None and free_model < need_model:
-        errors.append(f"{host_name}: {free_model / GIB:.1f} GiB free in {cfg['model_dir']}, "
+        errors.append(f"{host_name}: {free_model / GIB:.1f} GiB free in {cfg.model.dir}, "
                       f"the model needs {need_model / GIB:.1f} GiB")
     if free_root is not None and free_root < need_build:
-        errors.append(f"{host_name}: {free_root / GIB:.1f} GiB free in {cfg['voltafleet_root']}, "
+        errors.append(f"{host_name}: {free_root / GIB:.1f} GiB free in {cfg.preflight.root}, "
                       f"a {build} need {need_build / GIB:.1f} GiB. {fix}")
     return errors
 
 
-def host_refusals(host_name: str, cfg: dict, facts: HostFacts) -> list[str]:
+def host_refusals(host_name: str, cfg: Settings, facts: HostFacts) -> list[str]:
     """Every reason not to touch this host that the facts alone show, each naming the host."""
     errors = []
-    if facts.os not in cfg["preflight_supported_os"]:
-        errors.append(f"{host_name}: OS {facts.os} is not one of {', '.join(cfg['preflight_supported_os'])} "
+    if facts.os not in cfg.preflight.supported_os:
+        errors.append(f"{host_name}: OS {facts.os} is not one of {', '.join(cfg.preflight.supported_os)} "
                       "(preflight_supported_os)")
     gpus = facts.gpus
-    if cfg["voltafleet_backend"] == "cuda":
+    if cfg.preflight.backend == "cuda":
         if not gpus:
             errors.append(f"{host_name}: is in a CUDA group but nvidia-smi lists 0 GPUs "
                           "(no driver yet? set manage_driver: true; or move the host to a cpu group)")
-        if cfg["server_instances"] and gpus and cfg["server_instances"] > len(gpus):
-            errors.append(f"{host_name}: server_instances is {cfg['server_instances']} but the host has "
+        if cfg.server.instances and gpus and cfg.server.instances > len(gpus):
+            errors.append(f"{host_name}: server_instances is {cfg.server.instances} but the host has "
                           f"{len(gpus)} GPU(s)")
         driver = next((g["driver_version"] for g in gpus if g.get("driver_version")), None)
         errors += nvidia.refusals(host_name, cfg, gpus, facts.nvcc, driver)
         errors += gpu_health(host_name, cfg, facts)[0]
-        if cfg["manage_driver"]:
+        if cfg.toolchain.manage_driver:
             try:
-                nvidia.driver_packages(facts.os, cfg["nvidia_driver_source"], cfg["nvidia_driver_branch"],
-                                       cfg["nvidia_driver_flavour"])
+                nvidia.driver_packages(facts.os, cfg.toolchain.nvidia_driver_source, cfg.toolchain.nvidia_driver_branch,
+                                       cfg.toolchain.nvidia_driver_flavour)
             except ValueError as e:
                 errors.append(f"{host_name}: {e}")
     return errors + disk_refusals(host_name, cfg, facts)
 
 
-def gpu_health(host_name: str, cfg: dict, facts: HostFacts) -> tuple[list[str], list[str]]:
+def gpu_health(host_name: str, cfg: Settings, facts: HostFacts) -> tuple[list[str], list[str]]:
     """(refusals, warnings) of the boards (voltafleet.gpu.gpuhealth.judge) of a CUDA host whose
     driver answers; none before the driver is installed (GPUs seen on the PCI bus only):
     the smoke test judges them once it is."""
@@ -246,24 +247,24 @@ def gpu_health(host_name: str, cfg: dict, facts: HostFacts) -> tuple[list[str], 
     return gpuhealth.judge(host_name, cfg, facts.gpu_health)
 
 
-def vram_decision(cfg: dict, gpus: list[dict], header: Header | str | None, sources: dict | None = None):
+def vram_decision(cfg: Settings, gpus: list[dict], header: Header | str | None, sources: dict | None = None):
     """(cfg with -c/-np resolved, the vram.VramPlan or None, a note, an error or None) for the
     smallest GPU of the host (voltafleet.planning.vram.decide). `header` is the model's GGUF header,
     or why it could not be read: then the host is refused unless vram_plan_required is false."""
     src = (sources or {}).get("model_url") or "group_vars"
     d = vram.decide(cfg, min(g["memory_mib"] for g in gpus), header if header is not None else "no header",
                     source=src, archs=cuda_archs(cfg, gpus))
-    return {**cfg, "server_ctx": d.ctx, "server_parallel": d.parallel}, d.plan, d.text, d.error
+    return cfg.replace(server_ctx=d.ctx, server_parallel=d.parallel), d.plan, d.text, d.error
 
 
-def host_resources(cfg: dict, facts: HostFacts, header: Header | str | None,
+def host_resources(cfg: Settings, facts: HostFacts, header: Header | str | None,
                    insts: list[Instance]) -> tuple[hostmem.HostMemoryPlan, hostcpu.CpuPlan]:
     """The host-memory plan (voltafleet.planning.hostmem: every instance at its worst, against MemTotal) and
     the CPU plan (voltafleet.planning.hostcpu: threads against CPUs; on a CUDA host with several NUMA nodes,
     each instance on its GPU's node). `cfg` has -c/-np resolved by the VRAM plan."""
     shape = vram.shape_of(header) if isinstance(header, Header) else None
     mem = hostmem.plan(cfg, shape, len(insts), facts.mem_total, facts.mem_available)
-    gpu_nodes = facts.gpu_numa if cfg["voltafleet_backend"] == "cuda" else None
+    gpu_nodes = facts.gpu_numa if cfg.preflight.backend == "cuda" else None
     cpu = hostcpu.plan(cfg, [i.index for i in insts], facts.cpus, facts.numa_nodes, gpu_nodes)
     return mem, cpu
 
@@ -271,7 +272,7 @@ def host_resources(cfg: dict, facts: HostFacts, header: Header | str | None,
 # ---------------------------------------------------------------- the plan
 
 
-def make_plan(host_name: str, cfg: dict, facts: HostFacts, header: Header | str | None = None,
+def make_plan(host_name: str, cfg: Settings, facts: HostFacts, header: Header | str | None = None,
               commit: str | None = None, sources: dict | None = None,
               other_ports: dict[str, int] | None = None) -> HostPlan:
     """The whole plan of one host. `header`: the model's GGUF header (or why it could not
@@ -279,7 +280,7 @@ def make_plan(host_name: str, cfg: dict, facts: HostFacts, header: Header | str 
     `sources`: {key: file that set it}, for the refusals; `other_ports`: ports other
     services of the project use on this host ({what: port})."""
     refusals = host_refusals(host_name, cfg, facts)
-    cuda = cfg["voltafleet_backend"] == "cuda"
+    cuda = cfg.preflight.backend == "cuda"
     plan_vram = note = None
     if cuda and facts.gpus:
         cfg, plan_vram, note, error = vram_decision(cfg, facts.gpus, header, sources)
@@ -292,14 +293,15 @@ def make_plan(host_name: str, cfg: dict, facts: HostFacts, header: Header | str 
     if commit and (archs or not cuda):
         build = build_spec(cfg, archs, commit)
     insts = instances(cfg, facts.gpus)
-    for problem in checks.port_problems(cfg, len(insts), other_ports, sources) + checks.slot_ctx_problems(cfg, sources):
+    for problem in (checks.port_problems(cfg.server.port_base, len(insts), other_ports, sources)
+                    + checks.slot_ctx_problems(cfg.server.ctx, cfg.server.parallel, sources)):
         refusals.append(f"{host_name}: {problem.line()} Fix: {problem.fix}")
     warnings = list(gpu_health(host_name, cfg, facts)[1]) if cuda else []
     mem, cpu = host_resources(cfg, facts, header, insts)
-    for why, required in ((mem.refusal(host_name), cfg["hostmem_plan_required"]), (cpu.refusal(host_name), True)):
+    for why, required in ((mem.refusal(host_name), cfg.server.hostmem_plan_required), (cpu.refusal(host_name), True)):
         if why:
             (refusals if required else warnings).append(why)
-    key = API_KEY_PATH if cfg["server_api_key_file"] else None
+    key = API_KEY_PATH if cfg.server.api_key_file else None
     argv = {i.index: flagmod.server_args(cfg, files[0].dest, i.port, key, draft, cpu.args(i.index)) for i in insts}
     return HostPlan(host=host_name, cfg=cfg, facts=facts, instances=tuple(insts), model_files=tuple(files),
                     draft_path=draft, cuda_archs=tuple(archs), build=build, vram=plan_vram, vram_note=note,

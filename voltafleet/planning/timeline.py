@@ -23,6 +23,8 @@ The model follows how the rollout runs:
 """
 from __future__ import annotations
 
+from voltafleet.inputs.settings import Settings
+
 from dataclasses import asdict, dataclass, field, fields
 
 MIB = 1024 ** 2
@@ -47,9 +49,9 @@ class Constants:
     probe_s: float = 15.0        # a converged host's quality probe (no restart)
 
     @classmethod
-    def from_cfg(cls, cfg: dict) -> "Constants":
+    def from_cfg(cls, cfg: Settings) -> "Constants":
         """From a host's validated variables (`plan_run_s`, `plan_model_mib_s`, ...)."""
-        return cls(**{f.name: float(cfg[f"plan_{f.name}"]) for f in fields(cls)})
+        return cls(**{f.name: float(getattr(cfg.timeline, f.name)) for f in fields(cls)})
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Constants":

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jinja2
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.planning import hostmem
 from voltafleet.planning.hostplan import ENV_DIR, HostPlan
 
@@ -44,19 +45,19 @@ def ceiling(memory: hostmem.HostMemoryPlan | None) -> hostmem.HostMemoryPlan | N
     return memory
 
 
-def unit_vars(cfg: dict, systemd_version: int, memory: hostmem.HostMemoryPlan | None = None) -> dict:
+def unit_vars(cfg: Settings, systemd_version: int, memory: hostmem.HostMemoryPlan | None = None) -> dict:
     """The template's inputs; `memory`: the host-memory plan (voltafleet.planning.hostmem.HostMemoryPlan) or None,
     whose per-instance MemoryMax= the unit carries (the same for every instance; no MemoryHigh:
     voltafleet.planning.hostmem)."""
     memory = ceiling(memory)
-    return dict(service_user=cfg["server_user"], root=cfg["voltafleet_root"], env_dir=ENV_DIR,
-                model_dir=cfg["model_dir"], cuda=cfg["voltafleet_backend"] == "cuda",
+    return dict(service_user=cfg.server.user, root=cfg.preflight.root, env_dir=ENV_DIR,
+                model_dir=cfg.model.dir, cuda=cfg.preflight.backend == "cuda",
                 start_timeout=START_TIMEOUT, restart_backoff=systemd_version >= 254,
-                oom_score_adjust=cfg["server_oom_score_adjust"],
+                oom_score_adjust=cfg.server.oom_score_adjust,
                 memory_max=None if memory is None else int(memory.memory_max))
 
 
-def render_unit(cfg: dict, systemd_version: int, memory: hostmem.HostMemoryPlan | None = None) -> str:
+def render_unit(cfg: Settings, systemd_version: int, memory: hostmem.HostMemoryPlan | None = None) -> str:
     """The unit as files.template renders it (same template, same jinja2 settings); rendered
     once per distinct set of inputs (a fleet's hosts mostly share one)."""
     return _render(UNIT_TEMPLATE.name, tuple(sorted(unit_vars(cfg, systemd_version, memory).items())))
@@ -80,10 +81,10 @@ def memory_plan_file(plan: HostPlan) -> str:
     return "\n".join(lines + [f"instance {i.index} {planned}" for i in plan.instances]) + "\n"
 
 
-def memory_units(cfg: dict) -> dict[str, str]:
+def memory_units(cfg: Settings) -> dict[str, str]:
     """{path: text} of voltafleet-memory.service (the script, once, hardened) and its timer
     (every MEMORY_PERIOD_S seconds)."""
-    values = tuple(sorted(dict(root=cfg["voltafleet_root"], textfile_dir=cfg["smoke_textfile_dir"],
+    values = tuple(sorted(dict(root=cfg.preflight.root, textfile_dir=cfg.smoke.textfile_dir,
                                plan=MEMORY_PLAN_PATH, period=MEMORY_PERIOD_S, unit=MEMORY_UNIT).items()))
     return {path: _render(f"{MEMORY_UNIT}.{kind}.j2", values) for kind, path in MEMORY_UNIT_PATHS.items()}
 

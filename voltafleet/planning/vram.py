@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from voltafleet.inputs.settings import Settings
 from voltafleet.models.gguf_header import Header
 
 MIB = 1024 * 1024
@@ -171,18 +172,18 @@ NGRAM_DRAFT_MAX = 64         # common_params_speculative_ngram_mod.n_max: an n-g
 POOL_SCRATCH = {"volta": 160 * MIB, "cublas": 160 * MIB, "mmq": 32 * MIB}
 
 
-def route(cfg: dict, archs: list[int] | None) -> str:
+def route(cfg: Settings, archs: list[int] | None) -> str:
     """Which quantized matrix products the build sends through cuBLAS (ggml-cuda mmq.cu,
     ggml_cuda_should_use_mmq, at the pinned commit):
       cublas  GGML_CUDA_FORCE_CUBLAS: every batch over 8 rows (MMVQ takes up to 8)
       mmq     GGML_CUDA_FORCE_MMQ, a CPU build, or only GPUs with int8 tensor cores (7.5+): none
       volta   otherwise, a GPU below 7.5 (Volta): batches of 64+ rows"""
-    extra = " ".join(cfg.get("llama_cpp_cmake_extra") or [])
+    extra = " ".join(cfg.build.cmake_extra or [])
     if "GGML_CUDA_FORCE_CUBLAS=ON" in extra:
         return "cublas"
-    if cfg.get("voltafleet_backend", "cuda") != "cuda" or "GGML_CUDA_FORCE_MMQ=ON" in extra:
+    if cfg.preflight.backend != "cuda" or "GGML_CUDA_FORCE_MMQ=ON" in extra:
         return "mmq"
-    archs = archs or cfg.get("llama_cpp_cuda_archs") or []
+    archs = archs or cfg.build.cuda_archs or []
     return "volta" if any(a < 75 for a in archs) else "mmq"
 
 
@@ -354,7 +355,7 @@ class Decision:
     plan: VramPlan | None = None
 
 
-def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group_vars",
+def decide(cfg: Settings, gpu_mib: int, header: "Header | str", source: str = "group_vars",
            archs: list[int] | None = None) -> Decision:
     """Pure preflight decision. `header` is the model's parsed GGUF header, or the error text
     from reading it; `archs` the build's CUDA archs (else llama_cpp_cuda_archs). Rules:
@@ -364,10 +365,10 @@ def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group
       * server_spec_mtp on a file without nextn layers: refuse with the fix.
       * otherwise plan (MTP speculation counted when served) and refuse a plan that does not fit.
     """
-    ctx, np_ = cfg["server_ctx"], cfg["server_parallel"]
-    url = cfg["model_url"]
+    ctx, np_ = cfg.server.ctx, cfg.server.parallel
+    url = cfg.model.url
     if isinstance(header, str):
-        if not cfg.get("vram_plan_required", True) and ctx and np_:
+        if not cfg.server.vram_plan_required and ctx and np_:
             return Decision(ctx, np_, f"not planned (vram_plan_required: false): could not read the GGUF "
                                       f"header of {url} ({header})", None)
         fix = ("make model_url reachable from the controller (HTTP Range) so the plan can be checked"
@@ -377,17 +378,17 @@ def decide(cfg: dict, gpu_mib: int, header: "Header | str", source: str = "group
                                         f"VRAM ({header}). Fix: {fix}")
     m = shape_of(header)
     draft = 0
-    if cfg.get("server_spec_mtp"):
+    if cfg.server.spec_mtp:
         if not m.nextn_layers:
             return Decision(ctx, np_, None, (
                 f"{source}: server_spec_mtp: is true, but {url} has no MTP head (nextn_predict_layers is "
                 f"{header.get('nextn_predict_layers', 0) or 0}, block_count {m.n_layer}). Fix: set "
                 "server_spec_mtp: false, or point model_url at a GGUF converted with its MTP block "
                 "(block_count 65, nextn_predict_layers 1 for Qwen3.6-27B)"))
-        draft = int(cfg.get("server_spec_draft_max", 3))
-    p = choose(m, ctx, np_, cfg["server_cache_type_k"], cfg["server_cache_type_v"], gpu_mib,
-               cfg["vram_headroom_mib"], cfg["vram_cuda_overhead_mib"], draft, route(cfg, archs),
-               bool(cfg.get("server_spec_ngram")), cfg.get("server_ubatch") or N_UBATCH)
+        draft = int(cfg.server.spec_draft_max)
+    p = choose(m, ctx, np_, cfg.server.cache_type_k, cfg.server.cache_type_v, gpu_mib,
+               cfg.server.vram_headroom_mib, cfg.server.vram_cuda_overhead_mib, draft, route(cfg, archs),
+               bool(cfg.server.spec_ngram), cfg.server.ubatch or N_UBATCH)
     if p.fits:
         return Decision(p.ctx, p.parallel, p.describe(), None, p)
     fix = "lower server_ctx or server_parallel, use q8_0 KV (server_cache_type_k/v), or a smaller quant"

@@ -137,7 +137,7 @@ def release_key(plan: HostPlan, obs: Observed) -> str | None:
 def toolchain_needs(plan: HostPlan, obs: Observed) -> list[str]:
     needs = [] if obs.compiler else ["build tools"]
     if plan.cuda and not obs.toolkit:
-        needs.append(f"CUDA toolkit {plan.cfg['cuda_toolkit_version']}")
+        needs.append(f"CUDA toolkit {plan.cfg.toolchain.cuda_toolkit_version}")
     return needs
 
 
@@ -169,11 +169,11 @@ def host_change(plan: HostPlan, obs: Observed, unit_text: str) -> HostChange:
     return HostChange(
         host=plan.host, warnings=list(plan.warnings), fingerprint=obs.fingerprint, release_key=release_key(plan, obs),
         current=obs.current, present=bool(obs.fingerprint) and obs.fingerprint in obs.releases,
-        shared=cfg["llama_cpp_build_strategy"] == "shared", toolchain=toolchain_needs(plan, obs), flags=flags,
+        shared=cfg.build.strategy == "shared", toolchain=toolchain_needs(plan, obs), flags=flags,
         unit=unit, downloads=downloads, driver=driver, driver_why=driver_why, driver_managed=obs.driver is not None,
         restart=restart,
-        restart_why=why if restart else [], retire=retire, instances=len(want), smoke=cfg["smoke_enabled"],
-        probe=cfg["smoke_probe"], constants=asdict(timeline.Constants.from_cfg(cfg)), resources=plan.resource_lines())
+        restart_why=why if restart else [], retire=retire, instances=len(want), smoke=cfg.smoke.enabled,
+        probe=cfg.smoke.probe, constants=asdict(timeline.Constants.from_cfg(cfg)), resources=plan.resource_lines())
 
 
 # ---------------------------------------------------------------- the fleet
