@@ -1,4 +1,4 @@
-"""Facts read once until a change (host_fact), ref resolution and model sizes once per run, and
+"""Facts read once until a change (host_fact), ref resolution, model sizes and GGUF headers once per run, and
 a host's release fingerprint from its live facts."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from roles.run import RefError, fleet_plan, host_config, once_per_run
 from voltafleet.planning import hostplan
 from voltafleet.state import refs
 from voltafleet.planning.hostplan import BuildSpec
+from voltafleet.models import gguf_header
 from voltafleet.models.modelmeta import remote_size
 
 
@@ -32,6 +33,16 @@ def resolve_ref(repo: str, ref: str) -> str:
 
 
 _resolve = once_per_run(refs.resolve)
+
+
+@once_per_run
+def model_header(url: str):
+    """The model's GGUF header, read once per run over HTTP Range (the other hosts wait for
+    it); an error text if not."""
+    try:
+        return gguf_header.read_url(url)
+    except Exception as e:  # reported by the plan with the fix
+        return f"{type(e).__name__}: {e}"
 
 
 @once_per_run

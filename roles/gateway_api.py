@@ -195,5 +195,5 @@ def drain_host(plan):
     toolchain role calls it before the servers stop for a driver change)."""
     def hook(state, host):
         for inst in plan.instances:
-            drain(state, host.name, inst.index, drain_timeout(plan.cfg))
+            drain(state, host.name, inst.index, drain_timeout(plan.settings))
     return hook

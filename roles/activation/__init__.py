@@ -42,7 +42,7 @@ def _restart(state, host, plan: HostPlan, index: int, timings: dict) -> int:
     """Drain (confirmed) then restart one instance; the streams a drain had to cut. `timings`
     gets the seconds of each (the plan's drain and restart constants are calibrated from them)."""
     t0 = time.monotonic()
-    cut = drain(state, host.name, index, drain_timeout(plan.cfg)) if gateway_hosts(state) else 0
+    cut = drain(state, host.name, index, drain_timeout(plan.settings)) if gateway_hosts(state) else 0
     t1 = time.monotonic()
     ok, out = sh(host, restart_command(index))
     timings["drain_s"].append(round(t1 - t0, 2))
@@ -61,7 +61,7 @@ def _current_release(host, plan: HostPlan) -> str | None:
 
 
 def _after_pass(state, host, plan: HostPlan, report: dict, judge) -> None:
-    cfg = plan.cfg
+    cfg = plan.settings
     ok, out = sh(host, _good(plan, "record"))
     if not ok:
         raise Failed("smoke", f"could not record the good snapshot: {out.stderr.strip()[:200]}")
@@ -74,7 +74,7 @@ def _after_pass(state, host, plan: HostPlan, report: dict, judge) -> None:
 def _roll_back(state, host, plan: HostPlan, failure: rollback.Failure, report: dict,
                judge) -> tuple[str, str]:
     """Carry out rollback.decide's steps; (status, reason) for the record."""
-    cfg = plan.cfg
+    cfg = plan.settings
     has_good, _ = sh(host, q(bin_path(plan, "vf-good"), "has", plan.root, GOOD_DIR))
     facts = rollback.Facts(has_good=has_good, rollback=cfg.smoke.rollback,
                            instances=[i.index for i in plan.instances])
@@ -127,7 +127,7 @@ def _roll_back(state, host, plan: HostPlan, failure: rollback.Failure, report: d
 
 def _activate(state, host, plan: HostPlan, todo: list[int], judge) -> bool:
     """Restart `todo` (drained), smoke, and on any failure roll back; write the outcome."""
-    cfg = plan.cfg
+    cfg = plan.settings
     restarted, cut, report = [], 0, {"instances": []}
     timings = {"drain_s": [], "restart_s": [], "smoke_s": None}  # seconds, for the plan's calibration
     failure = gold = None
@@ -195,7 +195,7 @@ def _activate(state, host, plan: HostPlan, todo: list[int], judge) -> bool:
 
 def _converged(plan: HostPlan, judge):
     """Nothing restarts: probe every instance against the golden probe; record the outcome."""
-    cfg = plan.cfg
+    cfg = plan.settings
     gold = judge.golden()
     idx = [i.index for i in plan.instances]
     common = dict(flags=plan.argv[idx[0]] if idx else [], model_sha256=plan.model_files[0].sha256, converged=True)

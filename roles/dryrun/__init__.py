@@ -31,7 +31,7 @@ def _toolkit(plan: HostPlan) -> bool | None:
 
 def _driver(plan: HostPlan) -> dict | None:
     """voltafleet.gpu.nvidia.driver_plan of this host (None: cpu, or a driver managed elsewhere)."""
-    cfg = plan.cfg
+    cfg = plan.settings
     if not plan.cuda or not cfg.toolchain.manage_driver:
         return None
     nvswitch = bool(nvidia.nvswitches(host.get_fact(NvidiaPci)))
@@ -66,7 +66,7 @@ def dry_run(plan: HostPlan) -> dryrun.HostChange:
     else:
         change = dryrun.host_change(plan, observed(plan), plan_unit(plan))
     change.run = run_context().run
-    dryrun.write(report_dir(plan.cfg), change)
+    dryrun.write(report_dir(plan.settings), change)
     return change
 
 

@@ -28,7 +28,7 @@ from pyinfra.api import FactBase, FunctionCommand, deploy, operation
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files, systemd
 
-from roles.factcache import host_fact
+from roles.factcache import host_fact, model_header
 
 from roles.gateway_api import fleet_pair, is_server, server_address
 
@@ -64,8 +64,9 @@ def server_backends(state) -> list[gw.Backend]:
             continue
         cfg = host_config(h)
         gpus = host_fact(h, Gpus) if cfg.preflight.backend == "cuda" else []
-        # slots: the instance's -np (unset, the VRAM plan picks it: known in a rollout's fleet plan)
-        planned.append((h.name, server_address(h), [i.port for i in hostplan.instances(cfg, gpus)], cfg.server.parallel,
+        # slots: the instance's -np as its host plan decides it (the VRAM plan's on a CUDA host)
+        slots, _ = hostplan.decided_slots_ctx(cfg, gpus, model_header(cfg.model.url) if gpus else None)
+        planned.append((h.name, server_address(h), [i.port for i in hostplan.instances(cfg, gpus)], slots,
                         cfg.server.tier))
     live = host.get_fact(HAProxyBackends, path=LIVE) if unplanned else []
     return gw.fleet_backends(planned, unplanned, live)

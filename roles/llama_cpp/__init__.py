@@ -81,7 +81,7 @@ def build_command(plan: HostPlan, fp: str, toolkit: str | None, cxx: str) -> str
     info = {"fingerprint": fp, "commit": b.commit, "flags": list(b.flags), "toolkit": toolkit,
             "compiler": cxx, "built_on": plan.host, "repo": b.repo}
     args = hostplan.build_argv(bin_path(plan, "vf-build-release"), plan.root, fp, b,
-                               plan.cfg.build.jobs, info)
+                               plan.settings.build.jobs, info)
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -120,7 +120,7 @@ def _built(state, host, plan: HostPlan, fp: str) -> bool:
         seconds = float(out.stdout.strip()) if ok else None
     except ValueError:
         seconds = None
-    RunDir(report_dir(plan.cfg)).write(Build(host=host.name, run=run_context().run, fingerprint=fp, built=True,
+    RunDir(report_dir(plan.settings)).write(Build(host=host.name, run=run_context().run, fingerprint=fp, built=True,
                                              seconds=seconds))
     return True
 
@@ -213,7 +213,7 @@ def _installed(state, host, plan: HostPlan, fp: str) -> bool:
     t0 = time.monotonic()
     if not _ship(state, host, plan, fp):
         return False
-    RunDir(report_dir(plan.cfg)).write(Build(host=host.name, run=run_context().run, fingerprint=fp, built=False,
+    RunDir(report_dir(plan.settings)).write(Build(host=host.name, run=run_context().run, fingerprint=fp, built=False,
                                              seconds=round(time.monotonic() - t0, 1),
                                              source=release_builder(RELEASE_CACHE, fp)))
     return True
@@ -227,7 +227,7 @@ def llama_cpp(plan: HostPlan) -> None:
 
         llama_cpp(plan)
     """
-    strategy = plan.cfg.build.strategy
+    strategy = plan.settings.build.strategy
     compiled(name="Compile llama.cpp release" + (" (one host per fingerprint)" if strategy == "shared" else ""),
              plan=plan, strategy=strategy)
     if strategy == "shared":

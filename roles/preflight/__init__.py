@@ -8,13 +8,12 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import PyinfraError
 
-from roles.factcache import host_fact, host_fingerprint, model_size, resolve_ref
+from roles.factcache import host_fact, host_fingerprint, model_header, model_size, resolve_ref
 
 from roles.gateway_api import is_gateway, missing_gateways
 
-from roles.run import config, hold_fleet_lock, once_per_run, report_dir, run_context, sources
+from roles.run import config, hold_fleet_lock, report_dir, run_context, sources
 from roles.facts import FileState, FreeDisk, GpuHealth, Gpus, HostBasics, NvccVersion
-from voltafleet.models import gguf_header
 from voltafleet.planning import hostcpu
 from voltafleet.models import probe as probemod
 from voltafleet.planning.hostplan import HostFacts, HostPlan, make_plan, model_files
@@ -24,16 +23,6 @@ from voltafleet.state.runctx import RunDir
 
 class PreflightError(PyinfraError):
     pass
-
-
-@once_per_run
-def model_header(url: str):
-    """The model's GGUF header, read once per run over HTTP Range (the other hosts wait for
-    it); an error text if not."""
-    try:
-        return gguf_header.read_url(url)
-    except Exception as e:  # reported by the plan with the fix
-        return f"{type(e).__name__}: {e}"
 
 
 def host_facts(cfg: dict) -> HostFacts:
@@ -90,12 +79,12 @@ def preflight_record(plan: HostPlan, refusals: list[str] = ()) -> None:
     """What the rolling driver needs from this host: its instances and ports, its slots, its
     release fingerprint when its compiler is known; or why preflight refused it (`refusals`:
     the driver learns a refusal from this record, never from pyinfra's output)."""
-    cfg = plan.cfg
+    cfg = plan.settings
     fp = host_fingerprint(host, plan.build) if plan.build and not refusals else None
     RunDir(report_dir(cfg)).write(Preflight(
         host=host.name, run=run_context().run,
         address=cfg.server.address or host.data.get("ssh_hostname") or host.name,
-        ports=tuple(i.port for i in plan.instances), slots=int(cfg.server.parallel or 1), tier=cfg.server.tier,
+        ports=tuple(i.port for i in plan.instances), slots=plan.slots, tier=cfg.server.tier,
         fingerprint=fp, refusals=tuple(refusals)))
 
 
@@ -115,7 +104,7 @@ def preflight() -> HostPlan:
     facts = host_facts(cfg)
     header = model_header(cfg.model.url)  # the VRAM plan (CUDA) and the host memory plan (both backends)
     plan = make_plan(host.name, cfg, facts, header, commit, sources())
-    refusals = list(plan.refusals) + run_refusals(plan.cfg)
+    refusals = list(plan.refusals) + run_refusals(plan.settings)
     if refusals and run_context().phase == "plan":
         return replace(plan, refusals=tuple(refusals))  # recorded by the plan role, per host
     if refusals:

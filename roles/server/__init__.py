@@ -80,7 +80,7 @@ def flags_accepted(plan: HostPlan):
         return
     src = sources().get("server_extra_flags")
     problems = list(dict.fromkeys(p for args in plan.argv.values() for p in flagmod.binary_flag_problems(
-        args, plan.cfg.server.extra_flags, help_text, source=src)))
+        args, plan.settings.server.extra_flags, help_text, source=src)))
     if problems:
         raise OperationError(format_errors(host.name, problems, "llama-server flags refused, nothing restarted"))
     return
@@ -107,7 +107,7 @@ def release_switched(plan: HostPlan):
     yield f"{q(bin_path(plan, 'vf-atomic'))} link {q(plan.root + '/current')} {q('releases/' + fp)}"
     protect = {fp, releases["good"], releases["current"]} - {None}
     old = [(name, r["mtime"]) for name, r in releases["releases"].items()]
-    prune = releases_to_prune(old + [(fp, float("inf"))], plan.cfg.build.keep_releases, protect)
+    prune = releases_to_prune(old + [(fp, float("inf"))], plan.settings.build.keep_releases, protect)
     if prune:
         yield " ".join(q(a) for a in (bin_path(plan, "vf-release"), "prune", plan.root, *prune))
 
@@ -142,7 +142,7 @@ def server(plan: HostPlan, model_ops=()):
 
         changes = server(plan, model_ops)
     """
-    cfg = plan.cfg
+    cfg = plan.settings
     user = cfg.server.user
     service_account(name="Service group and user (no shell, no home)", user=user)
     if cfg.server.api_key_file:
@@ -184,7 +184,7 @@ def unit_file(plan: HostPlan) -> Wanted:
 def memory_files(plan: HostPlan) -> list[Wanted]:
     """The memory textfile's plan file (each instance's planned bytes), its service and timer;
     the script itself is a helper (roles/server/files/vf-memory-textfile.sh, roles/helpers)."""
-    units = [Wanted(path, "644", text=text) for path, text in memory_units(plan.cfg).items()]
+    units = [Wanted(path, "644", text=text) for path, text in memory_units(plan.settings).items()]
     return [Wanted(MEMORY_PLAN_PATH, "644", text=memory_plan_file(plan)), *units]
 
 

@@ -33,17 +33,17 @@ PROMPT_FLAGS = {"probe": "--probe-prompt-file", "probe_long": "--probe-long-prom
 
 def prompt_files(plan: HostPlan) -> list[Wanted]:
     """The quality probes' prompts, where the smoke client reads them."""
-    return [Wanted(f"{plan.root}/{PROMPT_PATHS[p.name]}", "644", text=p.prompt) for p in probemod.probes(plan.cfg)]
+    return [Wanted(f"{plan.root}/{PROMPT_PATHS[p.name]}", "644", text=p.prompt) for p in probemod.probes(plan.settings)]
 
 
 def client_command(plan: HostPlan, probe_only: bool = False) -> str:
-    cfg = plan.cfg
+    cfg = plan.settings
     args = [bin_path(plan, SMOKE_CLIENT)]
     for inst in plan.instances:
         args += ["--port", str(inst.port)]
     if connect_host(cfg) != "127.0.0.1":  # servers bound to one address of the host
         args += ["--host", connect_host(cfg)]
-    args += ["--tokens", str(cfg.smoke.tokens), "--parallel", str(cfg.smoke.parallel or cfg.server.parallel),
+    args += ["--tokens", str(cfg.smoke.tokens), "--parallel", str(cfg.smoke.parallel or plan.slots),
              "--health-timeout", str(cfg.smoke.health_timeout_s), "--unit-prefix", "llama-server@",
              "--gpu-sample-interval", str(cfg.smoke.gpu_sample_s if plan.cuda else 0)]
     if cfg.server.api_key_file:
@@ -60,7 +60,7 @@ def client_command(plan: HostPlan, probe_only: bool = False) -> str:
 def golden(plan: HostPlan) -> dict | None:
     """The golden probes every instance is compared with, {Probe: golden record} (None:
     smoke_probe off, or this run records them)."""
-    cfg = plan.cfg
+    cfg = plan.settings
     if not cfg.smoke.probe or run_context().record_probe:
         return None
     return {p: probemod.load(plan.model_files[0].sha256, p.prompt, p.tokens) for p in probemod.probes(cfg)}
@@ -90,7 +90,7 @@ def gpu_check(host, plan: HostPlan, report: dict) -> list[str]:
     kept in the report for the textfile; its refusals fail the smoke test."""
     if not plan.cuda:
         return []
-    health = gpuhealth.summary(host.name, plan.cfg, host.get_fact(GpuHealth))
+    health = gpuhealth.summary(host.name, plan.settings, host.get_fact(GpuHealth))
     report["gpu_health"] = health
     for line in health["warnings"]:
         print(f"warning: {line}", flush=True)
@@ -135,9 +135,9 @@ class Judge:
     def measure(self, host, gold: dict | None) -> tuple[dict, list[str]]:
         """Run the client on the host; (report, failures)."""
         report = self.client(host)
-        probe_fails = probe_verdicts(report, gold, self.plan.cfg.smoke.probe_tolerance,
-                                     probemod.speculates(self.plan.cfg))
-        fails = smokemod.verdict(report, self.plan.cfg) + probe_fails + gpu_check(host, self.plan, report)
+        probe_fails = probe_verdicts(report, gold, self.plan.settings.smoke.probe_tolerance,
+                                     probemod.speculates(self.plan.settings))
+        fails = smokemod.verdict(report, self.plan.settings) + probe_fails + gpu_check(host, self.plan, report)
         report["probe_only_failures"] = bool(probe_fails) and len(probe_fails) == len(fails)
         judged, notes = {}, []
         for m in report["instances"]:
@@ -166,12 +166,12 @@ class Judge:
 
     def write(self, name: str, report: dict) -> None:
         """smoke-<host>.json: the report as a typed record (voltafleet.state.records.Smoke)."""
-        RunDir(report_dir(self.plan.cfg)).write(Smoke.make({**report, "host": name, "run": run_context().run}))
+        RunDir(report_dir(self.plan.settings)).write(Smoke.make({**report, "host": name, "run": run_context().run}))
 
     def textfile(self, host, report: dict) -> None:
         """voltafleet.prom for node_exporter, after a pass and after a failure alike (the
         alerts read voltafleet_smoke_passed and the GPU gauges)."""
-        cfg = self.plan.cfg
+        cfg = self.plan.settings
         if cfg.smoke.textfile_dir:
             prom = smokemod.textfile(host.name, report, report.get("fingerprint"))
             sh(host, f"mkdir -p {shlex.quote(cfg.smoke.textfile_dir)} && "
@@ -181,7 +181,7 @@ class Judge:
     def record_golden(self, host, report: dict) -> None:
         """Every probe of the first instance, once all instances agree (and a long probe's prompt
         reached its minimum length), saved as the golden probes."""
-        cfg = self.plan.cfg
+        cfg = self.plan.settings
         for spec in probemod.probes(cfg):
             probes = [m.get(spec.name) for m in report["instances"] if "error" not in m]
             first = probes[0] if probes else None
@@ -202,7 +202,7 @@ class Judge:
         if "error" in report:
             return [f"probe could not run: {report['error']}"]
         return ([f"{m['error']}" for m in report["instances"] if "error" in m]
-                + probe_verdicts(report, gold, self.plan.cfg.smoke.probe_tolerance, probemod.speculates(self.plan.cfg)))
+                + probe_verdicts(report, gold, self.plan.settings.smoke.probe_tolerance, probemod.speculates(self.plan.settings)))
 
 
 @deploy("Smoke test")
@@ -214,6 +214,6 @@ def smoke(plan: HostPlan) -> Judge:
 
         judge = smoke(plan)
     """
-    if plan.cfg.smoke.probe:
+    if plan.settings.smoke.probe:
         synced(name="Quality probe prompts", files=prompt_files(plan))
     return Judge(plan)

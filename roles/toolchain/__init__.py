@@ -127,14 +127,14 @@ def driver_verified(branch: int, gpu_count: int, version: str | None = None, all
 def gpu_health(plan: HostPlan) -> dict:
     """GPUs on the PCI bus missing from nvidia-smi, read before the rollout (for the report)."""
     health = nvidia.gpu_health(host.name, host_fact(host, NvidiaPci), host_fact(host, SmiBusIds),
-                               plan.cfg.toolchain.allow_degraded_gpus)
+                               plan.settings.toolchain.allow_degraded_gpus)
     if health["warning"]:
         logger.warning(health["warning"])
     return health
 
 
 def cuda_stack(plan: HostPlan, before_driver_change=None):
-    cfg, os_id = plan.cfg, plan.facts.os
+    cfg, os_id = plan.settings, plan.facts.os
     branch, target = cfg.toolchain.nvidia_driver_branch, cfg.toolchain.nvidia_driver_version
     keyring = apt.deb(name="NVIDIA CUDA repository keyring", src=nvidia.keyring_url(os_id))
     apt.update(name="Refresh apt after adding NVIDIA's repository", _if=keyring.did_change)

@@ -43,10 +43,10 @@ def held(plan: HostPlan):
 
 def workload_command(plan: HostPlan) -> str:
     inst = plan.instances[0]
-    args = [bin_path(plan, WORKLOAD_CLIENT), "--port", str(inst.port), *Workload.of(plan.cfg).argv()]
-    if connect_host(plan.cfg) != "127.0.0.1":  # a server bound to one address of the host
-        args += ["--host", connect_host(plan.cfg)]
-    if plan.cfg.server.api_key_file:
+    args = [bin_path(plan, WORKLOAD_CLIENT), "--port", str(inst.port), *Workload.of(plan.settings).argv()]
+    if connect_host(plan.settings) != "127.0.0.1":  # a server bound to one address of the host
+        args += ["--host", connect_host(plan.settings)]
+    if plan.settings.server.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
     args += ["--gpu", str(inst.index)] if plan.cuda else ["--unit", inst.unit]
     return "python3 " + q(*args)
@@ -74,7 +74,7 @@ def measured(plan: HostPlan):
         tune.measured(plan)
     """
     def run(state, host):  # pyinfra passes state and host only to these two names
-        cfg, ctx = plan.cfg, run_context()
+        cfg, ctx = plan.settings, run_context()
         rec = RunDir(report_dir(cfg)).read(Outcome, host.name, ctx.run)
         doc = {"host": host.name, "run": ctx.run, "status": "failed", "reason": "no outcome record",
                "probe": None, "reps": [], "loaded_mib": None, "after_load_mib": None,

@@ -47,7 +47,7 @@ def planned(h: dict):
     facts = HostFacts(os="debian-12", systemd=systemd, model_present=True, **memory_facts(h))
     plan = make_plan(h["name"], cfg, facts, gguf_header.read_url(cfg.model.url), cfg.build.ref)
     assert plan.hostmem is not None, f"{h['name']}: no host-memory plan ({plan.refusals})"
-    return plan.cfg, plan.hostmem
+    return plan.settings, plan.hostmem
 
 
 def instances(cfg: dict) -> range:

@@ -135,7 +135,7 @@ def activation(fake, plan, envs, everything, monkeypatch):
 
 
 def test_restart_only_changed_instances(plan, monkeypatch):
-    plan = dataclasses.replace(plan, cfg=plan.cfg.replace(smoke_probe=False))
+    plan = dataclasses.replace(plan, settings=plan.settings.replace(smoke_probe=False))
     fake = host_with({F.ServerInstances: {0: UP, 1: UP}})
     envs = {0: FakeOp(False), 1: FakeOp(True)}
     assert activation(fake, plan, envs, [FakeOp(False)], monkeypatch) == [1]

@@ -14,7 +14,6 @@ from pyinfra.context import ctx_host, ctx_state
 
 import roles.factcache as factcache
 import roles.gateway_api as gateway_api
-import roles.preflight as preflight
 from roles import facts as F
 from roles.llama_cpp import builder_of, run_builders
 from tests.ops.fakes import FakeHost
@@ -133,18 +132,18 @@ def test_header_size_and_ref_fetched_once_per_run_not_per_greenlet(monkeypatch):
             return value
         return fetch
 
-    monkeypatch.setattr(preflight.gguf_header, "read_url", slow("header", "HEADER"))
+    monkeypatch.setattr(factcache.gguf_header, "read_url", slow("header", "HEADER"))
     monkeypatch.setattr(factcache, "remote_size", slow("size", 15 << 30))
     monkeypatch.setattr(factcache._resolve, "fn", slow("ref", "ab" * 20))
-    for once in (preflight.model_header, factcache.model_size, factcache._resolve):
+    for once in (factcache.model_header, factcache.model_size, factcache._resolve):
         once.forget()
     url = "http://m/Qwen3.6-27B-Q4_K_S.gguf"
-    assert set(concurrently(lambda: preflight.model_header(url))) == {"HEADER"}
+    assert set(concurrently(lambda: factcache.model_header(url))) == {"HEADER"}
     assert set(concurrently(lambda: factcache.model_size(url))) == {15 << 30}
     assert set(concurrently(lambda: factcache.resolve_ref("https://github.com/ggml-org/llama.cpp.git", "master"))) \
         == {"ab" * 20}
     assert calls == {"header": 1, "size": 1, "ref": 1}
-    for once in (preflight.model_header, factcache.model_size, factcache._resolve):
+    for once in (factcache.model_header, factcache.model_size, factcache._resolve):
         once.forget()
 
 

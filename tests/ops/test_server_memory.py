@@ -68,7 +68,7 @@ def test_the_unit_carries_the_plans_numbers_and_the_oom_preference(plan):
     assert directive(text, "MemoryHigh") == []  # one ceiling (docs/host.md, issue 49)
     assert directive(text, "MemoryMax") == [str(plan.hostmem.memory_max)]
     assert directive(text, "MemorySwapMax") == ["0"]
-    assert directive(text, "OOMScoreAdjust") == [str(plan.cfg.server.oom_score_adjust)] == ["500"]
+    assert directive(text, "OOMScoreAdjust") == [str(plan.settings.server.oom_score_adjust)] == ["500"]
     assert directive(text, "OOMPolicy") == ["stop"] and directive(text, "Restart") == ["on-failure"]
 
 
@@ -77,8 +77,8 @@ def test_without_a_usable_host_memory_plan_the_unit_has_no_ceiling(plan, why):
     """No plan, or one whose number means nothing: the model left out (no GGUF header), or
     server_cache_ram -1 (llama.cpp's cache unbounded). A ceiling there would kill a healthy server."""
     plan = {"no plan": lambda: dataclasses.replace(plan, hostmem=None),
-            "no header": lambda: host_plan("gpu-01", plan.cfg, header=None),
-            "unbounded cache": lambda: host_plan("gpu-01", plan.cfg.replace(server_cache_ram=-1))}[why]()
+            "no header": lambda: host_plan("gpu-01", plan.settings, header=None),
+            "unbounded cache": lambda: host_plan("gpu-01", plan.settings.replace(server_cache_ram=-1))}[why]()
     text = unit_file(plan).text
     assert directive(text, "MemoryHigh") == directive(text, "MemoryMax") == directive(text, "MemorySwapMax") == []
     assert directive(text, "OOMScoreAdjust") == ["500"]
@@ -88,7 +88,7 @@ def test_a_new_ceiling_uploads_the_unit_and_reloads_systemd(plan):
     """The unit's operation is among those that restart every instance (roles/server Changes):
     the unit of the old plan (or of no plan) is replaced, the same one is left alone."""
     new = unit_file(plan)
-    for old in (render_unit(plan.cfg, 252), unit_file(with_margin(plan, plan.hostmem.ceiling_margin + 0.05)).text):
+    for old in (render_unit(plan.settings, 252), unit_file(with_margin(plan, plan.hostmem.ceiling_margin + 0.05)).text):
         disk = Disk({"/etc/systemd/system": DIR, UNIT_PATH: {"type": "file", "mode": 644, "text": old}})
         assert disk.run(synced._inner(files=[new], then=["systemctl daemon-reload"])) == [
             f"upload {UNIT_PATH} {sha1(new.text)}", f"chmod 644 {UNIT_PATH}", "systemctl daemon-reload"]
@@ -104,7 +104,7 @@ def test_the_plan_file_holds_each_instances_planned_bytes(plan):
     total = plan.hostmem.instance.total
     assert files[MEMORY_PLAN_PATH].text.splitlines()[1:] == ["host gpu-01", f"instance 0 {total}",
                                                               f"instance 1 {total}"]
-    no_plan = {w.dest: w for w in memory_files(host_plan("gpu-01", plan.cfg, header=None))}
+    no_plan = {w.dest: w for w in memory_files(host_plan("gpu-01", plan.settings, header=None))}
     assert no_plan[MEMORY_PLAN_PATH].text.splitlines()[1:] == ["host gpu-01", "instance 0 -", "instance 1 -"]
 
 
@@ -113,9 +113,9 @@ def test_the_service_runs_the_installed_script_every_30_s(plan):
     script = bin_path(plan, "vf-memory-textfile")
     assert script in {w.dest for w in helper_scripts(plan)[0]}  # installed by roles/helpers
     assert directive(files[SERVICE], "ExecStart") == [
-        f"{script} {MEMORY_PLAN_PATH} {plan.cfg.smoke.textfile_dir}"]
+        f"{script} {MEMORY_PLAN_PATH} {plan.settings.smoke.textfile_dir}"]
     assert directive(files[SERVICE], "Type") == ["oneshot"]
-    assert directive(files[SERVICE], "ReadWritePaths") == [f"-{plan.cfg.smoke.textfile_dir}"]
+    assert directive(files[SERVICE], "ReadWritePaths") == [f"-{plan.settings.smoke.textfile_dir}"]
     assert directive(files[SERVICE], "ProtectSystem") == ["strict"]
     assert directive(files[TIMER], "OnUnitActiveSec") == ["30"]
     assert directive(files[TIMER], "WantedBy") == ["timers.target"]
@@ -130,7 +130,7 @@ def test_installed_then_the_timer_enabled_and_restarted_and_nothing_when_converg
         "systemctl restart voltafleet-memory.timer"]
     assert disk.run(synced._inner(files=files, then=memory_timer_started())) == []
     # a new plan: only the plan file changes, and the timer is restarted
-    replanned = memory_files(host_plan("gpu-01", plan.cfg.replace(server_ctx_checkpoints=4)))
+    replanned = memory_files(host_plan("gpu-01", plan.settings.replace(server_ctx_checkpoints=4)))
     cmds = disk.run(synced._inner(files=replanned, then=memory_timer_started()))
     assert cmds[:2] == [f"upload {MEMORY_PLAN_PATH} {sha1(replanned[0].text)}", f"chmod 644 {MEMORY_PLAN_PATH}"]
     assert len(cmds) == 5
@@ -205,6 +205,6 @@ def test_the_role_renders_the_unit_of_the_plan_with_its_ceiling():
     rc, cmds, out = run_server(unit_on_host=unit_file(plan).text)
     assert rc == 0, out
     assert f"chmod 644 {UNIT_PATH}" not in cmds
-    rc, cmds, out = run_server(unit_on_host=render_unit(plan.cfg, 252))
+    rc, cmds, out = run_server(unit_on_host=render_unit(plan.settings, 252))
     assert rc == 0, out
     assert f"chmod 644 {UNIT_PATH}" in cmds and "systemctl daemon-reload" in cmds

@@ -26,12 +26,12 @@ def converged(plan, **over) -> Observed:
     verified = {f.dest: {"size": 5, "mtime": 9, "sidecar": [f"{f.sha256} 5 9"]} for f in plan.model_files}
     env = {i.index: {"sha1": sha1(plan.env_file(i.index)), "text": plan.env_file(i.index)} for i in plan.instances}
     base = dict(compiler=True, fingerprint=fp, current=fp, releases=(fp,), env=env,
-                unit_sha1=sha1(render_unit(plan.cfg, 252)), models=verified, live={0: UP, 1: UP})
+                unit_sha1=sha1(render_unit(plan.settings, 252)), models=verified, live={0: UP, 1: UP})
     return Observed(**{**base, **over})
 
 
 def change(plan, **over) -> HostChange:
-    return host_change(plan, converged(plan, **over), render_unit(plan.cfg, 252))
+    return host_change(plan, converged(plan, **over), render_unit(plan.settings, 252))
 
 
 def test_a_converged_host_would_change_nothing(plan):

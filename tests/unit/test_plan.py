@@ -87,3 +87,28 @@ def test_disk_counts_the_kept_releases_not_yet_on_the_host(cfg):
 def test_preflight_refuses_more_instances_than_gpus(cfg):
     cfg = cfg.replace(server_instances=9)
     assert "server_instances is 9 but the host has 8 GPU(s)" in plan.host_refusals("h", cfg, facts())[0]
+
+
+def test_the_plan_carries_what_it_decided_and_leaves_the_settings_as_set(cfg):
+    """Typed decisions out (issue 53): -np and -c that the VRAM plan picks are the plan's own fields, read
+    by the argv, the host-memory plan, the preflight record and the gateway; the settings keep the
+    user's empty values (no second meaning under server_parallel)."""
+    import json
+    from pathlib import Path
+
+    from voltafleet.models.gguf_header import from_json
+
+    header = from_json(json.loads((Path(__file__).resolve().parents[1] / "fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
+    gpus = [{"index": i, "name": "Tesla V100-SXM2-32GB", "compute_cap": "7.0", "memory_mib": 32768,
+             "driver_version": "580.95.05"} for i in range(2)]
+    unset = cfg.replace(server_parallel=None, server_ctx=None, llama_cpp_cuda_archs=None)
+    p = plan.make_plan("gpu-01", unset, HostFacts(os="debian-12", gpus=gpus), header, "0" * 40)
+    assert (p.settings.server.parallel, p.settings.server.ctx) == (None, None)
+    assert p.backend == "cuda" and p.slots > 1 and p.ctx and p.ctx % p.slots == 0
+    argv = p.argv[0]
+    assert argv[argv.index("-np") + 1] == str(p.slots) and argv[argv.index("-c") + 1] == str(p.ctx)
+    assert p.hostmem.instance.slots == p.slots
+    assert plan.decided_slots_ctx(unset, gpus, header) == (p.slots, p.ctx)  # the gateway's plain run
+    assert set(p.placement) == {0, 1} and p.placement[0] == []  # one NUMA node (not read): not placed
+    set_ = plan.make_plan("gpu-01", cfg.replace(server_parallel=2, server_ctx=16384), HostFacts(os="debian-12"), None, "0" * 40)
+    assert (set_.slots, set_.ctx) == (2, 16384)  # no GPU to plan for: the settings' own

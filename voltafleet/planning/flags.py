@@ -27,18 +27,20 @@ _DESC_COL = 40
 
 
 def server_args(cfg: Settings, model_path: str, port: int, api_key_file: str | None,
-                draft_path: str | None = None, placement: list[str] | None = None) -> list[str]:
+                draft_path: str | None = None, placement: list[str] | None = None,
+                slots: int | None = None, ctx: int | None = None) -> list[str]:
     """argv for one llama-server instance. Options whose defaults llama.cpp now picks for
     you (-ngl auto, --fit on, -np auto, -fa auto) are always explicit, so behaviour does
     not drift with the pinned version. `placement`: the instance's CPU affinity flags
-    (voltafleet.planning.hostcpu.CpuPlan.args: -C/-Cb of its GPU's NUMA node), none when not placed."""
+    (voltafleet.planning.hostcpu.CpuPlan.args: -C/-Cb of its GPU's NUMA node), none when not placed.
+    `slots` and `ctx`: -np and -c as the host plan decided them (by default the settings')."""
     cuda = cfg.preflight.backend == "cuda"
     args = [
         "-m", model_path,
         "-ngl", str(cfg.server.gpu_layers) if cuda else "0",
         "--fit", "off",
-        "-c", str(cfg.server.ctx),
-        "-np", str(cfg.server.parallel),
+        "-c", str(ctx or cfg.server.ctx),
+        "-np", str(slots or cfg.server.parallel),
         "-ctk", cfg.server.cache_type_k,
         "-ctv", cfg.server.cache_type_v,
         "-fa", cfg.server.flash_attn,

@@ -254,11 +254,12 @@ def model_bytes(cfg: Settings, shape, slots: int, ctx: int, ubatch: int) -> int:
 
 
 def instance(cfg: Settings, shape, slots: int | None = None, checkpoints: int | None = None,
-             cache_mib: int | None = None) -> Instance:
-    """One instance's plan from the group's values (server_parallel and server_ctx as the VRAM plan
-    resolved them); `slots`, `checkpoints` (a slot) and `cache_mib` override them, for the fixes."""
+             cache_mib: int | None = None, ctx: int | None = None) -> Instance:
+    """One instance's plan at `slots` slots sharing `ctx` (the host plan's decisions; by default the
+    settings' server_parallel and server_ctx); `checkpoints` (a slot) and `cache_mib` override the
+    settings', for the fixes."""
     slots = slots or int(cfg.server.parallel or 1)
-    ctx = int(cfg.server.ctx or vram.CTX_LADDER[-1])
+    ctx = int(ctx or cfg.server.ctx or vram.CTX_LADDER[-1])
     ubatch = int(cfg.server.ubatch or vram.N_UBATCH)
     cache = cache_bytes(cfg) if cache_mib is None else cache_mib * MIB
     process = int((cfg.server.hostmem_process_mib + slots * cfg.server.hostmem_slot_mib) * MIB)
@@ -288,7 +289,7 @@ def largest(fits, most: int) -> int:
     return lo
 
 
-def fixes(cfg: Settings, shape, inst: Instance, instances: int, budget: int) -> list[str]:
+def fixes(cfg: Settings, shape, inst: Instance, instances: int, budget: int, ctx: int | None = None) -> list[str]:
     """Each setting that alone would bring one instance within `budget` bytes: the most checkpoints,
     the most slots, the largest host cache, the most instances."""
     out = []
@@ -299,9 +300,9 @@ def fixes(cfg: Settings, shape, inst: Instance, instances: int, budget: int) -> 
         if 0 <= n < inst.checkpoints_per_slot - spec:
             out.append(f"server_ctx_checkpoints: {n}" + (" (0: a follow-up that leaves the cached prompt reprocesses "
                                                           "it whole)" if n == 0 else " or fewer"))
-    per_slot_ctx = int(cfg.server.ctx or vram.CTX_LADDER[-1]) // inst.slots
+    per_slot_ctx = int(ctx or cfg.server.ctx or vram.CTX_LADDER[-1]) // inst.slots
     for s in range(inst.slots - 1, 0, -1):
-        if instance(cfg.replace(server_ctx=per_slot_ctx * s), shape, slots=s).total <= budget:
+        if instance(cfg, shape, slots=s, ctx=per_slot_ctx * s).total <= budget:
             out.append(f"server_parallel: {s} or fewer, with server_ctx: {per_slot_ctx * s} (the same context a slot)")
             break
     if inst.cache_ram:
@@ -314,15 +315,17 @@ def fixes(cfg: Settings, shape, inst: Instance, instances: int, budget: int) -> 
     return out
 
 
-def plan(cfg: Settings, shape, instances: int, mem_total: int | None = None, mem_available: int | None = None) -> HostMemoryPlan:
-    """The host's memory plan. `shape`: the model's vram.ModelShape, or None when its GGUF header
+def plan(cfg: Settings, shape, instances: int, mem_total: int | None = None, mem_available: int | None = None,
+         slots: int | None = None, ctx: int | None = None) -> HostMemoryPlan:
+    """The host's memory plan, each instance at `slots` slots sharing `ctx` (the host plan's decisions;
+    by default the settings'). `shape`: the model's vram.ModelShape, or None when its GGUF header
     could not be read (then the model, host-buffer and checkpoint terms are 0 and the plan says so)."""
-    inst = instance(cfg, shape)
+    inst = instance(cfg, shape, slots=slots, ctx=ctx)
     reserve = int(cfg.server.hostmem_reserve_mib) * MIB
     out = HostMemoryPlan(inst, instances, reserve, mem_total, mem_available, float(cfg.server.hostmem_ceiling_margin),
                None if shape is not None else "the model, its host buffers and checkpoints (no GGUF header)",
                cfg.server.cache_ram == -1)
     if mem_total is not None and out.need > mem_total and instances:
         budget = (mem_total - reserve) // instances
-        out = replace(out, fixes=tuple(fixes(cfg, shape, inst, instances, budget)))
+        out = replace(out, fixes=tuple(fixes(cfg, shape, inst, instances, budget, ctx)))
     return out

@@ -84,7 +84,7 @@ class BuildSpec:
 @dataclass(frozen=True)
 class HostPlan:
     host: str
-    cfg: Settings                          # validated values; server_ctx/parallel resolved by the VRAM plan
+    settings: Settings                 # the host's validated settings, as the user set them
     facts: HostFacts
     instances: tuple[Instance, ...]
     model_files: tuple[ModelFile, ...]
@@ -98,14 +98,19 @@ class HostPlan:
     warnings: tuple[str, ...] = ()     # worth an operator's look, not a reason to stop (GPU throttling, retired pages)
     hostmem: hostmem.HostMemoryPlan | None = None  # host memory at the servers' worst (None: not planned)
     hostcpu: hostcpu.CpuPlan | None = None  # threads against CPUs, NUMA placement (None: not planned)
+    # what was decided, read by every role and the gateway (one rule for each number):
+    backend: str = "cuda"              # "cuda" or "cpu" (voltafleet_backend)
+    slots: int = 1                     # -np of each instance: server_parallel, else the VRAM plan's
+    ctx: int | None = None             # -c of each instance, the KV pool of its slots: server_ctx, else the VRAM plan's
+    placement: dict = field(default_factory=dict)  # instance index -> its CPU flags (-C/-Cb on its GPU's NUMA node; [] unplaced)
 
     @property
     def cuda(self) -> bool:
-        return self.cfg.preflight.backend == "cuda"
+        return self.backend == "cuda"
 
     @property
     def root(self) -> str:
-        return self.cfg.preflight.root
+        return self.settings.preflight.root
 
     @property
     def model_path(self) -> str:
@@ -126,7 +131,7 @@ class HostPlan:
     def env_file(self, index: int) -> str:
         inst = next(i for i in self.instances if i.index == index)
         text = flagmod.env_file(index, self.argv[index], self.cuda)
-        return text + f"LLAMA_HEALTH_URL={health_url(self.cfg, inst.port)}\n"
+        return text + f"LLAMA_HEALTH_URL={health_url(self.settings, inst.port)}\n"
 
 
 # ---------------------------------------------------------------- small rules
@@ -248,22 +253,30 @@ def gpu_health(host_name: str, cfg: Settings, facts: HostFacts) -> tuple[list[st
 
 
 def vram_decision(cfg: Settings, gpus: list[dict], header: Header | str | None, sources: dict | None = None):
-    """(cfg with -c/-np resolved, the vram.VramPlan or None, a note, an error or None) for the
-    smallest GPU of the host (voltafleet.planning.vram.decide). `header` is the model's GGUF header,
-    or why it could not be read: then the host is refused unless vram_plan_required is false."""
+    """The VRAM plan's decision (voltafleet.planning.vram.decide: -c and -np, the plan or None, a note, an
+    error or None) for the smallest GPU of the host. `header` is the model's GGUF header, or why it could
+    not be read: then the host is refused unless vram_plan_required is false."""
     src = (sources or {}).get("model_url") or "group_vars"
-    d = vram.decide(cfg, min(g["memory_mib"] for g in gpus), header if header is not None else "no header",
-                    source=src, archs=cuda_archs(cfg, gpus))
-    return cfg.replace(server_ctx=d.ctx, server_parallel=d.parallel), d.plan, d.text, d.error
+    return vram.decide(cfg, min(g["memory_mib"] for g in gpus), header if header is not None else "no header",
+                       source=src, archs=cuda_archs(cfg, gpus))
 
 
-def host_resources(cfg: Settings, facts: HostFacts, header: Header | str | None,
-                   insts: list[Instance]) -> tuple[hostmem.HostMemoryPlan, hostcpu.CpuPlan]:
+def decided_slots_ctx(cfg: Settings, gpus: list[dict], header: Header | str | None) -> tuple[int, int | None]:
+    """(-np, -c) of a host's instances: on a CUDA host with GPUs the VRAM plan's, else the settings'. The
+    one rule make_plan and the gateway's plain run (which has no fleet plan) both follow."""
+    if cfg.preflight.backend == "cuda" and gpus:
+        d = vram_decision(cfg, gpus, header)
+        return int(d.parallel or 1), d.ctx
+    return int(cfg.server.parallel or 1), cfg.server.ctx
+
+
+def host_resources(cfg: Settings, facts: HostFacts, header: Header | str | None, insts: list[Instance],
+                   slots: int | None = None, ctx: int | None = None) -> tuple[hostmem.HostMemoryPlan, hostcpu.CpuPlan]:
     """The host-memory plan (voltafleet.planning.hostmem: every instance at its worst, against MemTotal) and
     the CPU plan (voltafleet.planning.hostcpu: threads against CPUs; on a CUDA host with several NUMA nodes,
-    each instance on its GPU's node). `cfg` has -c/-np resolved by the VRAM plan."""
+    each instance on its GPU's node), each instance at `slots` slots sharing `ctx` (the host's decisions)."""
     shape = vram.shape_of(header) if isinstance(header, Header) else None
-    mem = hostmem.plan(cfg, shape, len(insts), facts.mem_total, facts.mem_available)
+    mem = hostmem.plan(cfg, shape, len(insts), facts.mem_total, facts.mem_available, slots=slots, ctx=ctx)
     gpu_nodes = facts.gpu_numa if cfg.preflight.backend == "cuda" else None
     cpu = hostcpu.plan(cfg, [i.index for i in insts], facts.cpus, facts.numa_nodes, gpu_nodes)
     return mem, cpu
@@ -282,10 +295,12 @@ def make_plan(host_name: str, cfg: Settings, facts: HostFacts, header: Header | 
     refusals = host_refusals(host_name, cfg, facts)
     cuda = cfg.preflight.backend == "cuda"
     plan_vram = note = None
+    slots, ctx = int(cfg.server.parallel or 1), cfg.server.ctx
     if cuda and facts.gpus:
-        cfg, plan_vram, note, error = vram_decision(cfg, facts.gpus, header, sources)
-        if error:
-            refusals.append(f"{host_name}: {error}")
+        d = vram_decision(cfg, facts.gpus, header, sources)
+        slots, ctx, plan_vram, note = int(d.parallel or 1), d.ctx, d.plan, d.text
+        if d.error:
+            refusals.append(f"{host_name}: {d.error}")
     files = model_files(cfg)
     draft = draft_path(cfg)
     archs = cuda_archs(cfg, facts.gpus) if cuda else []
@@ -294,15 +309,18 @@ def make_plan(host_name: str, cfg: Settings, facts: HostFacts, header: Header | 
         build = build_spec(cfg, archs, commit)
     insts = instances(cfg, facts.gpus)
     for problem in (checks.port_problems(cfg.server.port_base, len(insts), other_ports, sources)
-                    + checks.slot_ctx_problems(cfg.server.ctx, cfg.server.parallel, sources)):
+                    + checks.slot_ctx_problems(ctx, slots, sources)):
         refusals.append(f"{host_name}: {problem.line()} Fix: {problem.fix}")
     warnings = list(gpu_health(host_name, cfg, facts)[1]) if cuda else []
-    mem, cpu = host_resources(cfg, facts, header, insts)
+    mem, cpu = host_resources(cfg, facts, header, insts, slots, ctx)
     for why, required in ((mem.refusal(host_name), cfg.server.hostmem_plan_required), (cpu.refusal(host_name), True)):
         if why:
             (refusals if required else warnings).append(why)
     key = API_KEY_PATH if cfg.server.api_key_file else None
-    argv = {i.index: flagmod.server_args(cfg, files[0].dest, i.port, key, draft, cpu.args(i.index)) for i in insts}
-    return HostPlan(host=host_name, cfg=cfg, facts=facts, instances=tuple(insts), model_files=tuple(files),
+    placement = {i.index: cpu.args(i.index) for i in insts}
+    argv = {i.index: flagmod.server_args(cfg, files[0].dest, i.port, key, draft, placement[i.index], slots=slots, ctx=ctx)
+            for i in insts}
+    return HostPlan(host=host_name, settings=cfg, facts=facts, instances=tuple(insts), model_files=tuple(files),
                     draft_path=draft, cuda_archs=tuple(archs), build=build, vram=plan_vram, vram_note=note,
-                    argv=argv, refusals=tuple(refusals), warnings=tuple(warnings), hostmem=mem, hostcpu=cpu)
+                    argv=argv, refusals=tuple(refusals), warnings=tuple(warnings), hostmem=mem, hostcpu=cpu,
+                    backend=cfg.preflight.backend, slots=slots, ctx=ctx, placement=placement)

@@ -66,7 +66,7 @@ def render_unit(cfg: Settings, systemd_version: int, memory: hostmem.HostMemoryP
 def plan_unit(plan: HostPlan) -> str:
     """The unit of this host's plan: what the server role installs and the dry run compares
     with the host's."""
-    return render_unit(plan.cfg, plan.facts.systemd, plan.hostmem)
+    return render_unit(plan.settings, plan.facts.systemd, plan.hostmem)
 
 
 def memory_plan_file(plan: HostPlan) -> str:

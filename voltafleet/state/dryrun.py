@@ -137,7 +137,7 @@ def release_key(plan: HostPlan, obs: Observed) -> str | None:
 def toolchain_needs(plan: HostPlan, obs: Observed) -> list[str]:
     needs = [] if obs.compiler else ["build tools"]
     if plan.cuda and not obs.toolkit:
-        needs.append(f"CUDA toolkit {plan.cfg.toolchain.cuda_toolkit_version}")
+        needs.append(f"CUDA toolkit {plan.settings.toolchain.cuda_toolkit_version}")
     return needs
 
 
@@ -152,7 +152,7 @@ def driver_change(driver: dict | None) -> tuple[str | None, str]:
 
 def host_change(plan: HostPlan, obs: Observed, unit_text: str) -> HostChange:
     """What one batch run would change on this host, from its facts (nothing is changed)."""
-    cfg = plan.cfg
+    cfg = plan.settings
     want = {i.index: plan.env_file(i.index) for i in plan.instances}
     env_changed = {i for i, text in want.items() if (obs.env.get(i) or {}).get("sha1") != sha1(text)}
     flags = {i: flag_diff((obs.env.get(i) or {}).get("text"), want[i]) for i in sorted(env_changed)}
