@@ -58,15 +58,24 @@ unit: setup
 # its unit's ceiling (tests/kernel, as root: fails, never skips, without a writable memory controller).
 # First of all the linter (ruff, pinned in requirements.txt, configured in ruff.toml): a finding fails
 # the target in a second, before any lab host is made.
+# The lab session's release cache starts empty (a test that counts compiles must not find what `make demo`
+# left); the session's first rollout runs beside the unit tests, and the lab tests take its record
+# (tests/lab/first.py; tests/lab/conftest.py first_rollout).
+TEST_RELEASES := $(CURDIR)/.voltafleet/test-releases
+FIRST_ROLLOUT := $(CURDIR)/.voltafleet/first-rollout.json
+
 test: setup
 	$(PY) -m ruff check .
-	@mkdir -p .voltafleet; echo "$(PY) -m lab up --fresh --hosts 3 --gateway  (beside the unit tests)"; \
-	$(PY) -m lab up --fresh --hosts 3 --gateway > .voltafleet/lab-up.log 2>&1 & up=$$!; \
+	@mkdir -p .voltafleet; rm -rf $(TEST_RELEASES) $(FIRST_ROLLOUT); mkdir -p $(TEST_RELEASES); \
+	echo "$(PY) -m lab up --fresh --hosts 3 --gateway, then the first rollout  (beside the unit tests)"; \
+	( $(PY) -m lab up --fresh --hosts 3 --gateway && \
+	  VOLTAFLEET_RELEASE_CACHE=$(TEST_RELEASES) $(PY) -m tests.lab.first $(FIRST_ROLLOUT) ) > .voltafleet/lab-up.log 2>&1 & up=$$!; \
 	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops; unit=$$?; \
 	wait $$up; lab=$$?; cat .voltafleet/lab-up.log; \
 	if [ $$lab -ne 0 ]; then echo "make test: lab up failed (exit $$lab), see above" >&2; fi; \
 	[ $$unit -eq 0 ] && [ $$lab -eq 0 ]
-	VOLTAFLEET_REQUIRE_LAB=1 $(PY) -m pytest -v -rs --durations=50 tests/lab
+	VOLTAFLEET_REQUIRE_LAB=1 VOLTAFLEET_RELEASE_CACHE=$(TEST_RELEASES) VOLTAFLEET_LAB_FIRST_ROLLOUT=$(FIRST_ROLLOUT) \
+	  $(PY) -m pytest -v -rs --durations=50 tests/lab
 	$(PY) -m pytest -v -rs tests/gateway_local
 	$(PY) -m pytest -v -rs tests/kernel
 

@@ -75,7 +75,8 @@ def test_the_sdk_retries_a_busy_fleet_after_retry_after_and_succeeds(gw, tmp_pat
     http = httpx.Client(event_hooks={"response": [hook]})
     sdk = openai.OpenAI(base_url=URL, api_key="lab-has-no-key", max_retries=8, timeout=120, http_client=http)
     # long streams hold every slot; the SDK sends the load's prompt, so affinity queues it behind them
-    load = Load(URL.removesuffix("/v1"), clients=2 * slots, tokens=400, seconds=90, max_requests=600).start()
+    load = Load(URL.removesuffix("/v1"), clients=2 * slots, tokens=400, seconds=90, max_requests=600,
+                streams_only=True).start()  # streams: the abort below ends their generation on the servers too
     try:
         got = None
         deadline = time.monotonic() + 60
