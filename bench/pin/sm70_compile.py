@@ -254,30 +254,48 @@ def build_record(*, ref: str, source: dict, argv: list[str], flags: dict, toolch
 
 def compare(old: list[Kernel], new: list[Kernel]) -> dict:
     """Two refs' sm_70 kernels side by side, per group: counts, names only in one, and the kernels' own
-    names (base_name) that appear or go; plus, for names in both, how many got other registers.
+    names (base_name) that appear or go; plus, for names in both, how many got other registers (and how
+    many more or fewer), other shared memory, other stack, other local memory. A name in several cubins
+    counts with its largest figures, as in the kernel list.
 
     >>> a = [Kernel("_Z9mul_mat_qv", "sm_70", 96, 0, 0, 0), Kernel("_Z13mul_mat_vec_qILi1EEvv", "sm_70", 40, 0, 0, 0)]
-    >>> b = [Kernel("_Z9mul_mat_qv", "sm_70", 90, 0, 0, 0), Kernel("_Z17mul_mat_vec_q_moeILi1EEvv", "sm_70", 48, 0, 0, 0)]
+    >>> b = [Kernel("_Z9mul_mat_qv", "sm_70", 90, 8, 0, 0), Kernel("_Z17mul_mat_vec_q_moeILi1EEvv", "sm_70", 48, 0, 0, 0)]
     >>> compare(a, b)["mmvq"]
-    {'old': 1, 'new': 1, 'only_old': 1, 'only_new': 1, 'names_gone': ['mul_mat_vec_q'], 'names_new': ['mul_mat_vec_q_moe'], 'reg_changed': 0}
-    >>> compare(a, b)["mmq"]["reg_changed"]
-    1
+    {'old': 1, 'new': 1, 'only_old': 1, 'only_new': 1, 'names_gone': ['mul_mat_vec_q'], 'names_new': ['mul_mat_vec_q_moe'], 'reg_changed': 0, 'reg_up': 0, 'reg_down': 0, 'shared_changed': 0, 'stack_changed': 0, 'local_changed': 0}
+    >>> {k: v for k, v in compare(a, b)["mmq"].items() if k.endswith(("changed", "up", "down"))}
+    {'reg_changed': 1, 'reg_up': 0, 'reg_down': 1, 'shared_changed': 0, 'stack_changed': 1, 'local_changed': 0}
     """
-    def by_group(ks: list[Kernel]) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {g: {} for g in GROUP_ORDER}
+    def by_group(ks: list[Kernel]) -> dict[str, dict[str, Kernel]]:
+        out: dict[str, dict[str, Kernel]] = {g: {} for g in GROUP_ORDER}
         for k in ks:
             d = out[k.group]
-            d[k.name] = max(d.get(k.name, 0), k.reg)
+            if k.name not in d or (k.reg, k.shared) > (d[k.name].reg, d[k.name].shared):
+                d[k.name] = k
         return out
     a, b = by_group(old), by_group(new)
     res = {}
     for g in GROUP_ORDER:
         sa, sb = set(a[g]), set(b[g])
         ba, bb = {base_name(n) for n in sa}, {base_name(n) for n in sb}
+        both = sorted(sa & sb)
         res[g] = {"old": len(sa), "new": len(sb), "only_old": len(sa - sb), "only_new": len(sb - sa),
                   "names_gone": sorted(ba - bb), "names_new": sorted(bb - ba),
-                  "reg_changed": sum(a[g][n] != b[g][n] for n in sa & sb)}
+                  "reg_changed": sum(a[g][n].reg != b[g][n].reg for n in both),
+                  "reg_up": sum(b[g][n].reg > a[g][n].reg for n in both),
+                  "reg_down": sum(b[g][n].reg < a[g][n].reg for n in both),
+                  **{f"{f}_changed": sum(getattr(a[g][n], f) != getattr(b[g][n], f) for n in both)
+                     for f in ("shared", "stack", "local")}}
     return res
+
+
+def compare_lines(res: dict) -> list[str]:
+    """compare_main's printed lines (and its .txt record): one a group."""
+    o, n = res["old"], res["new"]
+    return [f"{g:6} {o} {d['old']:5}  {n} {d['new']:5}  only {o} {d['only_old']:5}  only {n} {d['only_new']:5}  "
+            f"registers changed {d['reg_changed']:5} (up {d['reg_up']}, down {d['reg_down']})  "
+            f"shared changed {d['shared_changed']}  stack changed {d['stack_changed']}  "
+            f"local changed {d['local_changed']}  new names {', '.join(d['names_new']) or '-'}  "
+            f"gone {', '.join(d['names_gone']) or '-'}" for g, d in res["groups"].items()]
 
 
 # ---------------------------------------------------------------- sources, flags
@@ -364,17 +382,21 @@ def _tool_version(argv: list[str], rx: str) -> str:
     return m.group(1) if m else ""
 
 
+def compare_result(old_ref: str, new_ref: str, out: Path) -> dict:
+    """The compare record of two kept kernel lists in `out` (pure but for reading them)."""
+    texts = {r: (out / f"{r}-kernels.tsv").read_bytes() for r in (old_ref, new_ref)}
+    return {"old": old_ref, "new": new_ref, "kernel_lists": [f"{r}-kernels.tsv" for r in (old_ref, new_ref)],
+            "kernel_list_sha256": {r: hashlib.sha256(t).hexdigest() for r, t in texts.items()},
+            "groups": compare(*(read_tsv(texts[r].decode()) for r in (old_ref, new_ref)))}
+
+
 def compare_main(old_ref: str, new_ref: str, out: Path) -> int:
-    """Both refs' kept kernel lists compared (compare()), written to out/compare-OLD-NEW.json."""
-    lists = [read_tsv((out / f"{r}-kernels.tsv").read_text()) for r in (old_ref, new_ref)]
-    res = {"old": old_ref, "new": new_ref, "kernel_lists": [f"{r}-kernels.tsv" for r in (old_ref, new_ref)],
-           "groups": compare(*lists)}
-    path = out / f"compare-{old_ref}-{new_ref}.json"
-    path.write_text(json.dumps(res, indent=1) + "\n")
-    for g, d in res["groups"].items():
-        print(f"{g:6} {old_ref} {d['old']:5}  {new_ref} {d['new']:5}  only {old_ref} {d['only_old']:5}  only {new_ref} "
-              f"{d['only_new']:5}  registers changed {d['reg_changed']:5}  new names {', '.join(d['names_new']) or '-'}"
-              f"  gone {', '.join(d['names_gone']) or '-'}")
+    """Both refs' kept kernel lists compared (compare()), written to out/compare-OLD-NEW.json and .txt."""
+    res = compare_result(old_ref, new_ref, out)
+    lines = compare_lines(res)
+    (out / f"compare-{old_ref}-{new_ref}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / f"compare-{old_ref}-{new_ref}.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 

