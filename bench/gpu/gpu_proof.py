@@ -445,9 +445,9 @@ def plan49v() -> dict:
       chat-np16-ck{0,4,8,32}  within 5 % and never under at 0, 4, 8 and 32 checkpoints, the shipped 16 slots
       chat-np{4,24,8}-ck0   the process term across slots (8: fitted on run3, not run in run4)
       fill-np16-ck32        plan49's fill at the default spacing (496 held), one repetition: six in runs 3-4
-    plan49's seven configs are all here, each with its planned_mib and memory_max_mib. Device time from run4
-    (bench/records/proof49/run4: 1,006 s for plan49's seven at 3 repetitions) and tier41: about 1,235 s of
-    phase after the build (255-366 s). validate49 reads its results."""
+    plan49's seven configs are all here, each with its planned_mib and memory_max_mib. Device time (estimate49v on
+    runs 3 and 4, which gives run4's own 1,007 s of phase as 1,008): 1,285 s of phase (21.4 minutes) after the
+    build (255-366 s), the tier and the four 16-slot chats done by 857 s. validate49 reads its results."""
     configs = [host49_item(CMS0, 16, 32, FILL38, cms=0)]
     configs += [host49_item(f"chat-np16-ck{n}", 16, n, CHAT38) for n in (0, 4, 8, 32)]
     configs += [host49_item(f"chat-np{n}-ck0", n, 0, CHAT38) for n in (4, 24, 8)]
@@ -624,6 +624,36 @@ def host49_report(results: dict) -> str:
                      f"{ev.get('max', '-')} / {ev.get('oom_kill', '-')} |")
     return "\n".join(lines)
 
+
+
+CONFIG_OVERHEAD49_S = 4   # a host49 config beyond its load and repetitions (2 s settle, warm-up, stop): run4's 1,007.3 s
+#                           of phase less its loads and repetitions (980.0 s), over its 7 configs
+TIER41V_S = 25            # tier41's lat-d2: load, warm-up, 3 x (1, 2, 4 streams) (bench/records/tier41/progress.txt: 98-123 s)
+MTP_FILES_S = 23          # gpu_proof.sh writing both MTP files before the phases (tier41 progress: 09:24:44-09:25:07)
+
+
+def estimate49v(runs: list[dict], plan: dict | None = None) -> dict:
+    """Seconds of phase plan (plan49v()) takes, from earlier host49 runs' results: each config's load and the mean of
+    its repetitions at the same kind, slots and checkpoints (the slowest run's; the spacing does not change a
+    fill's turns), times its repetitions, CONFIG_OVERHEAD49_S each; its tier41 configs TIER41V_S each, and
+    MTP_FILES_S before them."""
+    plan = plan or plan49v()
+    seen: dict = {}
+    for results in runs:
+        for r in results.get("host49", []):
+            if r["reps"]:
+                key = (r["kind"], r["slots"], r["ckpt"])
+                rep = sum(x["seconds"] for x in r["reps"]) / len(r["reps"])
+                old = seen.get(key, (0, 0))
+                seen[key] = (max(old[0], rep), max(old[1], r["load_s"]))
+    h = plan["host49"]
+    configs = {}
+    for c in h["configs"]:
+        rep, load = seen[(c["kind"], c["slots"], c["ckpt"])]
+        configs[c["name"]] = round(load + rep * c.get("runs", h["runs"]) + CONFIG_OVERHEAD49_S, 1)
+    tier = len(plan.get("tier41", {}).get("configs", [])) * TIER41V_S + (MTP_FILES_S if "tier41" in plan else 0)
+    host = round(sum(configs.values()), 1)
+    return {"configs": configs, "host49_s": host, "tier41_s": tier, "phase_s": round(host + tier, 1)}
 
 WITHIN49 = 0.05   # issue 49: measured within 5 % of the plan (measured / planned >= 0.95) and never over it
 SHIPPED_SLOTS49 = 16
