@@ -329,3 +329,42 @@ def test_validate49_gives_the_tier41_record_s_vram_verdicts_at_the_shipped_overh
     d2 = tier["lat-d2"]
     assert d2["depth"] == 2 and 0 <= d2["vram"]["planned_mib"] - d2["vram"]["measured_mib"] <= 0.002 * d2["vram"]["measured_mib"]
     assert v["tier41_ok"] and v["why"] == ["no host49 config"] and not v["ok"]
+
+
+def test_the_phase_runs_a_config_s_own_repetitions_where_it_has_them(monkeypatch):
+    """host49 on the GPU machine: plan49v's fill at the default spacing once, every other config the plan's 3 (the
+    phase's servers, cgroups and chats stood in for here)."""
+    from types import SimpleNamespace
+
+    from bench.gpu.proof import hostmem as phase
+
+    calls = []
+    monkeypatch.setattr(phase, "make_cgroup", lambda name, mib: f"/cg/{name}")
+    monkeypatch.setattr(phase, "cgroup_mem", lambda path: {})
+    monkeypatch.setattr(phase, "proc_mem", lambda pid: {"VmRSS": 1.0})
+    monkeypatch.setattr(phase, "gpu_mem", lambda pid: {})
+    monkeypatch.setattr(phase, "chat_turn", lambda c, item, followup: {})
+    monkeypatch.setattr(phase.time, "sleep", lambda s: None)
+    monkeypatch.setattr(phase, "chat_rep", lambda run, s, item, rep, workload, rng, cgroup:
+                        calls.append((item["name"], rep, cgroup)) or {"rep": rep})
+
+    class Run:
+        plan, port, results = plan5(), 18080, {}
+
+        def server(self, build, name, args, cgroup=None):
+            return SimpleNamespace(ok=True, args=args, load_s=1.0, p=SimpleNamespace(pid=1, poll=lambda: None),
+                                   stop=lambda: None, buffers=lambda: [])
+
+        def loglines(self, s):
+            return []
+
+        def save(self):
+            pass
+
+    phase.host_memory_validation(Run(), "mmq")
+    reps = {}
+    for name, _, cgroup in calls:
+        reps[name] = reps.get(name, 0) + 1
+        assert cgroup == f"/cg/{name}"
+    assert reps == {c["name"]: 1 if c["name"] == "fill-np16-ck32" else 3 for c in plan5()["host49"]["configs"]}
+    assert [r["name"] for r in Run.results["host49"]] == list(reps)
