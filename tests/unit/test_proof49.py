@@ -8,7 +8,8 @@ records against voltafleet.planning.hostmem's plan for the same argv.
   anonymous memory held, but at the ceiling the kernel's own memory grew by 14 MiB while it reclaimed the
   model's page cache, and the cgroup's charge less page cache went 9 MiB over the plan (below);
 - group_vars now carry the fit on run3 and run4 together, kernel memory under reclaim included: the next
-  run of plan49 is their validation (not yet made: the device's half hour went to run4)."""
+  run of plan49 is their validation (not yet made: the device's half hour went to run4). It is prepared as
+  gpu_proof.plan49v ("run 5", below): plan49's configs, the fill at 512 of 512, the latency tier as shipped."""
 import json
 from pathlib import Path
 
