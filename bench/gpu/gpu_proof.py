@@ -4,6 +4,8 @@
     bash DEST/gpu_proof.sh                                       # on the GPU machine (no network needed)
     .venv/bin/python -m bench.gpu.gpu_proof report RESULTS.json    # the tables of bench/RESULTS.md
     .venv/bin/python -m bench.gpu.gpu_proof report32 RESULTS.json  # issue 32's table (the thinking budget)
+    .venv/bin/python -m bench.gpu.gpu_proof pack49v [DEST]         # issue 49's validation run (plan49v, PHASES49V)
+    .venv/bin/python -m bench.gpu.gpu_proof validate49 RUN_DIR     # its verdicts: planned against measured
     .venv/bin/python -m bench.gpu.gpu_proof all                    # a GPU host with this checkout: all three
 
 The pack holds llama.cpp at the pinned commit (a one-commit bare git repository made from the
@@ -171,11 +173,14 @@ SHORT, LONG32, LONG16 = 128, 7000, 3900  # prompt tokens: short (>= 64: the cuBL
 LONG_PROBE = REPO / "voltafleet" / "data" / "probe-long.txt"
 
 
+def v32_cfg(n: int, **over) -> Settings:
+    """v100_32gb's variables with n slots of 8K each (the group's per-slot context), changes in `over`."""
+    return group_cfg("v100_32gb").replace(server_ctx=8192 * n, server_parallel=n, **over)
+
+
 def v32_at(n: int, **over) -> list[str]:
     """v100_32gb's argv with n slots of 8K each (the group's per-slot context), changes in `over`."""
-    cfg = group_cfg("v100_32gb")
-    cfg = cfg.replace(server_ctx=8192 * n, server_parallel=n, **over)
-    return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
+    return server_args(v32_cfg(n, **over), "MODEL", port=PORT, api_key_file=None)
 
 
 def plan27() -> dict:
@@ -284,16 +289,37 @@ def plan38() -> dict:
     return {"host38": {"build": "mmq", "runs": 3, "configs": configs}}
 
 
+def cms_flags(cms: int | None) -> list[str]:
+    """server_extra_flags for a minimum checkpoint spacing (--checkpoint-min-step), none for llama-server's default."""
+    return ["--checkpoint-min-step", str(cms)] if cms is not None else []
+
+
+def host49_cfg(slots: int, ckpt: int, cms: int | None = None) -> Settings:
+    """v100_32gb's variables at `slots` slots of 8K and `ckpt` checkpoints, --checkpoint-min-step `cms` added to the
+    group's server_extra_flags: what a host of the group with these values gets (argv, plan and unit alike)."""
+    extra = list(group_cfg("v100_32gb").server.extra_flags) + cms_flags(cms)
+    return v32_cfg(slots, server_ctx_checkpoints=ckpt, server_extra_flags=extra)
+
+
 def host_plan(slots: int, ckpt: int, cms: int | None = None):
     """voltafleet.planning.hostmem's plan of one v100_32gb instance at `slots` slots of 8K and `ckpt` checkpoints
-    (the shape-exact Qwen3.6-27B Q4_K_S's header)."""
+    (the shape-exact Qwen3.6-27B Q4_K_S's header); `cms` as host49_cfg (the plan does not read it)."""
     from voltafleet.models.gguf_header import from_json
     from voltafleet.planning import hostmem, vram
 
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
-    cfg = group_cfg("v100_32gb").replace(**{"voltafleet_backend": "cuda", "server_ctx": 8192 * slots,
-           "server_parallel": slots, "server_ctx_checkpoints": ckpt})
+    cfg = host49_cfg(slots, ckpt, cms).replace(voltafleet_backend="cuda")
     return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1)
+
+
+def host49_item(name: str, slots: int, ckpt: int, kind: dict, cms: int | None = None, runs: int | None = None) -> dict:
+    """One host49 config: the argv of host49_cfg, its plan (planned_mib: the instance's total) and the ceiling its
+    unit gets (memory_max_mib: MemoryMax, the plan x 1.10, in MiB rounded up); `runs`: its own repetitions."""
+    p = host_plan(slots, ckpt, cms)
+    return {"name": name, "slots": slots, "ckpt": ckpt, "cms": cms, "group": "v100_32gb",
+            "args": server_args(host49_cfg(slots, ckpt, cms), "MODEL", port=PORT, api_key_file=None),
+            "planned_mib": round(p.instance.total / 2**20, 1), "memory_max_mib": -(-p.memory_max // 2**20),
+            **({"runs": runs} if runs else {}), **kind}
 
 
 def plan49() -> dict:
@@ -303,14 +329,9 @@ def plan49() -> dict:
     4, 8, 16 and 24 slots); this plan is the run that validates them, in the order the device's half hour
     can afford: 0, 4, 8 and 32 checkpoints at the shipped 16 slots, every slot's checkpoints (the worst
     case), then the process term at 4 and 24 slots. Each config's plan goes with it."""
-    def item(name, slots, ckpt, kind):
-        p = host_plan(slots, ckpt)
-        return {"name": name, "slots": slots, "ckpt": ckpt, "cms": None, "group": "v100_32gb",
-                "args": v32_at(slots, server_ctx_checkpoints=ckpt), "planned_mib": round(p.instance.total / 2**20, 1),
-                "memory_max_mib": -(-p.memory_max // 2**20), **kind}
-    configs = [item(f"chat-np16-ck{n}", 16, n, CHAT38) for n in (0, 4, 8, 32)]
-    configs += [item("fill-np16-ck32", 16, 32, FILL38)]
-    configs += [item(f"chat-np{n}-ck0", n, 0, CHAT38) for n in (4, 24)]
+    configs = [host49_item(f"chat-np16-ck{n}", 16, n, CHAT38) for n in (0, 4, 8, 32)]
+    configs += [host49_item("fill-np16-ck32", 16, 32, FILL38)]
+    configs += [host49_item(f"chat-np{n}-ck0", n, 0, CHAT38) for n in (4, 24)]
     return {"host49": {"build": "mmq", "runs": 3, "configs": configs}}
 
 
@@ -383,6 +404,55 @@ def plan41() -> dict:
     configs += [item("lat-d0-rej", latency41(None), "q4ks-mtp-rej.gguf", [1])]
     configs += [item(f"lat-d{d}-rej", latency41(d), "q4ks-mtp-rej.gguf", [1]) for d in DEPTHS41]
     return {"tier41": {"build": "mmq", "runs": 3, "prompt": 512, "tokens": 128, "configs": configs}}
+
+
+
+def latency_cfg(**over) -> Settings:
+    """The latency tier's variables as a host of it gets them: v100_32gb's, then group_vars/latency.yml's (the
+    group listed after its GPU group, so its values win; docs/gateway.md), changes in `over`."""
+    import yaml
+
+    tier = yaml.safe_load((REPO / "group_vars/latency.yml").read_text())
+    return group_cfg("v100_32gb").replace(**{**tier, **over})
+
+
+def plan41v() -> dict:
+    """The latency tier's validation config: the tier as shipped (group_vars/latency.yml: 2 slots of 32K, MTP at
+    its depth), on the file whose drafts are all accepted (tier41's lat-d<depth>, the peak its
+    vram_cuda_overhead_mib 640 was fitted on): GPU and host memory after load and at their peaks over tier41's
+    rounds. It takes tier41's key: the phase is tier41's."""
+    cfg = latency_cfg()
+    depth = cfg.server.spec_draft_max
+    return {"tier41": {"build": "mmq", "runs": 3, "prompt": 512, "tokens": 128, "configs": [
+        {"name": f"lat-d{depth}", "model": "q4ks-mtp-acc.gguf", "streams": [1, 2, 4],
+         "args": server_args(cfg, "MODEL", port=PORT, api_key_file=None)}]}}
+
+
+# Issue 49's validation run (run 5), prepared 2026-12-05, not yet run: the device session's phases, in this order.
+PHASES49V = "tier41:mmq,host49:mmq"
+CMS0 = "fill-np16-ck32-cms0"
+
+
+def plan49v() -> dict:
+    """Issue 49's validation run ("run 5", bench/records/proof49/run5 once made): the constants fitted on run3
+    and run4 (fit49, FIT49_RUNS) and the latency tier's vram_cuda_overhead_mib (fitted on tier41) on a run
+    they were not fitted on. Phases PHASES49V: the tier first (one config, ~25 s after ~23 s writing its MTP
+    files: cheap, and its only second run), then host49 in the order of what the issue needs, each config
+    saved as it ends so a run cut short keeps the first ones:
+      fill-np16-ck32-cms0   the worst case, every checkpoint held: 16 x 32 = 512 (--checkpoint-min-step 0:
+                            llama-server then evicts only exact duplicates and the oldest at 32; at its
+                            default 8192 a slot stays at 31, the 496 of runs 3 and 4). Planned as 16 x 32.
+      chat-np16-ck{0,4,8,32}  within 5 % and never under at 0, 4, 8 and 32 checkpoints, the shipped 16 slots
+      chat-np{4,24,8}-ck0   the process term across slots (8: fitted on run3, not run in run4)
+      fill-np16-ck32        plan49's fill at the default spacing (496 held), one repetition: six in runs 3-4
+    plan49's seven configs are all here, each with its planned_mib and memory_max_mib. Device time (estimate49v on
+    runs 3 and 4, which gives run4's own 1,007 s of phase as 1,008): 1,285 s of phase (21.4 minutes) after the
+    build (255-366 s), the tier and the four 16-slot chats done by 857 s. validate49 reads its results."""
+    configs = [host49_item(CMS0, 16, 32, FILL38, cms=0)]
+    configs += [host49_item(f"chat-np16-ck{n}", 16, n, CHAT38) for n in (0, 4, 8, 32)]
+    configs += [host49_item(f"chat-np{n}-ck0", n, 0, CHAT38) for n in (4, 24, 8)]
+    configs += [host49_item("fill-np16-ck32", 16, 32, FILL38, runs=1)]
+    return {"host49": {"build": "mmq", "runs": 3, "configs": configs}, **plan41v()}
 
 
 THINK_FIGURES = ("ttfr_ms", "answer_ms", "n_reasoning", "n_content", "think_tps", "answer_tps", "decode_tps")
@@ -487,6 +557,24 @@ def host38_report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def host49_reps(r: dict) -> list[dict]:
+    """One host49 config's repetitions against the plan (today's group_vars) at the checkpoints each one held, each
+    of the size the server logged: planned and measured anonymous memory, cgroup charge less page cache, VmRSS."""
+    inst = host_plan(r["slots"], r["ckpt"], r.get("cms")).instance
+    reps = []
+    for rep in r["reps"]:
+        size = max(rep["ckpt"]["size_mib"] or [inst.checkpoint_bytes / 2**20])
+        # the plan's instance at the checkpoints this repetition held, each of the logged size
+        at = replace(inst, slots=1, checkpoints_per_slot=rep["ckpt"]["held"], checkpoint_bytes=round(size * 2**20))
+        peak, cg = rep["peak"], rep["peak"].get("cgroup") or {}
+        reps.append({"held": rep["ckpt"]["held"], "plan_anon": at.anonymous / 2**20, "plan_held": at.held / 2**20,
+                     "plan_total": at.total / 2**20,
+                     "anon": peak["RssAnon"] + peak["RssShmem"], "unreclaimable": cg.get("cg_unreclaimable"),
+                     "rss": peak.get("VmRSS"), "charged": cg.get("cg_current"),
+                     "errors": sum("error" in q for t in rep["turns"] for q in t["recs"])})
+    return reps
+
+
 def host49_table(results: dict) -> list[dict]:
     """Issue 49: each config's repetitions against the plan at the checkpoints each one held
     (voltafleet.planning.hostmem: the process and its slots, the host buffers, held x the logged size),
@@ -501,18 +589,7 @@ def host49_table(results: dict) -> list[dict]:
     the medians of 3, the largest ratio, the cgroup's events and whether the kernel ever killed it."""
     rows = []
     for r in results.get("host49", []):
-        inst = host_plan(r["slots"], r["ckpt"]).instance
-        reps = []
-        for rep in r["reps"]:
-            size = max(rep["ckpt"]["size_mib"] or [inst.checkpoint_bytes / 2**20])
-            # the plan's instance at the checkpoints this repetition held, each of the logged size
-            at = replace(inst, slots=1, checkpoints_per_slot=rep["ckpt"]["held"], checkpoint_bytes=round(size * 2**20))
-            peak, cg = rep["peak"], rep["peak"].get("cgroup") or {}
-            reps.append({"held": rep["ckpt"]["held"], "plan_anon": at.anonymous / 2**20, "plan_held": at.held / 2**20,
-                         "plan_total": at.total / 2**20,
-                         "anon": peak["RssAnon"] + peak["RssShmem"], "unreclaimable": cg.get("cg_unreclaimable"),
-                         "rss": peak.get("VmRSS"), "charged": cg.get("cg_current"),
-                         "errors": sum("error" in q for t in rep["turns"] for q in t["recs"])})
+        reps = host49_reps(r)
 
         def med(k):
             return _median([x[k] for x in reps if x[k] is not None])
@@ -545,6 +622,161 @@ def host49_report(results: dict) -> str:
                      f"{f(r['unreclaimable_over_plan_max'], 3)} | {f(r['rss_mib'])} / {f(r['plan_total_mib'])} | "
                      f"{f(r['memory_max_mib'])} | {'yes' if r['killed'] else 'no'} | "
                      f"{ev.get('max', '-')} / {ev.get('oom_kill', '-')} |")
+    return "\n".join(lines)
+
+
+
+CONFIG_OVERHEAD49_S = 4   # a host49 config beyond its load and repetitions (2 s settle, warm-up, stop): run4's 1,007.3 s
+#                           of phase less its loads and repetitions (980.0 s), over its 7 configs
+TIER41V_S = 25            # tier41's lat-d2: load, warm-up, 3 x (1, 2, 4 streams) (bench/records/tier41/progress.txt: 98-123 s)
+MTP_FILES_S = 23          # gpu_proof.sh writing both MTP files before the phases (tier41 progress: 09:24:44-09:25:07)
+
+
+def estimate49v(runs: list[dict], plan: dict | None = None) -> dict:
+    """Seconds of phase plan (plan49v()) takes, from earlier host49 runs' results: each config's load and the mean of
+    its repetitions at the same kind, slots and checkpoints (the slowest run's; the spacing does not change a
+    fill's turns), times its repetitions, CONFIG_OVERHEAD49_S each; its tier41 configs TIER41V_S each, and
+    MTP_FILES_S before them."""
+    plan = plan or plan49v()
+    seen: dict = {}
+    for results in runs:
+        for r in results.get("host49", []):
+            if r["reps"]:
+                key = (r["kind"], r["slots"], r["ckpt"])
+                rep = sum(x["seconds"] for x in r["reps"]) / len(r["reps"])
+                old = seen.get(key, (0, 0))
+                seen[key] = (max(old[0], rep), max(old[1], r["load_s"]))
+    h = plan["host49"]
+    configs = {}
+    for c in h["configs"]:
+        rep, load = seen[(c["kind"], c["slots"], c["ckpt"])]
+        configs[c["name"]] = round(load + rep * c.get("runs", h["runs"]) + CONFIG_OVERHEAD49_S, 1)
+    tier = len(plan.get("tier41", {}).get("configs", [])) * TIER41V_S + (MTP_FILES_S if "tier41" in plan else 0)
+    host = round(sum(configs.values()), 1)
+    return {"configs": configs, "host49_s": host, "tier41_s": tier, "phase_s": round(host + tier, 1)}
+
+WITHIN49 = 0.05   # issue 49: measured within 5 % of the plan (measured / planned >= 0.95) and never over it
+SHIPPED_SLOTS49 = 16
+
+
+def _span(reps: list[dict], got: str, plan: str) -> dict:
+    """Planned and measured (medians of the repetitions) and measured / planned at its lowest and highest."""
+    ratios = [x[got] / x[plan] for x in reps if x.get(got) is not None and x.get(plan)]
+    return {"planned_mib": _median([x[plan] for x in reps]), "measured_mib": _median([x[got] for x in reps]),
+            "low": round(min(ratios), 4) if ratios else None, "high": round(max(ratios), 4) if ratios else None}
+
+
+def _verdict(span: dict, within: bool) -> tuple[bool, str]:
+    """(passed, words): never under in every repetition (measured / planned <= 1) and, where `within` is asked,
+    within WITHIN49 in every repetition (>= 0.95)."""
+    if span["high"] is None:
+        return False, "not measured"
+    if span["high"] > 1:
+        return False, f"UNDER by {100 * (span['high'] - 1):.1f} %"
+    if span["low"] >= 1 - WITHIN49:
+        return True, "within 5 %, never under"
+    return not within, f"never under, {100 * (1 / span['low'] - 1):.1f} % over"
+
+
+def _tier_depth(args: list[str]) -> int:
+    return int(args[args.index("--spec-draft-n-max") + 1]) if "--spec-draft-n-max" in args else 0
+
+
+def validate49_tier(r: dict) -> dict:
+    """A tier41 record of the latency tier (lat-d*) against the plan of group_vars/latency.yml at the depth its argv
+    ran: VRAM (voltafleet.planning.vram.decide at V100-32GB's 32,768 MiB, Volta's arch, the MTP-carrying header:
+    as vram_cuda_overhead_mib 640 was fitted, tests/unit/test_tier41.py) against the GPU peak over its rounds,
+    within 5 % and never under; host memory (hostmem's plan) never under the peak's anonymous memory and VmRSS."""
+    from voltafleet.models.gguf_header import from_json
+    from voltafleet.planning import hostmem, vram
+
+    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks-mtp.json").read_text()))
+    depth = _tier_depth(r["args"])
+    cfg = latency_cfg(voltafleet_backend="cuda", model_url="MODEL", server_spec_mtp=bool(depth),
+                      **({"server_spec_draft_max": depth} if depth else {}))
+    planned = vram.decide(cfg, 32768, header, archs=[70]).plan.needed / 2**20
+    inst = hostmem.plan(cfg, vram.ModelShape.from_header(header), 1).instance
+    peak, gpu = r.get("host_peak") or {}, r.get("gpu_peak_mib")
+    vspan = {"planned_mib": round(planned, 1), "measured_mib": gpu, "low": gpu and round(gpu / planned, 4),
+             "high": gpu and round(gpu / planned, 4)}
+    ok, words = _verdict(vspan, within=True)
+    anon = peak.get("RssAnon", 0) + peak.get("RssShmem", 0) if peak else None
+    host_ok = bool(peak) and anon <= inst.anonymous / 2**20 and peak["VmRSS"] <= inst.total / 2**20
+    return {"name": r["name"], "depth": depth, "model": r.get("model"), "overhead_mib": cfg.server.vram_cuda_overhead_mib,
+            "vram": vspan, "vram_verdict": words, "host_anon_mib": anon, "host_plan_anon_mib": round(inst.anonymous / 2**20, 1),
+            "host_rss_mib": peak.get("VmRSS"), "host_plan_total_mib": round(inst.total / 2**20, 1),
+            "host_never_under": host_ok, "ok": ok and host_ok and r.get("healthy", False)}
+
+
+def validate49(run) -> dict:
+    """Issue 49's verdicts on a validation run (a run directory, its results.json, or the results): every host49
+    config against today's plan (group_vars) at the checkpoints each repetition held (host49_reps), in the two
+    quantities the kernel cannot reclaim: the process's anonymous and shared memory (VmRSS's RssAnon + RssShmem)
+    and the cgroup's charge less its page cache. Never under in any repetition, every config; within 5 % in every
+    repetition at the shipped 16 slots (0, 4, 8, 32 checkpoints and the fills: elsewhere the slot term is linear and
+    the heap not quite, 4-9 % over in runs 3-4); nothing killed or throttled (memory.events high 0, oom_kill 0); the
+    worst case holding every checkpoint (held = slots x ckpt at 32). The latency tier's configs, if the run has
+    them: validate49_tier. `ok`: all of it, with `why` naming what failed."""
+    if not isinstance(run, dict):
+        path = Path(run)
+        run = json.loads((path / "results.json" if path.is_dir() else path).read_text())
+    rows, why = [], []
+    for r in run.get("host49", []):
+        reps = host49_reps(r)
+        within = r["slots"] == SHIPPED_SLOTS49
+        anon, held = _span(reps, "anon", "plan_anon"), _span(reps, "unreclaimable", "plan_held")
+        (a_ok, a_words), (h_ok, h_words) = _verdict(anon, within), _verdict(held, within)
+        events = (r.get("cgroup_end") or {}).get("cg_events") or {}
+        killed = not r.get("alive_at_end", True) or events.get("oom_kill", 0) > 0
+        counts = sorted({x["held"] for x in reps})
+        full = r["ckpt"] == 32 and counts == [r["slots"] * 32]
+        row = {"name": r["name"], "slots": r["slots"], "ckpt": r["ckpt"], "cms": r.get("cms"), "reps": len(reps),
+               "held": counts, "full": full, "planned_mib": r.get("planned_mib"),
+               "memory_max_mib": r.get("memory_max_mib"), "anon": anon, "anon_verdict": a_words,
+               "unreclaimable": held, "unreclaimable_verdict": h_words, "killed": killed,
+               "events_high": events.get("high"), "errors": sum(x["errors"] for x in reps)}
+        row["ok"] = (a_ok and h_ok and not killed and not events.get("high") and not row["errors"] and bool(reps)
+                     and r.get("cgroup_error") is None)
+        rows.append(row)
+        if not row["ok"]:
+            why.append(f"{r['name']}: anonymous {a_words}; cgroup {h_words}" + ("; killed" if killed else "") +
+                       (f"; {row['errors']} errors" if row["errors"] else "") + ("; no repetition" if not reps else ""))
+    if not rows:
+        why.append("no host49 config")
+    elif not any(x["full"] for x in rows):
+        why.append("no config held every checkpoint (slots x 32)")
+    host_ok = not why
+    tier = [validate49_tier(r) for r in run.get("tier41", []) if r["name"].startswith("lat-")]
+    why += [f"{t['name']}: VRAM {t['vram_verdict']}" + ("" if t["host_never_under"] else "; host memory under")
+            for t in tier if not t["ok"]]
+    if not tier:
+        why.append("no latency tier config (vram_cuda_overhead_mib not validated)")
+    tier_ok = bool(tier) and all(t["ok"] for t in tier)
+    return {"host49": rows, "tier41": tier, "host49_ok": host_ok, "tier41_ok": tier_ok, "ok": host_ok and tier_ok,
+            "why": why}
+
+
+def validate49_report(v: dict) -> str:
+    """validate49's verdicts as bench/RESULTS.md's validation table."""
+    lines = ["| config | held checkpoints | anonymous MiB: planned / measured (lowest-highest ratio) | held MiB: planned / "
+             "cgroup (lowest-highest ratio) | verdict | MemoryMax MiB | killed / events high |",
+             "|---|---|---|---|---|---|---|"]
+    for r in v["host49"]:
+        a, h = r["anon"], r["unreclaimable"]
+        lines.append(f"| {r['name']} | {', '.join(f(x) for x in r['held'])}{' (all)' if r['full'] else ''} | "
+                     f"{f(a['planned_mib'])} / {f(a['measured_mib'])} ({f(a['low'], 3)}-{f(a['high'], 3)}) | "
+                     f"{f(h['planned_mib'])} / {f(h['measured_mib'])} ({f(h['low'], 3)}-{f(h['high'], 3)}) | "
+                     f"{'ok' if r['ok'] else 'FAIL'}: {r['anon_verdict']}; {r['unreclaimable_verdict']} | "
+                     f"{f(r['memory_max_mib'])} | {'yes' if r['killed'] else 'no'} / {r['events_high']} |")
+    if v["tier41"]:
+        lines += ["", "| tier config | VRAM MiB: planned / peak | verdict | host MiB: anonymous planned / measured, "
+                  "total planned / VmRSS |", "|---|---|---|---|"]
+        for t in v["tier41"]:
+            lines.append(f"| {t['name']} (overhead {t['overhead_mib']}) | {f(t['vram']['planned_mib'])} / "
+                         f"{f(t['vram']['measured_mib'])} | {'ok' if t['ok'] else 'FAIL'}: {t['vram_verdict']} | "
+                         f"{f(t['host_plan_anon_mib'])} / {f(t['host_anon_mib'])}, {f(t['host_plan_total_mib'])} / "
+                         f"{f(t['host_rss_mib'])} |")
+    lines += ["", "validated" if v["ok"] else "NOT validated: " + "; ".join(v["why"])]
     return "\n".join(lines)
 
 
@@ -604,8 +836,9 @@ MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proo
                    "bench/traffic/driver.py")
 
 
-def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict:
-    """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json)."""
+def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT, overlay: dict | None = None) -> dict:
+    """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json). `overlay`: plan
+    entries that replace those of the same key (plan49v: host49's and tier41's for issue 49's validation run)."""
     pack_sources(dest, checkout, commit)
     for f in ("lab/qwen35gen.py", "bench/gpu/gpu_proof.sh"):
         shutil.copy(REPO / f, dest)
@@ -613,7 +846,7 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f, dest / f)
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
-            "tune29b": plan_tune29b(), **plan38(), **plan41(), **plan49()}
+            "tune29b": plan_tune29b(), **plan38(), **plan41(), **plan49(), **(overlay or {})}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)
@@ -624,10 +857,14 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT) -> dict
 
 def main(argv: list[str]) -> int:
     cmd = argv[0] if argv else "pack"
-    if cmd == "pack":
-        m = pack(Path(argv[1]) if len(argv) > 1 else REPO / ".gpuproof")
+    if cmd in ("pack", "pack49v"):
+        m = pack(Path(argv[1]) if len(argv) > 1 else REPO / ".gpuproof", overlay=plan49v() if cmd == "pack49v" else None)
         print(f"packed {m['dest']}: {m['bytes'] / 2**20:.1f} MiB, release {m['fingerprint']}")
-        print(f"on the GPU machine: bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
+        phases = f"PHASES={PHASES49V} " if cmd == "pack49v" else ""
+        print(f"on the GPU machine: {phases}bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
+        return 0
+    if cmd == "validate49":
+        print(validate49_report(validate49(Path(argv[1]))))
         return 0
     if cmd == "report":
         from bench.gpu import proof_report

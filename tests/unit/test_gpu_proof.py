@@ -75,6 +75,20 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
     assert r.returncode == 0, r.stdout
 
 
+def test_the_issue49_validation_pack_replaces_host49_and_tier41_alone(tmp_path, checkout):
+    """`pack49v`: plan.json as `pack`'s, its host49 and tier41 entries plan49v's; the device script takes its phases."""
+    from bench.gpu.proof_bench import refused
+
+    src, head = checkout
+    plain = json.loads(Path(gpu_proof.pack(tmp_path / "a", checkout=src, commit=head)["dest"], "plan.json").read_text())
+    m = gpu_proof.pack(tmp_path / "b", checkout=src, commit=head, overlay=gpu_proof.plan49v())
+    plan = json.loads(Path(m["dest"], "plan.json").read_text())
+    want = json.loads(json.dumps(gpu_proof.plan49v()))
+    assert plan["host49"] == want["host49"] and plan["tier41"] == want["tier41"]
+    assert {k: v for k, v in plan.items() if k not in want} == {k: v for k, v in plain.items() if k not in want}
+    assert plan.keys() == plain.keys() and refused(gpu_proof.PHASES49V.split(",")) is None
+
+
 def test_pack_refuses_another_commit(tmp_path, checkout):
     src, _ = checkout
     with pytest.raises(SystemExit, match="the pin is"):

@@ -8,7 +8,8 @@ records against voltafleet.planning.hostmem's plan for the same argv.
   anonymous memory held, but at the ceiling the kernel's own memory grew by 14 MiB while it reclaimed the
   model's page cache, and the cgroup's charge less page cache went 9 MiB over the plan (below);
 - group_vars now carry the fit on run3 and run4 together, kernel memory under reclaim included: the next
-  run of plan49 is their validation (not yet made: the device's half hour went to run4)."""
+  run of plan49 is their validation (not yet made: the device's half hour went to run4). It is prepared as
+  gpu_proof.plan49v ("run 5", below): plan49's configs, the fill at 512 of 512, the latency tier as shipped."""
 import json
 from pathlib import Path
 
@@ -159,3 +160,212 @@ def test_run4_validates_the_host_buffers_and_the_vram_plan_at_load_on_a_run_they
         assert 0 <= at_load - r["gpu_load_mib"] <= 20, (r["name"], at_load, r["gpu_load_mib"])
         seen.add(r["slots"])
     assert seen == {4, 16, 24}
+
+
+# ---------------------------------------------------------------- run 5: the validation run, prepared (not yet run)
+
+def plan5() -> dict:
+    from bench.gpu.gpu_proof import plan49v
+
+    return plan49v()
+
+
+def test_run5_holds_plan49s_seven_configs_as_plan49_renders_them_the_worst_case_first():
+    """plan49v: plan49's seven configs, each with today's argv, planned_mib and memory_max_mib, the fill at the
+    default spacing once (runs 3 and 4 hold six repetitions of it); the 512-checkpoint fill first, then 0, 4, 8 and
+    32 checkpoints at 16 slots, then the process term at 4, 24 and 8 slots."""
+    from bench.gpu.gpu_proof import CMS0
+
+    got = {c["name"]: c for c in plan5()["host49"]["configs"]}
+    for c in plan49()["host49"]["configs"]:
+        assert {k: v for k, v in got[c["name"]].items() if k != "runs"} == c, c["name"]
+    assert list(got) == [CMS0, "chat-np16-ck0", "chat-np16-ck4", "chat-np16-ck8", "chat-np16-ck32", "chat-np4-ck0",
+                         "chat-np24-ck0", "chat-np8-ck0", "fill-np16-ck32"]
+    assert got["fill-np16-ck32"]["runs"] == 1 and plan5()["host49"]["runs"] == 3
+    assert all("runs" not in c for name, c in got.items() if name != "fill-np16-ck32")
+
+
+def test_run5_renders_the_shipped_argv_of_each_config():
+    """Each config's argv is voltafleet's server_args of v100_32gb's variables at its slots and checkpoints; the ones
+    run before are those runs' argv, byte for byte (run4's seven, run3's chat-np8-ck0)."""
+    from bench.gpu.gpu_proof import CMS0, host49_cfg
+    from voltafleet.planning.flags import server_args
+
+    recorded = {r["name"]: r["args"] for run in (RUN3, RUN4) for r in results(run)["host49"]}
+    for c in plan5()["host49"]["configs"]:
+        assert c["args"] == server_args(host49_cfg(c["slots"], c["ckpt"], c["cms"]), "MODEL", port=18080,
+                                        api_key_file=None), c["name"]
+        if c["name"] != CMS0:
+            assert [a.replace("MODEL", "/tmp/models/q4ks.gguf") for a in c["args"]] == recorded[c["name"]], c["name"]
+
+
+def test_run5_fills_every_checkpoint_with_no_minimum_spacing_planned_as_16_x_32():
+    """The worst case: FILL38's 17 short turns at 16 slots and 32 checkpoints with `--checkpoint-min-step 0` in
+    server_extra_flags (llama.cpp's create_checkpoint then evicts only a duplicate, and the oldest at 32: a slot
+    holds 32 of 32, not 31). voltafleet's own check of server_extra_flags takes it at the pinned llama.cpp, and
+    the plan is the same 16 x 32 = 512 checkpoints as plan49's fill."""
+    from bench.gpu.gpu_proof import CMS0, COMMIT, host49_cfg, host_plan
+    from voltafleet.planning.flags import extra_flag_errors
+
+    c = next(c for c in plan5()["host49"]["configs"] if c["name"] == CMS0)
+    assert c["kind"] == "fill" and c["turns"] == 17 and (c["slots"], c["ckpt"], c["cms"]) == (16, 32, 0)
+    args = c["args"]
+    assert args[args.index("--checkpoint-min-step") + 1] == "0" and args.count("--checkpoint-min-step") == 1
+    assert args[args.index("--ctx-checkpoints") + 1] == "32" and args[args.index("-np") + 1] == "16"
+    cfg = host49_cfg(16, 32, 0)
+    assert list(cfg.server.extra_flags) == ["--checkpoint-min-step", "0"]
+    assert extra_flag_errors(list(cfg.server.extra_flags), COMMIT) == []
+    inst = host_plan(16, 32, 0).instance
+    assert inst.slots * inst.checkpoints_per_slot == 512 and inst == host_plan(16, 32).instance
+    fill = next(x for x in plan49()["host49"]["configs"] if x["name"] == "fill-np16-ck32")
+    assert (c["planned_mib"], c["memory_max_mib"]) == (fill["planned_mib"], fill["memory_max_mib"])
+
+
+def test_every_run5_config_s_ceiling_is_its_unit_s_memorymax():
+    """memory_max_mib, the cgroup's memory.max on the GPU machine, is the MemoryMax= the server role's unit carries
+    for the same variables (voltafleet.planning.unitfile), in MiB rounded up; planned_mib is the plan's total."""
+    import math
+    import re
+
+    from bench.gpu.gpu_proof import host49_cfg, host_plan
+    from voltafleet.planning.unitfile import render_unit
+
+    for c in plan5()["host49"]["configs"]:
+        p = host_plan(c["slots"], c["ckpt"], c["cms"])
+        unit = render_unit(host49_cfg(c["slots"], c["ckpt"], c["cms"]).replace(voltafleet_backend="cuda"), 255, p)
+        memory_max = int(re.search(r"^MemoryMax=(\d+)$", unit, re.M).group(1))
+        assert c["memory_max_mib"] == math.ceil(memory_max / 2**20), c["name"]
+        assert c["planned_mib"] == round(p.instance.total / 2**20, 1) and c["planned_mib"] * 1.1 <= c["memory_max_mib"]
+
+
+def test_run5_runs_the_latency_tier_as_shipped_for_a_second_run_of_its_overhead():
+    """The tier's vram_cuda_overhead_mib (640) was fitted on bench/records/tier41 alone: run 5 runs the tier as
+    group_vars/latency.yml ships it (depth 2, on the file whose drafts are all accepted), the argv tier41's lat-d2 ran."""
+    from bench.gpu.gpu_proof import PHASES49V, latency41
+    from voltafleet.planning.flags import server_args
+
+    t = plan5()["tier41"]
+    (c,) = t["configs"]
+    lat = yaml.safe_load((REPO / "group_vars/latency.yml").read_text())
+    assert c["name"] == f"lat-d{lat['server_spec_draft_max']}" and c["model"] == "q4ks-mtp-acc.gguf"
+    tier41 = {r["name"]: r for r in json.loads((REPO / "bench/records/tier41/results.json").read_text())["tier41"]}
+    assert c["args"][2:] == tier41[c["name"]]["args"][2:]
+    assert c["args"] == server_args(latency41(lat["server_spec_draft_max"]), "MODEL", port=18080, api_key_file=None)
+    assert t["build"] == "mmq" and PHASES49V == "tier41:mmq,host49:mmq"  # the tier first: ~48 s, then host49
+
+
+def test_run5_fits_the_device_session_the_important_configs_first():
+    """estimate49v reproduces run4's phase time from its own results; run 5's phases take about 21 minutes after the
+    build, the tier and the four 16-slot chats with the 512 fill done in the first 15."""
+    from bench.gpu.gpu_proof import estimate49v
+
+    runs = [results(RUN3), results(RUN4)]
+    own = estimate49v([results(RUN4)], {"host49": plan49()["host49"]})
+    assert abs(own["phase_s"] - results(RUN4)["phase_seconds"]["host49:mmq"]) < 5
+    e = estimate49v(runs)
+    assert 1200 < e["phase_s"] <= 22 * 60, e
+    first = list(e["configs"])[:5]
+    assert e["tier41_s"] + sum(e["configs"][n] for n in first) < 15 * 60
+
+
+def test_validate49_gives_run4_s_verdicts_as_if_it_were_the_validation_run():
+    """validate49 on run4's records (a fit run, here only to exercise it): planned against measured in both
+    quantities, within 5 % and never under at 16 slots, never under at 4 and 24; and not validated, for what run4
+    lacks: no config held every checkpoint (496 of 512) and no latency tier."""
+    from bench.gpu.gpu_proof import validate49, validate49_report
+
+    v = validate49(RUN4)
+    rows = {r["name"]: r for r in v["host49"]}
+    assert list(rows) == [c["name"] for c in plan49()["host49"]["configs"]]
+    for name, r in rows.items():
+        assert r["ok"] and not r["killed"] and r["events_high"] == 0 and r["reps"] == 3, name
+        for q in ("anon", "unreclaimable"):
+            assert r[q]["high"] <= 1, (name, q)
+            if r["slots"] == 16:
+                assert r[q]["low"] >= 0.95 and r[f"{q}_verdict"] == "within 5 %, never under", (name, q)
+    assert rows["chat-np4-ck0"]["unreclaimable_verdict"].startswith("never under, 9.")
+    assert rows["fill-np16-ck32"]["held"] == [496] and not rows["fill-np16-ck32"]["full"]
+    assert rows["chat-np16-ck0"]["unreclaimable"]["measured_mib"] == table(RUN4)["chat-np16-ck0"]["unreclaimable_mib"]
+    assert v["host49_ok"] is False and v["tier41_ok"] is False and v["ok"] is False
+    assert v["why"] == ["no config held every checkpoint (slots x 32)",
+                        "no latency tier config (vram_cuda_overhead_mib not validated)"]
+    text = validate49_report(v)
+    assert "| chat-np16-ck0 | 0 | 534 / 527 (0.987-0.988) | 559 / 552 (0.987-0.988) | ok:" in text
+    assert text.endswith("NOT validated: no config held every checkpoint (slots x 32); no latency tier config "
+                         "(vram_cuda_overhead_mib not validated)")
+
+
+def test_validate49_passes_a_run_that_fills_every_checkpoint_and_fails_one_under_its_plan():
+    """The verdicts on run4's records changed the way run 5 should differ: the fill holding 512 (each repetition's
+    anonymous memory and charge 16 checkpoints larger) validates the host plan; a repetition 1 % over its plan fails
+    as under, named."""
+    import copy
+
+    from bench.gpu.gpu_proof import validate49
+
+    run = copy.deepcopy(results(RUN4))
+    fill = next(r for r in run["host49"] if r["name"] == "fill-np16-ck32")
+    for rep in fill["reps"]:
+        more = 16 * max(rep["ckpt"]["size_mib"])
+        rep["ckpt"]["held"] += 16
+        rep["peak"]["RssAnon"] += more
+        rep["peak"]["cgroup"]["cg_unreclaimable"] += more * (1 + 1 / 512)
+    v = validate49(run)
+    assert v["host49_ok"] and next(r for r in v["host49"] if r["name"] == "fill-np16-ck32")["full"]
+    ck8 = next(r for r in run["host49"] if r["name"] == "chat-np16-ck8")
+    ck8["reps"][1]["peak"]["RssAnon"] *= 1.01
+    v = validate49(run)
+    assert not v["host49_ok"] and v["why"][0].startswith("chat-np16-ck8: anonymous UNDER by ")
+
+
+def test_validate49_gives_the_tier41_record_s_vram_verdicts_at_the_shipped_overhead():
+    """The latency tier's part on the record its overhead was fitted on (the code path run 5 takes): VRAM planned at
+    640 within 5 % and never under at every depth, host memory never under."""
+    from bench.gpu.gpu_proof import validate49
+
+    v = validate49(REPO / "bench/records/tier41")
+    tier = {t["name"]: t for t in v["tier41"]}
+    assert set(tier) == {f"lat-d{d}{s}" for d in range(4) for s in ("", "-rej")}
+    assert all(t["ok"] and t["overhead_mib"] == 640 for t in tier.values())
+    d2 = tier["lat-d2"]
+    assert d2["depth"] == 2 and 0 <= d2["vram"]["planned_mib"] - d2["vram"]["measured_mib"] <= 0.002 * d2["vram"]["measured_mib"]
+    assert v["tier41_ok"] and v["why"] == ["no host49 config"] and not v["ok"]
+
+
+def test_the_phase_runs_a_config_s_own_repetitions_where_it_has_them(monkeypatch):
+    """host49 on the GPU machine: plan49v's fill at the default spacing once, every other config the plan's 3 (the
+    phase's servers, cgroups and chats stood in for here)."""
+    from types import SimpleNamespace
+
+    from bench.gpu.proof import hostmem as phase
+
+    calls = []
+    monkeypatch.setattr(phase, "make_cgroup", lambda name, mib: f"/cg/{name}")
+    monkeypatch.setattr(phase, "cgroup_mem", lambda path: {})
+    monkeypatch.setattr(phase, "proc_mem", lambda pid: {"VmRSS": 1.0})
+    monkeypatch.setattr(phase, "gpu_mem", lambda pid: {})
+    monkeypatch.setattr(phase, "chat_turn", lambda c, item, followup: {})
+    monkeypatch.setattr(phase.time, "sleep", lambda s: None)
+    monkeypatch.setattr(phase, "chat_rep", lambda run, s, item, rep, workload, rng, cgroup:
+                        calls.append((item["name"], rep, cgroup)) or {"rep": rep})
+
+    class Run:
+        plan, port, results = plan5(), 18080, {}
+
+        def server(self, build, name, args, cgroup=None):
+            return SimpleNamespace(ok=True, args=args, load_s=1.0, p=SimpleNamespace(pid=1, poll=lambda: None),
+                                   stop=lambda: None, buffers=lambda: [])
+
+        def loglines(self, s):
+            return []
+
+        def save(self):
+            pass
+
+    phase.host_memory_validation(Run(), "mmq")
+    reps = {}
+    for name, _, cgroup in calls:
+        reps[name] = reps.get(name, 0) + 1
+        assert cgroup == f"/cg/{name}"
+    assert reps == {c["name"]: 1 if c["name"] == "fill-np16-ck32" else 3 for c in plan5()["host49"]["configs"]}
+    assert [r["name"] for r in Run.results["host49"]] == list(reps)

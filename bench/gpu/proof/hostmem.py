@@ -90,7 +90,8 @@ def make_cgroup(name: str, max_mib: int) -> str:
 
 def host_memory_chats(run: ProofRun, build: str, key: str = "host38") -> None:
     """`host38:BUILD`: plan["host38"], each config's server (the v100_32gb argv at its slots and
-    checkpoints), its host memory after load, a warm-up turn, then `runs` repetitions of chat_rep
+    checkpoints), its host memory after load, a warm-up turn, then `runs` repetitions of chat_rep (the config's
+    own `runs` where it has one)
     (fresh conversations a repetition, on the same server); the memory after. Each config's record
     is in the results from its start, every repetition saved as it ends."""
     from voltafleet.hostside import workload
@@ -120,7 +121,7 @@ def host_memory_chats(run: ProofRun, build: str, key: str = "host38") -> None:
                 warm = workload.Client(run.port, None, random.Random(38), item["thinking_budget"])
                 r["warmup"] = chat_turn(warm, {**item, "prompt_tokens": 16, "answer_tokens": 8}, False)
                 r["mem_warm"] = proc_mem(s.p.pid)
-                for rep in range(t["runs"]):
+                for rep in range(item.get("runs", t["runs"])):  # a config's own count, else the plan's
                     r["reps"].append(chat_rep(run, s, item, rep, workload, random.Random(3800 + rep), cgroup))
                     run.save()
                 r["mem_after"] = proc_mem(s.p.pid)
