@@ -455,6 +455,137 @@ def plan49v() -> dict:
     return {"host49": {"build": "mmq", "runs": 3, "configs": configs}, **plan41v()}
 
 
+# issue 51 items 2 and 3: the shipped flags on a busy fleet's traffic (bench/traffic), v100_32gb's argv
+SEED_STAGE3 = ("-m MODEL -ngl 99 -c 8192 -ctk q8_0 -ctv q8_0 -np 4 -t 8 --host 127.0.0.1".split()
+               + ["--port", str(PORT)])                       # the seed's stage-3 flags (run_plan's `seed`)
+TURN51_S = 6.0            # the schedules' turn_s: one rate for every config (bench/traffic/estimate.py)
+SESSION51_S = 22 * 60     # a part's phase time: 30 device minutes less ~90 s start, 366 s build, margin
+PER_SLOT51 = (1, 2, 4)    # conversations open at once: 16, 32, 64 on v100_32gb's 16 slots
+THROUGHPUT51 = ((128, 128), (160, 256))                       # item 3: prompt / answer tokens, 16 clients
+# item 3's rates for the estimate: 16 clients, wall tok/s (bench/records/proof19b: 270 shipped, 114 the seed)
+ROUNDS51_TPS = {"thr-ship": 270.0, "thr-seed": 114.0, "thr-ship-ck0": 366.0, "thr-ship-ub1024": 273.0}
+
+
+def traffic51_params(per_slot: float) -> dict:
+    """The schedule of one config (bench.traffic.model.Params as a dict): the model's defaults but for
+    what the device's half hour cannot afford. Its openings (median 800 words) and follow-ups (120),
+    arrivals (Poisson at 80 % of the slots) and population (per_slot x 16) are the model's; a turn's
+    thought and answer are cut to medians of 16 and 32 tokens (16-64 and 8-128 clipped) and a
+    conversation to 2 + Poisson(1) turns (at most 6; mean 2.99), and a run holds 1 x the population
+    (16, 32, 64): at the model's ~500 tokens a turn and ~20 tok/s a stream (a thinking budget turns
+    backend sampling off, bench/records/proof32) one 4x replay alone would take ~15 minutes."""
+    from dataclasses import asdict
+
+    from bench.traffic.model import Lognormal, Params
+    p = Params(seed=51, slots=16, per_slot=per_slot, busy=0.8, turn_s=TURN51_S, conversations=round(16 * per_slot),
+               turns_extra=1.0, max_turns=6, thinking=Lognormal(16, 0.5, 4, 64), answer=Lognormal(32, 0.5, 8, 128),
+               ctx_per_slot=131072 // 16)
+    return asdict(p)
+
+
+def v32_traffic(ckpt: int, cache_mib: int, **over) -> Settings:
+    """v100_32gb as a host of it gets it, with its checkpoints and host prompt cache set (and `over`)."""
+    return group_cfg("v100_32gb").replace(server_ctx_checkpoints=ckpt, server_cache_ram=cache_mib, **over)
+
+
+def host_plan_of(cfg: Settings):
+    """voltafleet.planning.hostmem's plan of one instance of cfg (the shape-exact Qwen3.6-27B Q4_K_S)."""
+    from voltafleet.models.gguf_header import from_json
+    from voltafleet.planning import hostmem, vram
+
+    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
+    return hostmem.plan(cfg.replace(voltafleet_backend="cuda"), vram.ModelShape.from_header(header), 1)
+
+
+def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: int = 3) -> dict:
+    """One traffic config: its exact argv (group_vars rendered), its schedule, its host-memory plan (the
+    server runs in a cgroup whose memory.max is the unit's MemoryMax) and its estimated device seconds."""
+    from bench.traffic.estimate import Server, config_seconds
+    from bench.traffic.model import params_from
+
+    cfg = v32_traffic(ckpt, cache_gib * 1024)
+    hp = host_plan_of(cfg)
+    traffic = traffic51_params(per_slot)
+    est = config_seconds(params_from(traffic), Server(cfg.server.parallel, ckpt, cache_gib * 1024), runs)
+    return {"name": f"{per_slot}x-ck{ckpt}-cr{cache_gib}", "part": part, "kind": "traffic", "model": "q4ks-vary.gguf",
+            "per_slot": per_slot, "ckpt": ckpt, "cache_ram_mib": cache_gib * 1024, "slots": cfg.server.parallel,
+            "args": server_args(cfg, "MODEL", port=PORT, api_key_file=None), "traffic": traffic, "calibrate": False,
+            "planned_mib": round(hp.instance.total / 2**20, 1), "planned_held_mib": round(hp.instance.held / 2**20, 1),
+            "memory_max_mib": -(-hp.memory_max // 2**20), "estimate_s": round(est)}
+
+
+def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, runs: int = 3) -> dict:
+    """Item 3: one server, `runs` rounds of 16 clients at once at each prompt/answer shape (distinct token
+    prompts, greedy, as proof19b measured the 2.38x); the zero-weight file every earlier ratio used."""
+    tokens = sum(16 * n for _, n in THROUGHPUT51)
+    est = 10 + 5 + runs * tokens / ROUNDS51_TPS[name]
+    item = {"name": name, "part": part, "kind": "rounds", "model": "q4ks.gguf", "args": args, "streams": 16,
+            "shapes": [list(x) for x in THROUGHPUT51], "estimate_s": round(est)}
+    if cfg is not None:
+        hp = host_plan_of(cfg)
+        item.update(planned_mib=round(hp.instance.total / 2**20, 1), planned_held_mib=round(hp.instance.held / 2**20, 1),
+                    memory_max_mib=-(-hp.memory_max // 2**20))
+    return item
+
+
+# Items 2 and 3 in the order the sessions run them (estimates: bench/traffic/estimate.py, each config's own 3
+# schedules; tests/unit/test_traffic51.py recomputes them). A 4x config takes ~900-1,000 s (its conversations
+# live 5 x their busy time, and the shipped argv loses most slots), so no session holds both sides of a 4x pair.
+# 51a decides the shipped flags at 2x (a host cache of 8 GiB against none at the shipped 4 checkpoints, and
+# checkpoints 0 against 4) beside 1x's baseline; 51b is item 3 and the shipped argv at 4x; 51c the 4x cache side,
+# then every other cell of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x.
+PLAN51A = ((2, 4, 0), (2, 4, 8), (2, 0, 0), (1, 4, 0))
+PLAN51B_TRAFFIC = ((4, 4, 0),)
+
+
+def plan51a() -> list[dict]:
+    """Session 1 (51a), the configs that decide the shipped flags, estimated device seconds each:
+
+        2x-ck4-cr0 (shipped)  335 s    2x-ck4-cr8  364 s    2x-ck0-cr0  324 s    1x-ck4-cr0  126 s
+        in all 1,149 s of the 1,320 (22 min) a session's phase has
+
+    The estimate (bench/traffic/estimate.py) plays each of the config's 3 schedules on a simulated server with
+    the H200 records' rates: prefill 2,250 tok/s (16 chat prompts at once, proof38 run2), 12.4-51.3 ms a
+    decode step at 1-16 streams with a thinking budget (proof32 run1), 0.1 s a checkpoint (proof38 run2's
+    openings), 0.2 s a slot saved to the host cache (issue 19); 10 s start and stop, 5 s warm-up a config. Its
+    wall is the schedule's (arrivals over 1 x the population at TURN51_S, Little's law's think times) and the
+    queue when the server falls behind (a follow-up that lost its slot reprocesses its history)."""
+    return [traffic51_config("51a", *c) for c in PLAN51A]
+
+
+def plan51b() -> list[dict]:
+    """Session 2 (51b): item 3, v100_32gb as shipped against the seed's stage-3 flags in one run (16 clients,
+    128/128 and 160/256, median of 3; ~83 and ~177 s), and without checkpoints (proof19b: 366 vs 114 tok/s;
+    ~65 s), then the shipped argv at 4x (~943 s): ~1,268 s."""
+    g = group_cfg("v100_32gb")
+    ck0 = g.replace(server_ctx_checkpoints=0)
+    items = [throughput51_config("51b", "thr-ship", render("v100_32gb"), g),
+             throughput51_config("51b", "thr-seed", SEED_STAGE3, None),
+             throughput51_config("51b", "thr-ship-ck0", server_args(ck0, "MODEL", port=PORT, api_key_file=None), ck0)]
+    return items + [traffic51_config("51b", *c) for c in PLAN51B_TRAFFIC]
+
+
+def plan51c() -> list[dict]:
+    """Later sessions (51c): 4x with the 8 GiB cache (~989 s: against 51b's 4x-ck4-cr0, another session),
+    item 3's -ub 1024, then the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x: 2x then 4x then 1x,
+    the cache's size at the shipped 4 checkpoints first."""
+    g = group_cfg("v100_32gb").replace(server_ubatch=1024)
+    head = [traffic51_config("51c", 4, 4, 8),
+            throughput51_config("51c", "thr-ship-ub1024", server_args(g, "MODEL", port=PORT, api_key_file=None), g)]
+    done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {(4, 4, 8)}
+    cells = [(n, c, gib) for n in (2, 4, 1) for c in (4, 8, 0) for gib in (4, 16, 8, 0)]
+    return head + [traffic51_config("51c", *c) for c in cells if c not in done]
+
+
+def plan51() -> dict:
+    """Issue 51 items 2 and 3 as the `traffic51:mmq` phase runs them (bench/gpu/proof/traffic.py): the
+    shipped build (FORCE_MMQ, Volta's kernel choice), every config in the order of plan51a, plan51b and
+    plan51c, 3 repetitions each. The phase saves each config's record as it ends and skips a config whose
+    complete record RES/results.json already holds (same name and argv): a later call, or a later session
+    given the earlier results.json in RES, goes on where the last one stopped (bench/traffic/README.md)."""
+    return {"traffic51": {"build": "mmq", "runs": 3, "configs": plan51a() + plan51b() + plan51c()}}
+
+
 THINK_FIGURES = ("ttfr_ms", "answer_ms", "n_reasoning", "n_content", "think_tps", "answer_tps", "decode_tps")
 
 
@@ -846,7 +977,7 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT, overlay
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f, dest / f)
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
-            "tune29b": plan_tune29b(), **plan38(), **plan41(), **plan49(), **(overlay or {})}
+            "tune29b": plan_tune29b(), **plan38(), **plan41(), **plan49(), **plan51(), **(overlay or {})}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     size = sum((dest / f).stat().st_size for f in files)

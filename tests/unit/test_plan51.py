@@ -1,0 +1,168 @@
+"""Issue 51 items 2 and 3: the GPU plan (bench/gpu/gpu_proof.py plan51a/b/c) renders v100_32gb's shipped argv
+with only the intended flags changed, each config's schedule is seeded and replayable, each carries its
+host-memory plan, plan51a's estimated device time fits a session, and the phase resumes where it stopped."""
+import functools
+import json
+import types
+
+import pytest
+
+from bench.gpu import gpu_proof as g
+from bench.gpu.proof import traffic as phase
+from bench.traffic.estimate import Server, config_seconds, replay_seconds
+from bench.traffic.model import params_from, schedule
+
+
+@functools.lru_cache(maxsize=None)
+def plan():
+    return g.plan51()["traffic51"]
+
+
+def configs(part=None):
+    return [c for c in plan()["configs"] if part is None or c["part"] == part]
+
+
+def flag_diff(a: list, b: list) -> dict:
+    """{flag: (value in a, value in b)} of two llama-server argvs (a flag's value: the next word, or True)."""
+    def parse(argv):
+        out, i = {}, 0
+        while i < len(argv):
+            if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                out[argv[i]] = argv[i + 1]
+                i += 2
+            else:
+                out[argv[i]] = True
+                i += 1
+        return out
+    pa, pb = parse(a), parse(b)
+    return {k: (pa.get(k), pb.get(k)) for k in pa.keys() | pb.keys() if pa.get(k) != pb.get(k)}
+
+
+def test_build_runs_and_phase():
+    assert plan()["build"] == "mmq" and plan()["runs"] == 3
+    assert [c["part"] for c in configs()] == sorted(c["part"] for c in configs())  # 51a, then 51b, then 51c
+    assert len({c["name"] for c in configs()}) == len(configs())
+
+
+def test_shipped_argv_with_only_checkpoints_and_cache_changed():
+    shipped = g.render("v100_32gb")
+    assert "--ctx-checkpoints" in shipped and shipped[shipped.index("--ctx-checkpoints") + 1] == "4"
+    assert shipped[shipped.index("--cache-ram") + 1] == "0"
+    for c in configs():
+        if c["kind"] != "traffic":
+            continue
+        want = {}
+        if c["ckpt"] != 4:
+            want["--ctx-checkpoints"] = ("4", str(c["ckpt"]))
+        if c["cache_ram_mib"]:
+            want["--cache-ram"] = ("0", str(c["cache_ram_mib"]))
+        assert flag_diff(shipped, c["args"]) == want, c["name"]
+    ship = next(c for c in configs() if c["name"] == "2x-ck4-cr0")
+    assert ship["args"] == shipped and ship["part"] == "51a"
+
+
+def test_item3_pairs_the_shipped_argv_and_the_seed_in_one_session():
+    b = {c["name"]: c for c in configs("51b")}
+    assert b["thr-ship"]["args"] == g.render("v100_32gb") and b["thr-seed"]["args"] == g.SEED_STAGE3
+    assert b["thr-seed"]["args"] == g.run_plan()["serve"][1]["args"]  # the seed of every earlier ratio
+    for c in (b["thr-ship"], b["thr-seed"]):
+        assert c["kind"] == "rounds" and c["streams"] == 16 and c["shapes"] == [[128, 128], [160, 256]]
+    assert flag_diff(g.render("v100_32gb"), b["thr-ship-ck0"]["args"]) == {"--ctx-checkpoints": ("4", "0")}
+    ub = next(c for c in configs("51c") if c["name"] == "thr-ship-ub1024")
+    assert flag_diff(g.render("v100_32gb"), ub["args"]) == {"-ub": (None, "1024")}
+
+
+def test_the_full_matrix_is_planned_once():
+    cells = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for c in configs() if c["kind"] == "traffic"}
+    assert cells == {(n, ck, gib) for n in (1, 2, 4) for ck in (0, 4, 8) for gib in (0, 4, 8, 16)}
+    a = [(c["per_slot"], c["ckpt"], c["cache_ram_mib"]) for c in configs("51a")]
+    assert (2, 4, 0) in a and (2, 4, 8192) in a and (2, 0, 0) in a  # 2x: cache 0 vs 8 GiB, checkpoints 0 vs 4
+
+
+@pytest.mark.parametrize("per_slot, population", [(1, 16), (2, 32), (4, 64)])
+def test_conversations_are_16_32_64(per_slot, population):
+    for c in configs():
+        if c["kind"] == "traffic" and c["per_slot"] == per_slot:
+            p = params_from(c["traffic"])
+            assert p.slots == 16 and p.population == population and p.total == population
+            assert len(schedule(p).conversations) == population
+
+
+def test_each_schedule_is_seeded_and_replayable():
+    seen = {}
+    for c in configs():
+        if c["kind"] != "traffic":
+            continue
+        p = params_from(json.loads(json.dumps(c["traffic"])))  # as plan.json carries it
+        a, b = schedule(p), schedule(params_from(c["traffic"]))
+        assert a.fingerprint() == b.fingerprint() and p.seed == 51 and p.turn_s == g.TURN51_S and p.busy == 0.8
+        # every config of one population replays the same traffic: the flags are all that differ
+        assert seen.setdefault(c["per_slot"], a.fingerprint()) == a.fingerprint()
+    assert len(set(seen.values())) == 3
+
+
+def test_each_config_carries_its_host_memory_plan():
+    for c in configs():
+        if c["name"] == "thr-seed":
+            assert "memory_max_mib" not in c  # not a voltafleet argv: no plan to hold it to
+            continue
+        cfg = g.v32_traffic(c.get("ckpt", 4), c.get("cache_ram_mib", 0))
+        if c["kind"] == "traffic":
+            hp = g.host_plan_of(cfg)
+            assert c["planned_mib"] == round(hp.instance.total / 2**20, 1)
+            assert c["memory_max_mib"] == -(-hp.memory_max // 2**20)
+        assert c["planned_mib"] < c["memory_max_mib"]
+    by = {c["name"]: c for c in configs()}
+    # the cache is planned whole: 8 GiB over the same checkpoints
+    assert by["2x-ck4-cr8"]["planned_held_mib"] - by["2x-ck4-cr0"]["planned_held_mib"] == pytest.approx(8192 * 1.002, abs=2)
+
+
+def test_plan51a_fits_a_session_and_the_estimates_are_the_simulations():
+    a = configs("51a")
+    assert sum(c["estimate_s"] for c in a) <= g.SESSION51_S == 22 * 60
+    assert sum(c["estimate_s"] for c in configs("51b")) <= g.SESSION51_S
+    for c in a:
+        server = Server(16, c["ckpt"], c["cache_ram_mib"])
+        assert c["estimate_s"] == round(config_seconds(params_from(c["traffic"]), server, 3))
+    # the docstring's figures are these
+    for c in a:
+        assert f"{c['name']}" in g.plan51a.__doc__ and f"{c['estimate_s']} s" in g.plan51a.__doc__
+    assert f"{sum(c['estimate_s'] for c in a):,} s" in g.plan51a.__doc__
+
+
+def test_estimate_reuses_with_checkpoints_and_reprocesses_without():
+    p = params_from(configs("51a")[0]["traffic"])
+    s = schedule(p)
+    ck4, ck0 = replay_seconds(s, Server(16, 4, 0)), replay_seconds(s, Server(16, 0, 0))
+    assert ck0["followup_cached_share"] == 0 and ck4["followup_cached_share"] > 0.1
+    assert ck4["requests"] == ck0["requests"] == sum(len(c.turns) for c in s.conversations)
+
+
+class FakeRun:
+    def __init__(self, plan, results):
+        self.plan, self.results, self.saved = plan, results, 0
+        self.a = types.SimpleNamespace(models="/m")
+
+    def save(self):
+        self.saved += 1
+
+
+def test_phase_skips_configs_already_complete(monkeypatch):
+    items = [{"name": "x", "args": ["-a"], "traffic": {}}, {"name": "y", "args": ["-b"], "traffic": {}}]
+    results = {"traffic51": [{"name": "x", "plan_args": ["-a"], "complete": True},
+                             {"name": "y", "plan_args": ["-b"], "complete": False}]}
+    run = FakeRun({"traffic51": {"build": "mmq", "runs": 3, "configs": items}}, results)
+    started = []
+
+    class Boom(Exception):
+        pass
+
+    def server(build, name, args, model=None, cgroup=None):
+        started.append(name)
+        raise Boom
+    run.server = server
+    with pytest.raises(Boom):
+        phase.traffic(run, "mmq")
+    assert started == ["y"]  # x was complete; y's partial record does not count
+    assert phase.done(results["traffic51"], items[0]) and not phase.done(results["traffic51"], items[1])
+    assert not phase.done(results["traffic51"], {**items[0], "args": ["-c"]})  # another argv: run again
