@@ -26,10 +26,12 @@ BUDGET_PORT = harness.BASE_PORT + 11
 
 def pair_vars(name: str) -> dict:
     """Gateway `name`'s part of the pair: a and b on their own loopback addresses (peers, budget port)."""
-    cfg = {"gateway_vip": "127.0.0.10", "gateway_vip_prefix": 8, "gateway_vip_interface": "lo",
-           "gateway_vrrp_router_id": 52, "gateway_vrrp_preempt_delay_s": 0, "gateway_peers_port": PEERS_PORT,
-           "gateway_budget_peer_port": BUDGET_PORT, "gateway_budget_peer_poll_ms": POLL_MS,
-           "gateway_metrics_bind": "127.0.0.1:8404"}
+    from tests.fixture_vars import all_yml_settings
+
+    cfg = all_yml_settings(gateway_vip="127.0.0.10", gateway_vip_prefix=8, gateway_vip_interface="lo",
+                           gateway_vrrp_router_id=52, gateway_vrrp_preempt_delay_s=0, gateway_peers_port=PEERS_PORT,
+                           gateway_budget_peer_port=BUDGET_PORT, gateway_budget_peer_poll_ms=POLL_MS,
+                           gateway_metrics_bind="127.0.0.1:8404")
     p = pairmod.decide([("a", cfg.replace(gateway_address="127.0.0.11"), None),
                         ("b", cfg.replace(gateway_address="127.0.0.12"), None)])
     v = p.haproxy_vars(name)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.lab.helpers import main_pid, ssh
 from voltafleet.models import gguf_header
-from voltafleet.inputs.config import SCHEMA, validate_values
+from voltafleet.inputs.config import SCHEMA, settings_of
 from voltafleet.planning.hostplan import HostFacts, make_plan
 from voltafleet.planning.unitfile import MEMORY_TEXTFILE
 
@@ -31,7 +31,7 @@ def host_cfg(name: str) -> dict:
     from inventory import lab as inventory
 
     data = dict(next(d for n, d in inventory.lab if n == name))
-    return validate_values(name, {k: data.get(k) for k in SCHEMA})
+    return settings_of(name, {k: data.get(k) for k in SCHEMA})
 
 
 def memory_facts(h: dict) -> dict:
@@ -50,7 +50,7 @@ def planned(h: dict):
     return plan.settings, plan.hostmem
 
 
-def instances(cfg: dict) -> range:
+def instances(cfg) -> range:
     return range(cfg.server.instances)
 
 
