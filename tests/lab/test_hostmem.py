@@ -118,4 +118,5 @@ def test_the_memory_textfile_holds_each_servers_rss_and_its_plan(hosts):
             # the plan's terms other than the prompt cache's limit hold the real server (the lab's states are tiny)
             assert now <= mem.instance.total - mem.instance.cache_ram, (h["name"], i, now, mem.instance.describe())
             assert got[("voltafleet_instance_memory_plan_bytes", i)] == mem.instance.total, (h["name"], i)
+            assert got[("voltafleet_instance_memory_plan_held_bytes", i)] == mem.instance.held, (h["name"], i)
         assert ssh(h, f"grep -c '^# TYPE voltafleet_instance_memory_rss_bytes gauge$' {prom}") == "1"

@@ -101,11 +101,12 @@ def test_a_new_ceiling_uploads_the_unit_and_reloads_systemd(plan):
 
 def test_the_plan_file_holds_each_instances_planned_bytes(plan):
     files = {w.dest: w for w in memory_files(plan)}
-    total = plan.hostmem.instance.total
-    assert files[MEMORY_PLAN_PATH].text.splitlines()[1:] == ["host gpu-01", f"instance 0 {total}",
-                                                              f"instance 1 {total}"]
+    total, held = plan.hostmem.instance.total, plan.hostmem.instance.held
+    assert held < total  # the program's and the mapped model's file pages are reclaimable
+    assert files[MEMORY_PLAN_PATH].text.splitlines()[1:] == ["host gpu-01", f"instance 0 {total} {held}",
+                                                              f"instance 1 {total} {held}"]
     no_plan = {w.dest: w for w in memory_files(host_plan("gpu-01", plan.settings, header=None))}
-    assert no_plan[MEMORY_PLAN_PATH].text.splitlines()[1:] == ["host gpu-01", "instance 0 -", "instance 1 -"]
+    assert no_plan[MEMORY_PLAN_PATH].text.splitlines()[1:] == ["host gpu-01", "instance 0 - -", "instance 1 - -"]
 
 
 def test_the_service_runs_the_installed_script_every_30_s(plan):

@@ -73,7 +73,7 @@ def v1_cgroup(path: str, files: dict = V1) -> dict[str, str]:
     return {f"/memory{path}/{name}": text for name, text in files.items()}
 
 
-PLAN = "# voltafleet\nhost gpu-01\ninstance 0 40000000000\ninstance 1 40000000000\n"
+PLAN = "# voltafleet\nhost gpu-01\ninstance 0 40000000000 38000000000\ninstance 1 40000000000 38000000000\n"
 # systemctl show prints each unit's properties in its own order, a blank line after each unit
 SHOW = (f"MainPID=4242\nControlGroup={CG0}\nInvocationID={INV0}\nId=llama-server@0.service\n\n"
         f"Id=llama-server@1.service\nInvocationID={INV1}\nControlGroup={CG1}\nMainPID=4343\n\n")
@@ -127,6 +127,8 @@ def test_each_instance_rss_plan_and_what_the_kernel_counts_in_bytes(tmp_path):
         f"{M}rss_bytes{{{L1}}}": str(1_000_000 * 1024),
         f"{M}plan_bytes{{{L0}}}": "40000000000",
         f"{M}plan_bytes{{{L1}}}": "40000000000",
+        f"{M}plan_held_bytes{{{L0}}}": "38000000000",
+        f"{M}plan_held_bytes{{{L1}}}": "38000000000",
         f"{M}cgroup_bytes{{{L0}}}": "32000000000",        # memory.current (instance 1's cgroup is unreadable)
         f"{M}cgroup_file_bytes{{{L0}}}": "3500000000",    # active_file + inactive_file
         f"{M}cgroup_limit_bytes{{{L0}}}": "35000000000",  # memory.max
@@ -172,7 +174,7 @@ def test_an_unlimited_cgroup_has_no_limit_line(tmp_path):
 def test_help_and_type_once_per_metric_family_before_its_samples(tmp_path):
     text = run(tmp_path)[1]
     lines = text.splitlines()
-    for name, kind in (("rss_bytes", "gauge"), ("plan_bytes", "gauge"), ("cgroup_bytes", "gauge"),
+    for name, kind in (("rss_bytes", "gauge"), ("plan_bytes", "gauge"), ("plan_held_bytes", "gauge"), ("cgroup_bytes", "gauge"),
                        ("cgroup_file_bytes", "gauge"), ("cgroup_limit_bytes", "gauge"), ("events_total", "counter")):
         metric = M + name
         at = lines.index(f"# TYPE {metric} {kind}")
@@ -184,7 +186,7 @@ def test_help_and_type_once_per_metric_family_before_its_samples(tmp_path):
 def test_a_stopped_instance_has_no_rss_no_cgroup_and_no_plan_none_at_all(tmp_path):
     show = (f"Id=llama-server@0.service\nMainPID=0\nControlGroup=\nInvocationID=\n\n"
             f"Id=llama-server@1.service\nMainPID=4343\nControlGroup={CG1}\nInvocationID={INV1}\n\n")
-    plan = "host gpu-01\ninstance 0 -\ninstance 1 -\n"
+    plan = "host gpu-01\ninstance 0 - -\ninstance 1 - -\n"
     rc, text, _, err = run(tmp_path, plan=plan, show=show)
     assert rc == 0, err
     assert samples(text) == {f"{M}rss_bytes{{{L1}}}": str(1_000_000 * 1024)}
@@ -309,3 +311,10 @@ def test_the_memory_plan_sits_beside_the_env_dir_where_the_good_snapshot_keeps_i
     assert MEMORY_PLAN_PATH == posixpath.join(posixpath.dirname(ENV_DIR), "memory-plan")
     script = (Path(__file__).resolve().parents[2] / "roles/activation/files/vf-good.sh").read_text()
     assert script.count('dirname -- "$env_dir")/memory-plan') == 2
+
+
+def test_a_plan_file_of_one_figure_an_instance_gives_no_held_line(tmp_path):
+    """A host whose plan file predates `held` (instance N TOTAL): the total is reported, no held is made up."""
+    rc, text, _, err = run(tmp_path, plan="host gpu-01\ninstance 0 40000000000\ninstance 1 40000000000\n")
+    assert rc == 0, err
+    assert f"{M}plan_bytes{{{L0}}}" in samples(text) and "plan_held_bytes" not in text

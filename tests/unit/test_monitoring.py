@@ -59,7 +59,7 @@ def test_the_memory_alerts_read_what_the_kernel_counts_never_vmrss(tmp_path):
     used = set().union(*(promql_metrics(r["expr"]) for r in rules))
     assert "voltafleet_instance_memory_rss_bytes" not in used
     assert used == {"voltafleet_instance_memory_cgroup_bytes", "voltafleet_instance_memory_cgroup_file_bytes",
-                    "voltafleet_instance_memory_cgroup_limit_bytes", "voltafleet_instance_memory_plan_bytes",
+                    "voltafleet_instance_memory_cgroup_limit_bytes", "voltafleet_instance_memory_plan_held_bytes",
                     "voltafleet_instance_memory_events_total"}
     assert used <= exposition_names(memory_textfile_text(tmp_path))
     assert {e for r in rules for e in re.findall(r'event="(\w+)"', r["expr"])} == {"max", "oom_kill", "high"}

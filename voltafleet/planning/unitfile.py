@@ -72,10 +72,10 @@ def plan_unit(plan: HostPlan) -> str:
 def memory_plan_file(plan: HostPlan) -> str:
     """The plan file the memory textfile's script reads: the host's name (its `host` label, as
     in voltafleet.prom) and each instance's planned bytes (voltafleet.planning.hostmem's per-instance
-    total, "-" without a usable host-memory plan: `ceiling`). Not read back from the unit (`systemctl show`): its
+    total, then its `held`: what the kernel cannot reclaim; "- -" without a usable host-memory plan: `ceiling`). Not read back from the unit (`systemctl show`): its
     directives say what was asked, not what the kernel enforces (nothing in the lab's containers)."""
     memory = ceiling(plan.hostmem)
-    planned = "-" if memory is None else str(int(memory.instance.total))
+    planned = "- -" if memory is None else f"{int(memory.instance.total)} {int(memory.instance.held)}"
     lines = ["# voltafleet (roles/server): this host's memory plan (voltafleet.planning.hostmem), read by vf-memory-textfile",
              f"host {plan.host}"]
     return "\n".join(lines + [f"instance {i.index} {planned}" for i in plan.instances]) + "\n"

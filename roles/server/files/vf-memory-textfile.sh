@@ -3,9 +3,13 @@
 # textfile collector:
 #   vf-memory-textfile PLAN_FILE TEXTFILE_DIR
 # writes TEXTFILE_DIR/voltafleet-memory.prom (through vf-atomic: never half a file, mode 0644) with,
-# per instance of PLAN_FILE (roles/server writes it: "host NAME", then "instance N BYTES|-"):
+# per instance of PLAN_FILE (roles/server writes it: "host NAME", then "instance N TOTAL HELD" or "instance N - -"):
 #   voltafleet_instance_memory_rss_bytes          VmRSS of the unit's main process (/proc/PID/status)
-#   voltafleet_instance_memory_plan_bytes         the host-memory plan's bytes (voltafleet.planning.hostmem)
+#   voltafleet_instance_memory_plan_bytes         the host-memory plan's bytes (voltafleet.planning.hostmem: its
+#                                                 total, the file pages it reads included; MemoryMax is 1.10 x it)
+#   voltafleet_instance_memory_plan_held_bytes    of that, what the plan says the kernel cannot reclaim (its
+#                                                 `held`: anonymous memory, page tables, kernel memory), the
+#                                                 quantity to hold the cgroup's charge less its page cache to
 #   voltafleet_instance_memory_cgroup_bytes       what the kernel charges the unit's cgroup, the quantity its
 #                                                 MemoryMax limits: memory.current (v1: memory.usage_in_bytes),
 #                                                 page cache and kernel memory included
@@ -102,11 +106,11 @@ if [ "$1" = --fold ]; then
 fi
 
 plan_file=$1 dir=$2
-host="" units=() instances=() plans=()
-while read -r key a b _; do
+host="" units=() instances=() plans=() helds=()
+while read -r key a b c _; do
   case "$key" in
     host) host=$a ;;
-    instance) instances+=("$a"); plans+=("$b"); units+=("llama-server@$a.service") ;;
+    instance) instances+=("$a"); plans+=("$b"); helds+=("${c:--}"); units+=("llama-server@$a.service") ;;
   esac
 done < "$plan_file"
 host=${host//\\/\\\\}; host=${host//\"/\\\"}
@@ -155,7 +159,7 @@ limit_bytes() {  # DIR: the hard limit in bytes; nothing when unlimited
   if [ "$v" -lt "$UNLIMITED" ]; then echo "$v"; fi
 }
 
-rss=() planned=() charged=() cache=() limits=() counted=()
+rss=() planned=() held=() charged=() cache=() limits=() counted=()
 for n in "${!instances[@]}"; do
   unit=${units[$n]} labels="host=\"$host\",instance=\"${instances[$n]}\",unit=\"${units[$n]}\""
   p=${pid[$unit]:-0} value=""
@@ -163,6 +167,9 @@ for n in "${!instances[@]}"; do
   if [ -n "$value" ]; then rss+=("voltafleet_instance_memory_rss_bytes{$labels} $value"); fi
   if [ "${plans[$n]}" != - ] && [ -n "${plans[$n]}" ]; then
     planned+=("voltafleet_instance_memory_plan_bytes{$labels} ${plans[$n]}")
+  fi
+  if [ "${helds[$n]}" != - ] && [ -n "${helds[$n]}" ]; then
+    held+=("voltafleet_instance_memory_plan_held_bytes{$labels} ${helds[$n]}")
   fi
   mem=""
   if [ -n "${cg[$unit]:-}" ]; then mem=$(memory_dir "${cg[$unit]}"); fi
@@ -201,6 +208,9 @@ mkdir -p -- "$dir"
   metric gauge voltafleet_instance_memory_rss_bytes "resident memory (VmRSS) of the instance's llama-server" "${rss[@]}"
   metric gauge voltafleet_instance_memory_plan_bytes "the instance's planned host memory (voltafleet.planning.hostmem)" \
     "${planned[@]}"
+  metric gauge voltafleet_instance_memory_plan_held_bytes \
+    "of the plan, what the kernel cannot reclaim: anonymous memory, page tables, kernel memory (hostmem held)" \
+    "${held[@]}"
   metric gauge voltafleet_instance_memory_cgroup_bytes \
     "memory the kernel charges the instance's cgroup (memory.current; v1 memory.usage_in_bytes), page cache included" \
     "${charged[@]}"
