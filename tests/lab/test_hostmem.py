@@ -60,7 +60,7 @@ def directive(text: str, key: str) -> list[str]:
 
 def test_every_server_is_the_kernels_first_choice_never_sshd(hosts):
     for h in hosts:
-        want = host_cfg(h["name"])["server_oom_score_adjust"]
+        want = host_cfg(h["name"]).server.oom_score_adjust
         sshd = int(ssh(h, "cat /proc/$(pgrep -o -x sshd)/oom_score_adj"))
         for i in instances(host_cfg(h["name"])):
             unit = f"llama-server@{i}.service"
