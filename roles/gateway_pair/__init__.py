@@ -9,6 +9,7 @@ gateway this role does nothing: keepalived is neither installed nor touched.
 from __future__ import annotations
 
 import shlex
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
@@ -58,10 +59,14 @@ def gateway_pair() -> None:
     apt.packages(name="keepalived and curl (its check of HAProxy)", packages=["keepalived", "curl"],
                  update=True, cache_time=24 * 3600, no_recommends=True)
     files.directory(name="keepalived's folder", path=str(Path(pair.KEEPALIVED_CONF).parent), mode="755")
+    files.directory(name="keepalived's drop-in folder", path=str(Path(pair.KEEPALIVED_DROPIN).parent), mode="755")
+    dropin = files.put(name="keepalived starts once this gateway's own address is up (drop-in)",
+                       src=StringIO(p.keepalived_dropin(host.name)), dest=pair.KEEPALIVED_DROPIN, mode="644")
     staged = files.template(
         name=f"keepalived: {p.vip} (priority {p.priority(host.name)} of {len(p.members)} gateways, staged)",
         src=str(TEMPLATE), dest=pair.KEEPALIVED_STAGED, mode="644",
         jinja_env_kwargs={"trim_blocks": True, "lstrip_blocks": True}, **p.keepalived_vars(host.name))
     installed(name="Check (keepalived --config-test), then install and reload", staged=pair.KEEPALIVED_STAGED,
               live=pair.KEEPALIVED_CONF, staged_op=staged)
-    systemd.service(name="keepalived running and enabled", service="keepalived", running=True, enabled=True)
+    systemd.service(name="keepalived running and enabled", service="keepalived", running=True, enabled=True,
+                    daemon_reload=changes(dropin))

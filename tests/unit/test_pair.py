@@ -199,3 +199,20 @@ def test_an_inventory_of_two_gateways_without_one_address_is_refused_at_load_nam
         "gateway_allow_unauthenticated": True, "server_allow_unauthenticated": True, "model_sha256": "a" * 64, "gateway_vip": "10.0.0.10",
         "gateway_bind": "10.0.0.10:8000"})
     assert [h for h, _ in ok["gateway"]] == ["gw-a", "gw-b"]  # their ssh_hostname is each one's own address
+
+
+def test_keepalived_starts_once_the_gateways_own_address_is_up(tmp_path):
+    """A gateway booting after a power cut: keepalived 2.2.7 started before its unicast_src address is on an
+    interface puts the VRRP instance in FAULT for good (the lab's host-kill test found it: the first gateway
+    never took the address back). The drop-in waits for the address; the wait is what a shell runs."""
+    p = pair.decide(typed(two()))
+    text = p.keepalived_dropin("gw-a")
+    assert "After=network-online.target" in text and "Restart=on-failure" in text
+    line = next(l for l in text.splitlines() if l.startswith("ExecStartPre="))
+    assert '" inet 10.0.0.11/"' in line and "$$i" in line  # systemd would expand a single $
+    script = line.split("-c ", 1)[1].strip("'").replace("$$", "$").replace("ip -4 -o addr show", "cat addrs")
+    (tmp_path / "addrs").write_text("2: host0    inet 10.0.0.111/24 brd 10.0.0.255 scope global host0\n")
+    quick = script.replace("-ge 300", "-ge 3")
+    assert subprocess.run(["sh", "-c", quick], cwd=tmp_path).returncode == 1  # 10.0.0.111 is not 10.0.0.11
+    (tmp_path / "addrs").write_text("2: host0    inet 10.0.0.11/24 brd 10.0.0.255 scope global host0\n")
+    assert subprocess.run(["sh", "-c", quick], cwd=tmp_path).returncode == 0

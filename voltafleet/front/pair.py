@@ -33,6 +33,8 @@ ALIVE_PATH = "/voltafleet/alive"           # on the stats frontend: keepalived's
 SPENT_PATH = "/voltafleet/budgets/spent"   # on the budget port: this gateway's own token counts
 KEEPALIVED_CONF = "/etc/keepalived/keepalived.conf"
 KEEPALIVED_STAGED = "/etc/keepalived/keepalived.conf.voltafleet"
+KEEPALIVED_DROPIN = "/etc/systemd/system/keepalived.service.d/voltafleet.conf"
+ADDRESS_WAIT_S = 30                        # how long keepalived's start waits for the gateway's own address
 TOP_PRIORITY = 150                         # the first gateway's; each next one 10 lower
 EXAMPLE = {"gateway_vip": "10.0.0.10", "gateway_vip_prefix": 24, "gateway_vip_interface": "eth0",
            "gateway_vrrp_router_id": 52, "gateway_vrrp_preempt_delay_s": 60, "gateway_address": None,
@@ -74,6 +76,19 @@ class Pair:
         return dict(gateway=name, vip=self.vip, prefix=self.prefix, interface=self.interface, router_id=self.router_id,
                     priority=self.priority(name), preempt_delay_s=self.preempt_delay_s, address=me.address,
                     peers=[m.address for m in self.others(name)], alive_url=me.alive_url)
+
+    def keepalived_dropin(self, name: str) -> str:
+        """keepalived's systemd drop-in on gateway `name`: it starts once the gateway's own address (its
+        unicast_src) is on an interface. keepalived 2.2.7 puts a VRRP instance whose unicast_src is not
+        there yet into FAULT for good ("src address not configured"), and network-online.target does not
+        wait for it everywhere (the lab's systemd-networkd reaches it before the link is up): a gateway that
+        boots after a power cut would never take the fleet's address back, nor stand by for it."""
+        address = self.member(name).address
+        return ("# voltafleet (roles/gateway_pair): keepalived starts once this gateway's own address is up\n"
+                "[Unit]\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\n"
+                f"ExecStartPre=/bin/sh -c 'i=0; until ip -4 -o addr show | grep -qF \" inet {address}/\"; do "
+                f"i=$$((i+1)); [ $$i -ge {ADDRESS_WAIT_S * 10} ] && exit 1; sleep 0.1; done'\n"  # $$: systemd's $
+                "Restart=on-failure\nRestartSec=5s\n")
 
     def haproxy_vars(self, name: str) -> dict:
         """The HAProxy template's `pair` block, for gateway `name`."""
