@@ -65,7 +65,7 @@ def server_backends(state) -> list[gw.Backend]:
         cfg = host_config(h)
         gpus = host_fact(h, Gpus) if cfg.preflight.backend == "cuda" else []
         # slots: the instance's -np as its host plan decides it (the VRAM plan's on a CUDA host)
-        slots, _ = hostplan.decided_slots_ctx(cfg, gpus, model_header(cfg.model.url) if gpus else None)
+        slots, _, _ = hostplan.decided_slots_ctx(cfg, gpus, model_header(cfg.model.url) if gpus else None)
         planned.append((h.name, server_address(h), [i.port for i in hostplan.instances(cfg, gpus)], slots,
                         cfg.server.tier))
     live = host.get_fact(HAProxyBackends, path=LIVE) if unplanned else []

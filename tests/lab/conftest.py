@@ -34,13 +34,13 @@ def first_rollout():
     fresh says whether the hosts had never been rolled out to (`lab up --fresh`). `make test`
     runs it beside the unit tests (tests/lab/first.py, VOLTAFLEET_LAB_FIRST_ROLLOUT: its record);
     the record is taken only when it is this lab's and the hosts still show what it left."""
-    from tests.lab.helpers import deploy, lab, ssh
+    from tests.lab.first import fresh_hosts
+    from tests.lab.helpers import deploy
 
     taken = earlier_first_rollout()
     if taken is not None:
         return taken
-    fresh = all(ssh(h, "test -e /opt/voltafleet/current && echo yes || echo no") == "no"
-                for h in lab()["hosts"])
+    fresh = fresh_hosts()
     return deploy(), fresh
 
 

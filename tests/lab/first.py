@@ -24,11 +24,18 @@ def lab_id() -> str:
     return hashlib.sha256(STATE_FILE.read_bytes()).hexdigest()
 
 
+def fresh_hosts() -> bool:
+    """Whether no lab host was ever rolled out to (`lab up --fresh`)."""
+    from tests.lab.helpers import lab, ssh
+
+    return all(ssh(h, "test -e /opt/voltafleet/current && echo yes || echo no") == "no" for h in lab()["hosts"])
+
+
 def main(argv: list[str]) -> int:
-    from tests.lab.helpers import deploy, fleet_state, lab, ssh
+    from tests.lab.helpers import deploy, fleet_state
 
     out = Path(argv[0])
-    fresh = all(ssh(h, "test -e /opt/voltafleet/current && echo yes || echo no") == "no" for h in lab()["hosts"])
+    fresh = fresh_hosts()
     t0 = time.monotonic()
     run = deploy()
     record = {"lab": lab_id(), "fresh": fresh, "rc": run.rc, "out": run.out,

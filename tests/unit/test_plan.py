@@ -108,7 +108,7 @@ def test_the_plan_carries_what_it_decided_and_leaves_the_settings_as_set(cfg):
     argv = p.argv[0]
     assert argv[argv.index("-np") + 1] == str(p.slots) and argv[argv.index("-c") + 1] == str(p.ctx)
     assert p.hostmem.instance.slots == p.slots
-    assert plan.decided_slots_ctx(unset, gpus, header) == (p.slots, p.ctx)  # the gateway's plain run
+    assert plan.decided_slots_ctx(unset, gpus, header)[:2] == (p.slots, p.ctx)  # the gateway's plain run
     assert set(p.placement) == {0, 1} and p.placement[0] == []  # one NUMA node (not read): not placed
     set_ = plan.make_plan("gpu-01", cfg.replace(server_parallel=2, server_ctx=16384), HostFacts(os="debian-12"), None, "0" * 40)
     assert (set_.slots, set_.ctx) == (2, 16384)  # no GPU to plan for: the settings' own

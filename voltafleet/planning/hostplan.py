@@ -261,13 +261,15 @@ def vram_decision(cfg: Settings, gpus: list[dict], header: Header | str | None, 
                        source=src, archs=cuda_archs(cfg, gpus))
 
 
-def decided_slots_ctx(cfg: Settings, gpus: list[dict], header: Header | str | None) -> tuple[int, int | None]:
-    """(-np, -c) of a host's instances: on a CUDA host with GPUs the VRAM plan's, else the settings'. The
-    one rule make_plan and the gateway's plain run (which has no fleet plan) both follow."""
+def decided_slots_ctx(cfg: Settings, gpus: list[dict], header: Header | str | None,
+                      sources: dict | None = None) -> tuple[int, int | None, "vram.Decision | None"]:
+    """(-np, -c, the VRAM plan's decision or None) of a host's instances: on a CUDA host with GPUs the
+    VRAM plan's, else the settings'. The one rule make_plan and the gateway's plain run (which has no
+    fleet plan) both call."""
     if cfg.preflight.backend == "cuda" and gpus:
-        d = vram_decision(cfg, gpus, header)
-        return int(d.parallel or 1), d.ctx
-    return int(cfg.server.parallel or 1), cfg.server.ctx
+        d = vram_decision(cfg, gpus, header, sources)
+        return int(d.parallel or 1), d.ctx, d
+    return int(cfg.server.parallel or 1), cfg.server.ctx, None
 
 
 def host_resources(cfg: Settings, facts: HostFacts, header: Header | str | None, insts: list[Instance],
@@ -294,13 +296,10 @@ def make_plan(host_name: str, cfg: Settings, facts: HostFacts, header: Header | 
     services of the project use on this host ({what: port})."""
     refusals = host_refusals(host_name, cfg, facts)
     cuda = cfg.preflight.backend == "cuda"
-    plan_vram = note = None
-    slots, ctx = int(cfg.server.parallel or 1), cfg.server.ctx
-    if cuda and facts.gpus:
-        d = vram_decision(cfg, facts.gpus, header, sources)
-        slots, ctx, plan_vram, note = int(d.parallel or 1), d.ctx, d.plan, d.text
-        if d.error:
-            refusals.append(f"{host_name}: {d.error}")
+    slots, ctx, d = decided_slots_ctx(cfg, facts.gpus, header, sources)
+    plan_vram, note = (d.plan, d.text) if d else (None, None)
+    if d and d.error:
+        refusals.append(f"{host_name}: {d.error}")
     files = model_files(cfg)
     draft = draft_path(cfg)
     archs = cuda_archs(cfg, facts.gpus) if cuda else []
