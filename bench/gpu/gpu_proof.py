@@ -57,18 +57,20 @@ def render(group: str, ctx=None, np_=None, kv=None, extra=()) -> list[str]:
     return server_args(cfg, "MODEL", port=PORT, api_key_file=None)
 
 
-def build_plan(pack_dir: str = PACK_TOKEN, targets=TARGETS, jobs: int = 16) -> dict:
+def build_plan(pack_dir: str = PACK_TOKEN, targets=TARGETS, jobs: int = 16, commit: str = COMMIT,
+               root: str = "/tmp/vf") -> dict:
     """vf-build-release's argv for the GPU machine, as voltafleet renders it for a host (the
-    v100_16gb group's variables but its CMake extras: a build of the default kernel paths)."""
+    v100_16gb group's variables but its CMake extras: a build of the default kernel paths), of `commit`
+    under `root` (issue 50's second pin: its own root, so the two trees stand side by side)."""
     cfg = group_cfg("v100_16gb").replace(**{"llama_cpp_cmake_extra": []})
     cfg = cfg.replace(cuda_toolkit_version=TOOLKIT, llama_cpp_targets=list(targets),
                llama_cpp_repo=f"file://{pack_dir}/llama.cpp.git")
-    spec = hostplan.build_spec(cfg, [ARCH], COMMIT)
+    spec = hostplan.build_spec(cfg, [ARCH], commit)
     fp = spec.fingerprint("DEVICE_NVCC", "DEVICE_CXX")
-    info = {"fingerprint": fp, "commit": COMMIT, "flags": list(spec.flags), "toolkit": TOOLKIT,
+    info = {"fingerprint": fp, "commit": commit, "flags": list(spec.flags), "toolkit": TOOLKIT,
             "built_on": "gpu-proof", "repo": spec.repo}
-    argv = hostplan.build_argv(f"{pack_dir}/vf-build-release.sh", "/tmp/vf", fp, spec, jobs, info)
-    return {"fingerprint": fp, "argv": argv, "nvcc": f"{spec.cuda_bin}/nvcc"}
+    argv = hostplan.build_argv(f"{pack_dir}/vf-build-release.sh", root, fp, spec, jobs, info)
+    return {"fingerprint": fp, "argv": argv, "nvcc": f"{spec.cuda_bin}/nvcc", "commit": commit, "root": root}
 
 
 def run_plan() -> dict:

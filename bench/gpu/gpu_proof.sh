@@ -51,6 +51,24 @@ PY
   fi
   "$BIN/llama-server" --version >> "$RES/build.txt" 2>&1
   log "build ok: $(grep 'build rc' "$RES/build.txt")"
+  # issue 50: a second pin (plan.json's build_new: another commit of the pack's llama.cpp.git, its own root),
+  # built by the same script beside the first pin's variants; then Volta's choice and FORCE_MMQ as `mmqnew`
+  NEWB=
+  if python3 -c "import json,sys; sys.exit(0 if 'build_new' in json.load(open(sys.argv[1])) else 1)" "$W/plan.json"; then
+    python3 - "$W" > /tmp/build-new-argv.txt <<'PY'
+import json, sys
+w = sys.argv[1]
+for a in json.load(open(f"{w}/plan.json"))["build_new"]["argv"]:
+    print(a.replace("@PACK@", w).replace("\n", " "))
+PY
+    mapfile -t NARGV < /tmp/build-new-argv.txt
+    FP2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['build_new']['fingerprint'])" "$W/plan.json")
+    ROOT2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['build_new']['root'])" "$W/plan.json")
+    log "build of the second pin $FP2 (background)"
+    ( t0=$(date +%s); bash "${NARGV[@]}" > "$RES/build-new.txt" 2>&1
+      echo "build rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-new.txt" ) &
+    NEWB=$!
+  fi
   # issue 27: Volta's exact kernel choice (voltarule.py: two hunks, recorded in voltarule.diff), then
   # the same tree with GGML_CUDA_FORCE_MMQ. Only mmq.cu (the choice) and ggml-cuda.cu (cuBLAS output,
   # the feature list) read what changes, so each variant rebuilds those two objects.
@@ -75,6 +93,28 @@ PY
     variant mmq
   fi
   git -C "$src" diff > "$RES/variants.diff"
+  BINS="volta=/tmp/volta/bin,mmq=/tmp/mmq/bin"
+  if [ -n "$NEWB" ]; then  # the second pin: the same rule and FORCE_MMQ, so both sides take Volta's choice
+    wait "$NEWB"
+    if [ ! -x "$ROOT2/releases/$FP2/bin/llama-server" ]; then
+      log "second pin's build failed"; tail -60 "$ROOT2/build/$FP2.log" >> "$RES/build-new.txt" 2>/dev/null
+      echo failed > "$RES/DONE"; exit 1
+    fi
+    "$ROOT2/releases/$FP2/bin/llama-server" --version >> "$RES/build-new.txt" 2>&1
+    log "second pin built: $(grep 'build rc' "$RES/build-new.txt")"
+    src2=$ROOT2/src/llama.cpp
+    python3 "$W/bench/gpu/voltarule.py" "$src2" > "$RES/voltarule-new.diff" ||
+      { log "voltarule on the second pin: anchors moved"; echo failed > "$RES/DONE"; exit 1; }
+    for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_MMQ' "$src2/$f"; done
+    t0=$(date +%s)
+    PATH=$(dirname "$NVCC"):$PATH cmake --build "$ROOT2/build/$FP2" --target llama-server -j 16 > "$RES/build-mmqnew.txt" 2>&1
+    echo "mmqnew rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-mmqnew.txt"
+    mkdir -p /tmp/mmqnew/bin && cp "$ROOT2/build/$FP2/bin/llama-server" /tmp/mmqnew/bin/
+    /tmp/mmqnew/bin/llama-server --version >> "$RES/build-mmqnew.txt" 2>&1
+    git -C "$src2" diff > "$RES/variants-new.diff"
+    log "$(grep " rc=" "$RES/build-mmqnew.txt")"
+    BINS="$BINS,mmqnew=/tmp/mmqnew/bin"
+  fi
   case "$PH" in *tier41*)  # issue 41: the MTP-carrying file, every draft accepted (acc) and every draft rejected (rej)
     PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/q4ks-mtp-acc.gguf --mtp \
       --accept >> "$RES/progress.txt" 2>&1
@@ -92,7 +132,7 @@ PY
       --dense >> "$RES/progress.txt" 2>&1 && "$BIN/llama-quantize" /tmp/models/tiny-f16.gguf /tmp/models/tiny-q8_0.gguf \
       q8_0 > "$RES/quantize.txt" 2>&1 ;;
   esac
-  B=(python3 -m bench.gpu.proof_bench --plan "$W/plan.json" --bin "$BIN" --bins "volta=/tmp/volta/bin,mmq=/tmp/mmq/bin"
+  B=(python3 -m bench.gpu.proof_bench --plan "$W/plan.json" --bin "$BIN" --bins "$BINS"
      --models /tmp/models --res "$RES")
   PYTHONPATH=$W "${B[@]}" --phases "$PH" 2>&1 | tee -a "$RES/progress.txt"
   ( cd /tmp && tar czf "$RES/logs.tgz" load-*.log 2>/dev/null )
@@ -109,7 +149,13 @@ WAIT=${WAIT:-540}
 t0=$(date +%s)
 while [ ! -e "$RES/DONE" ] && { [ "$WAIT" = 0 ] || [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; }; do sleep 5; done
 if [ -n "${OUT:-}" ]; then
-  for f in results.json progress.txt build.txt build-volta.txt build-mmq.txt voltarule.diff facts.txt logs.tgz; do
+  if [ -e "$RES/build-new.txt" ]; then  # two pins: the builds' logs and diffs in one file ($OUT brings back 8)
+    ( cd "$RES" && tar czf "$OUT/builds.tgz" build*.txt ./*.diff 2>/dev/null )
+    KEEP="results.json progress.txt facts.txt logs.tgz"
+  else
+    KEEP="results.json progress.txt build.txt build-volta.txt build-mmq.txt voltarule.diff facts.txt logs.tgz"
+  fi
+  for f in $KEEP; do
     [ -e "$RES/$f" ] && cp "$RES/$f" "$OUT/"
   done
 fi

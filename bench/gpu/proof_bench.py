@@ -24,7 +24,7 @@ argument missing or not taken, is refused before anything starts. The phases, by
     serve27:BUILD          issue 27: the shipped argv, 512-token prompts at 1/4/16 clients
     spec[:A+B]             n-gram drafting: drafts drafted and accepted, each greedy text's hash
   what voltafleet's own clients see (proof/probes.py, proof/tuning.py)
-    probe27                the smoke client's quality probes through both builds
+    probe27[:A+B]          the smoke client's quality probes through both builds (or the named ones: issue 50's two pins)
     tune29[:KEY]           the group's tune settings under its workload (KEY: tune29 or tune29b)
   thinking, host memory, tiers (proof/thinking.py, proof/hostmem.py, proof/tiers.py)
     think32:BUILD          streamed chats, thinking off, budgets 0/256/1024 and unbounded, at 1 and 16

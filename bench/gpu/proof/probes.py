@@ -1,7 +1,8 @@
 """What the smoke client's quality probes return through each build (issue 27).
 
-    probe27     voltafleet's long and short probes, greedy, 3 times each, through the Volta-rule and
-                FORCE_MMQ builds: the 27B shape and a random-weight qwen35 quantized to Q8_0
+    probe27[:A+B]  voltafleet's long and short probes, greedy, 3 times each, through the Volta-rule and
+                   FORCE_MMQ builds (or the builds named: issue 50's mmq+mmqnew, the two pins): the 27B shape
+                   and a random-weight qwen35 quantized to Q8_0
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from bench.gpu.proof.runner import ProofRun
 from bench.gpu.qwen35_bench import say
 
 
-def smoke_probes(run: ProofRun) -> None:
-    """`probe27`: the smoke client's probes (voltafleet/hostside/smoke_client.py, as shipped to hosts),
-    greedy, 3 times each, on both builds: the 27B shape at the v100_16gb argv, and a random-weight
+def smoke_probes(run: ProofRun, builds: str = "volta+mmq") -> None:
+    """`probe27[:A+B]`: the smoke client's probes (voltafleet/hostside/smoke_client.py, as shipped to hosts),
+    greedy, 3 times each, on each build named (the Volta-rule and FORCE_MMQ builds unless named): the 27B shape at the v100_16gb argv, and a random-weight
     qwen35 (lab/qwen35gen.py --dense, quantized to Q8_0: MMQ-capable, so the 64+ rule applies);
     a model file that is not there is skipped."""
     from voltafleet.hostside import smoke_client as smoke  # the host-side client, as shipped
@@ -23,7 +24,7 @@ def smoke_probes(run: ProofRun) -> None:
     for model, args in ((run.model_path, pr["args"]), (tiny, pr["tiny_args"])):
         if not os.path.exists(model):
             continue
-        for label in ("volta", "mmq"):
+        for label in builds.split("+"):
             s = run.server(label, "probe-" + os.path.basename(model), args, model=model)
             r = {"build": label, "model": os.path.basename(model), "args": s.args, "healthy": s.ok, "runs": []}
             try:

@@ -1,0 +1,213 @@
+"""The pin gate's GPU proof (issue 50): the pin and a newer llama.cpp side by side in one run on a GPU machine,
+each with Volta's exact kernel choice (bench/gpu/voltarule.py, which takes b11434's move of Volta to MMVQ's
+Turing table) and GGML_CUDA_FORCE_MMQ as both V100 groups ship it; then the gate's record.
+
+    .venv/bin/python -m bench.gpu.pin_proof pack [DEST]          # both sources, plan50's argv (< 64 MiB)
+    # on the GPU machine: PHASES=<PHASES50> bash DEST/gpu_proof.sh   (RES=dir for the results)
+    .venv/bin/python -m bench.gpu.pin_proof record RUN_DIR [OUT]  # the gate's h200.json from the run's results
+
+The run (plan50, phases PHASES50) measures on each side, the old pin `mmq` and the new `mmqnew`:
+  peaks    one long prompt per slot at once at both V100 groups' shipped argv: the GPU peak against the
+           group's VRAM plan (voltafleet.planning.vram.decide at the V100's memory, Volta's arch)
+  serve27  the shipped v100_32gb argv, 3 rounds at 1, 4 and 16 clients (512-token prompts, 128 tokens)
+  probe27  the smoke client's short and long probes, greedy, 3 times, on the 27B shape and on a random-weight
+           qwen35 quantized to Q8_0: the new side against the old side's tokens and log-probabilities
+h200_record turns that into the gate's record (voltafleet.state.pingate.proof_step reads it): for each side's
+commit the VRAM verdict, the medians of tok/s at 16 clients and single stream, the golden probe and the 64+
+token guard; `noise` is the widest spread of the repetitions around their median on either side (2 % at least).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.gpu import gpu_proof
+from bench.gpu.groups import group_cfg
+
+REPO = gpu_proof.REPO
+OLD_REF, NEW_REF = "b11312", "b11434"
+NEW_COMMIT = "6b0958fe153a3dcc31f6616835d6f2c3119d7d3f"   # the lab mirror's b11434 (lab/fleet.py ensure_git_mirror)
+OLD, NEW = "mmq", "mmqnew"                                 # the two sides' build labels on the GPU machine
+NEW_ROOT = "/tmp/vfnew"
+PHASES50 = f"peak:{OLD},peak:{NEW},serve27:{OLD},serve27:{NEW},probe27:{OLD}+{NEW}"
+GROUP_MIB = {"v100_32gb": 32768, "v100_16gb": 16384}      # the V100's memory the VRAM plan is made for
+NOISE_FLOOR = 0.02
+
+
+def plan50(new_commit: str = NEW_COMMIT) -> dict:
+    """plan.json's entries for the run: build_new (the second pin, built by voltafleet's script under its own
+    root), the peaks at both groups' shipped argv on each side, serve27's shipped v100_32gb argv on each side."""
+    base = gpu_proof.plan27()
+    peaks = [p for p in base["peaks"] if p["build"] == OLD and p["kind"] == "plain"]
+    serve = [x for x in base["serve27"] if x["build"] == OLD]
+    return {"build_new": {**gpu_proof.build_plan(targets=["llama-server"], commit=new_commit, root=NEW_ROOT),
+                          "ref": NEW_REF, "old_ref": OLD_REF, "old_commit": gpu_proof.COMMIT},
+            "peaks": peaks + [{**p, "build": NEW} for p in peaks],
+            "serve27": serve + [{**x, "build": NEW} for x in serve]}
+
+
+def mirror() -> Path:
+    """The lab's llama.cpp mirror, which holds both pins (made from the two sdists if it is not there yet)."""
+    from lab.fleet import CACHE, ensure_git_mirror
+
+    info = ensure_git_mirror()
+    if info["new_commit"] != NEW_COMMIT:
+        raise SystemExit(f"the lab mirror's {NEW_REF} is {info['new_commit']}, not {NEW_COMMIT}")
+    return CACHE / "mirror/git/llama.cpp.git"
+
+
+def pack50(dest: Path, bare: Path | None = None, checkout: Path | None = None, commit: str = gpu_proof.COMMIT,
+           new_commit: str = NEW_COMMIT) -> dict:
+    """gpu_proof.pack with plan50 over its plan, and the new pin's commit in the pack's llama.cpp.git (fetched
+    from the lab mirror, or `bare`, two commits deep: the pin is its parent, so the objects are shared).
+    `checkout`, `commit`, `new_commit`: as gpu_proof.pack's (a test's tiny repository)."""
+    m = gpu_proof.pack(dest, checkout=checkout, commit=commit, overlay=plan50(new_commit))
+    git = Path(dest) / "llama.cpp.git"
+    src = bare or mirror()
+    subprocess.run(["git", "-C", str(git), "fetch", "-q", "--depth", "2", f"file://{src}",
+                    f"refs/tags/{NEW_REF}:refs/tags/{NEW_REF}"], check=True)
+    subprocess.run(["git", "-C", str(git), "repack", "-a", "-d", "-q"], check=True)
+    got = subprocess.run(["git", "-C", str(git), "rev-parse", f"{NEW_REF}^{{commit}}"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    if got != new_commit:
+        raise SystemExit(f"{git}: {NEW_REF} is {got}, not {new_commit}")
+    files = [p for p in Path(dest).rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    if size > gpu_proof.LIMIT:
+        raise SystemExit(f"{dest}: {size / 2**20:.1f} MiB, more than a device call carries")
+    return {**m, "bytes": size}
+
+
+# ---------------------------------------------------------------- the gate's record from the run's results
+
+def vram_verdicts(peaks: list, build: str) -> dict:
+    """Each shipped group's peak on `build` against its VRAM plan (Volta's arch, the V100's memory, the 27B's
+    header): name -> planned, measured, never_under."""
+    from voltafleet.models.gguf_header import from_json
+    from voltafleet.planning import vram
+
+    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
+    out = {}
+    for r in peaks:
+        if r.get("build") != build:
+            continue
+        cfg = group_cfg(r["group"]).replace(voltafleet_backend="cuda", model_url="MODEL")
+        planned = vram.decide(cfg, GROUP_MIB[r["group"]], header, archs=[70]).plan.needed / 2**20
+        peak = r.get("mem_peak")
+        out[r["name"]] = {"planned_mib": round(planned, 1), "measured_mib": peak, "healthy": r.get("healthy"),
+                          "never_under": bool(r.get("healthy")) and peak is not None and peak <= planned,
+                          "errors": sum(1 for q in r.get("requests", []) if q.get("error"))}
+    return out
+
+
+def rates(serve: list, build: str) -> dict:
+    """serve27's rounds on `build`: each client count's tok/s (tokens over the round's wall time) per
+    repetition, their median, and the median TTFT."""
+    from bench.gpu.proof.runner import wall_rate
+
+    out = {}
+    for r in serve:
+        if r.get("build") != build:
+            continue
+        for x in r["rounds"]:
+            k = out.setdefault(x["streams"], {"tok_s": [], "ttft_ms": [], "errors": 0})
+            k["tok_s"].append(wall_rate(x["recs"]))
+            k["ttft_ms"] += [q["ttft_ms"] for q in x["recs"] if q.get("ttft_ms") is not None]
+            k["errors"] += sum(1 for q in x["recs"] if q.get("error") or not q.get("times_ms"))
+    for k in out.values():
+        good = [v for v in k["tok_s"] if v is not None]
+        k["median"] = statistics.median(good) if len(good) == len(k["tok_s"]) and good else None
+        k["spread"] = round(max(abs(v / k["median"] - 1) for v in good), 4) if k["median"] else None
+        k["ttft_ms"] = statistics.median(k["ttft_ms"]) if k["ttft_ms"] else None
+    return out
+
+
+def probe_verdicts(probes: list, tolerance: float, min_tokens: int) -> dict:
+    """The new side's probes against the old side's first run (the golden probe), model by model: every run's
+    short and long probe matches it (voltafleet.models.probe.compare); the 64+ guard: every long probe on the
+    new side evaluated at least `min_tokens` prompt tokens and no NaN. The old side matches itself too."""
+    from voltafleet.models.probe import compare
+
+    by = {(r["build"], r["model"]): r for r in probes}
+    models = sorted({m for (_, m) in by})
+    golden_ok, guard_ok, why = bool(models), bool(models), []
+    for m in models:
+        old, new = by.get((OLD, m)), by.get((NEW, m))
+        if not (old and new and old.get("runs") and new.get("runs")):
+            golden_ok = guard_ok = False
+            why.append(f"{m}: a side has no probe runs")
+            continue
+        for w in ("short", "long"):
+            gold = old["runs"][0][w]
+            for side, r in ((OLD, old), (NEW, new)):
+                for i, run in enumerate(r["runs"]):
+                    bad = compare(gold, run[w], tolerance)
+                    if bad:
+                        golden_ok = False
+                        why.append(f"{m} {w} {side} run {i}: {bad}")
+        for i, run in enumerate(new["runs"]):
+            n = run["long"].get("prompt_n")
+            if n is None or n < min_tokens:
+                guard_ok = False
+                why.append(f"{m} long {NEW} run {i}: {n} prompt tokens, fewer than {min_tokens}")
+    return {"golden_probe": golden_ok, "guard_64": guard_ok, "models": models, "why": why}
+
+
+def h200_record(results: dict, device: str) -> dict:
+    """The gate's record (pingate.proof_step): sides by commit, each with vram_plan_never_under, tok_s_16,
+    tok_s_1 (medians of 3), golden_probe and guard_64 (the new side's; the old side's probes are the golden
+    ones), and the figures behind them."""
+    cfg = group_cfg("v100_32gb")
+    probes = probe_verdicts(results.get("probe", []), cfg.smoke.probe_tolerance, cfg.smoke.probe_long_min_tokens)
+    sides, spreads = {}, []
+    for build, commit in ((OLD, gpu_proof.COMMIT), (NEW, NEW_COMMIT)):
+        v = vram_verdicts(results.get("peaks", []), build)
+        r = rates(results.get("serve27", []), build)
+        spreads += [k["spread"] for k in r.values() if k.get("spread") is not None]
+        sides[commit] = {
+            "build": build, "ref": OLD_REF if build == OLD else NEW_REF,
+            "vram_plan_never_under": bool(v) and len(v) == len(GROUP_MIB) and all(x["never_under"] for x in v.values()),
+            "tok_s_16": (r.get(16) or {}).get("median"), "tok_s_1": (r.get(1) or {}).get("median"),
+            "golden_probe": probes["golden_probe"], "guard_64": probes["guard_64"],
+            "vram": v, "rates": {str(k): x for k, x in sorted(r.items())},
+            "errors": sum(x["errors"] for x in r.values()) + sum(x["errors"] for x in v.values()),
+        }
+    errors = results.get("errors", [])
+    return {"ref": NEW_REF, "old_ref": OLD_REF, "device": device, "phases": PHASES50,
+            "noise": round(max([NOISE_FLOOR, *spreads]), 4), "sides": sides, "probe": probes,
+            "run_errors": errors}
+
+
+def device_of(run_dir: Path) -> str:
+    """The GPU's name and driver from the run's facts.txt (nvidia-smi's CSV line)."""
+    for line in (Path(run_dir) / "facts.txt").read_text().splitlines():
+        if line.startswith("NVIDIA ") and "," in line:
+            return line.strip()
+    return "unknown"
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0] if argv else ""
+    if cmd == "pack":
+        m = pack50(Path(argv[1]) if len(argv) > 1 else REPO / ".voltafleet" / "gp50")
+        print(f"packed {m['dest']}: {m['bytes'] / 2**20:.1f} MiB, release {m['fingerprint']}")
+        print(f"on the GPU machine: PHASES={PHASES50} bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
+        return 0
+    if cmd == "record":
+        run_dir = Path(argv[1])
+        rec = h200_record(json.loads((run_dir / "results.json").read_text()), device_of(run_dir))
+        out = Path(argv[2]) if len(argv) > 2 else REPO / "bench/records/pin-gate" / NEW_REF / "h200.json"
+        out.write_text(json.dumps(rec, indent=1) + "\n")
+        print(json.dumps({c[:12]: {k: s[k] for k in ("ref", "vram_plan_never_under", "tok_s_16", "tok_s_1",
+                                                       "golden_probe", "guard_64")} for c, s in rec["sides"].items()},
+                         indent=1))
+        return 0
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

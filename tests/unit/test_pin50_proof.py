@@ -1,0 +1,128 @@
+"""The pin gate's GPU proof (issue 50, bench/gpu/pin_proof.py): both pins in one run with Volta's kernel choice
+and FORCE_MMQ, the same argv on each side, and the gate's record made from the run's raw results: what the gate
+reads (voltafleet.state.pingate.proof_step) passes only on what the records say."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from bench.gpu import gpu_proof, pin_proof
+from bench.gpu.proof_bench import refused
+from voltafleet.state import pingate
+from tests.unit.test_gpu_proof import checkout  # noqa: F401  (the tiny llama.cpp repository fixture)
+
+
+def test_plan50_runs_the_same_shipped_argv_on_both_pins_and_builds_the_new_one_by_voltafleet_s_script():
+    plan = pin_proof.plan50()
+    assert refused(pin_proof.PHASES50.split(",")) is None
+    for key in ("peaks", "serve27"):
+        old = [x for x in plan[key] if x["build"] == pin_proof.OLD]
+        new = [x for x in plan[key] if x["build"] == pin_proof.NEW]
+        assert old and [{**x, "build": pin_proof.NEW} for x in old] == new
+    assert {(p["name"], tuple(p["args"])) for p in plan["peaks"]} == {
+        ("v32-np16-long", tuple(gpu_proof.render("v100_32gb"))), ("v16-np2-long", tuple(gpu_proof.render("v100_16gb")))}
+    assert [x["args"] for x in plan["serve27"]] == [gpu_proof.render("v100_32gb")] * 2
+    b, pin = plan["build_new"], gpu_proof.build_plan()
+    assert b["commit"] == pin_proof.NEW_COMMIT and b["old_commit"] == gpu_proof.COMMIT == pin["commit"]
+    assert b["fingerprint"] != pin["fingerprint"] and b["root"] != pin["root"]
+    assert b["argv"][1:4] == [pin_proof.NEW_ROOT, b["fingerprint"], pin["argv"][3]] and b["argv"][4] == pin_proof.NEW_COMMIT
+    assert b["argv"][b["argv"].index("--"):] == pin["argv"][pin["argv"].index("--"):]  # the same CMake flags
+
+
+def test_the_pack_holds_both_commits_and_plan50(tmp_path, checkout):  # noqa: F811
+    src, head = checkout
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (src / "NEWER").write_text("b11434\n")
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "newer"], check=True)
+    new = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(git + ["tag", pin_proof.NEW_REF], check=True)
+    subprocess.run(git + ["checkout", "-q", head], check=True)
+    m = pin_proof.pack50(tmp_path / "pack", bare=src, checkout=src, commit=head, new_commit=new)
+    bare = tmp_path / "pack/llama.cpp.git"
+    for c in (head, new):
+        assert subprocess.run(["git", "-C", str(bare), "cat-file", "-t", c], capture_output=True,
+                              text=True).stdout.strip() == "commit"
+    plan = json.loads((tmp_path / "pack/plan.json").read_text())
+    assert plan["build_new"]["commit"] == new and plan["build"]["commit"] == gpu_proof.COMMIT == plan["build_new"]["old_commit"]
+    assert m["bytes"] < gpu_proof.LIMIT
+    with pytest.raises(SystemExit, match="not " + "0" * 40):
+        pin_proof.pack50(tmp_path / "pack2", bare=src, checkout=src, commit=head, new_commit="0" * 40)
+
+
+# ---------------------------------------------------------------- the gate's record from raw results
+
+def peaks(build: str, over: int = 0) -> list:
+    """Each shipped group's peak record on `build`, 100 MiB under its plan (`over`: MiB added)."""
+    out = []
+    for name, group in (("v32-np16-long", "v100_32gb"), ("v16-np2-long", "v100_16gb")):
+        r = {"build": build, "name": name, "group": group, "healthy": True, "mem_peak": 0, "requests": [{"error": None}]}
+        planned = pin_proof.vram_verdicts([r], build)[name]["planned_mib"]
+        out.append({**r, "mem_peak": round(planned - 100 + over)})
+    return out
+
+
+def serve(build: str, rate16: float, rate1: float) -> dict:
+    """serve27's record on `build`: 3 repetitions at 1 and 16 clients whose tokens arrive at the given rates."""
+    def recs(k, rate):
+        per = rate / k  # each stream's share, 128 tokens each
+        return [{"t_start": 0.0, "times_ms": [1000 * (i + 1) / per for i in range(128)], "ttft_ms": 1000 / per}
+                for _ in range(k)]
+    rounds = [{"rep": rep, "streams": k, "recs": recs(k, rate * (1 + 0.01 * (rep - 1)))}
+              for rep in range(3) for k, rate in ((1, rate1), (16, rate16))]
+    return {"build": build, "name": "v100_32gb-ship", "rounds": rounds}
+
+
+def probe(build: str, model: str, token0: int = 7, long_n: int = 600) -> dict:
+    one = {"short": {"tokens": [token0, 8, 9], "logprobs": [-0.5, -0.2, -0.1], "prompt_n": 12},
+           "long": {"tokens": [3, 4, 5], "logprobs": [-0.3, -0.3, -0.3], "prompt_n": long_n}}
+    return {"build": build, "model": model, "runs": [one, one, one]}
+
+
+def results(rate16_new=400.0, rate1_new=50.0, over_new=0, token0_new=7, long_n_new=600) -> dict:
+    O, N = pin_proof.OLD, pin_proof.NEW
+    return {"peaks": peaks(O) + peaks(N, over_new),
+            "serve27": [serve(O, 400.0, 50.0), serve(N, rate16_new, rate1_new)],
+            "probe": [probe(b, m, token0_new if b == N else 7, long_n_new if b == N else 600)
+                      for m in ("q4ks.gguf", "tiny-q8_0.gguf") for b in (O, N)]}
+
+
+def step(res: dict) -> pingate.Step:
+    rec = pin_proof.h200_record(res, "NVIDIA H200, 580.95.05, 143771 MiB")
+    return pingate.proof_step(json.loads(json.dumps(rec)), pin_proof.NEW_COMMIT, gpu_proof.COMMIT, "h200.json")
+
+
+def test_equal_pins_pass_and_the_record_holds_its_medians_and_plans():
+    rec = pin_proof.h200_record(results(), "NVIDIA H200")
+    new = rec["sides"][pin_proof.NEW_COMMIT]
+    assert new["tok_s_16"] == pytest.approx(400.0, rel=1e-3) and new["tok_s_1"] == pytest.approx(50.0, rel=1e-3)
+    assert new["vram_plan_never_under"] and new["golden_probe"] and new["guard_64"]
+    assert all(v["planned_mib"] - v["measured_mib"] == pytest.approx(100, abs=1) for v in new["vram"].values())
+    assert rec["noise"] == pin_proof.NOISE_FLOOR  # the repetitions spread 1 %
+    s = step(results())
+    assert s.status == pingate.PASS and s.figures["ratio"] == {"tok_s_16": 1.0, "tok_s_1": 1.0}
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"rate16_new": 380.0}, "worse beyond noise on tok_s_16"),           # 5 % slower at 16 clients
+    ({"rate1_new": 45.0}, "worse beyond noise on tok_s_1"),
+    ({"over_new": 101}, "vram_plan_never_under failed"),                # the peak 1 MiB over the plan
+    ({"token0_new": 11}, "golden_probe failed"),                        # a diverging greedy token
+    ({"long_n_new": 300}, "guard_64 failed"),                           # the long probe did not take the 64+ path
+])
+def test_what_the_records_show_failing_fails_the_step(change, why):
+    s = step(results(**change))
+    assert s.status == pingate.FAIL and why in s.detail, s.detail
+
+
+def test_a_missing_side_or_record_is_never_a_pass():
+    res = results()
+    res["serve27"] = res["serve27"][:1]  # the new pin never served
+    s = step(res)
+    assert s.status == pingate.FAIL and "no tok_s_16 for both sides" in s.detail
+    res = results()
+    res["probe"] = [p for p in res["probe"] if p["build"] == pin_proof.OLD]
+    assert step(res).status == pingate.FAIL
+    assert pingate.proof_step(None, pin_proof.NEW_COMMIT, gpu_proof.COMMIT, "h200.json").status == pingate.NOT_RUN
