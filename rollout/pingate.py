@@ -15,6 +15,7 @@ Loopback only (the lab gateway); bounded (the load stops with the second rollout
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -58,6 +59,26 @@ def check_flags(help_text: str) -> dict[str, list[str]]:
 def evidence(folder: Path, name: str) -> dict | None:
     path = folder / name if folder.is_absolute() else REPO / folder / name
     return json.loads(path.read_text()) if path.exists() else None
+
+
+COMPILE_RECORDS = Path("bench/records/pin50")  # bench/pin/sm70_compile.py's records: REF.json, REF-kernels.tsv
+
+
+def sm70_evidence(folder: Path, ref: str) -> tuple[dict | None, str]:
+    """The sm_70 compile's evidence and where it is: the folder's sm70.json (bench/gpu/pin_sm70.py, an nvcc
+    12.x), else bench/pin/sm70_compile.py's record of the ref with its kernel list (checked against the sha256
+    the record keeps); (None, where sm70.json was looked for) when neither is there."""
+    found = evidence(folder, "sm70.json")
+    if found is not None:
+        return found, str(folder / "sm70.json")
+    rec = evidence(COMPILE_RECORDS, f"{ref}.json")
+    if rec is None or rec.get("step") != "sm70-compile":
+        return None, str(folder / "sm70.json")
+    tsv = REPO / rec.get("kernel_list", "")
+    text = tsv.read_bytes() if tsv.is_file() else b""
+    names = ([line.split("\t")[-1] for line in text.decode().splitlines() if line and not line.startswith("#")]
+             if hashlib.sha256(text).hexdigest() == rec.get("kernel_list_sha256") else [])
+    return pingate.sm70_evidence(rec, names), str(COMPILE_RECORDS / f"{ref}.json")
 
 
 def roll(ref: str, tmp: Path, log: Path) -> tuple[int, dict]:
@@ -173,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(pingate.resolve_step(a.ref, None, old_ref, None, str(e)))
     help_text = source = None
     if steps[0].status == pingate.PASS:
-        steps.append(pingate.sm70_step(evidence(folder, "sm70.json"), commit, str(folder / "sm70.json")))
+        sm70, where = sm70_evidence(folder, a.ref)
+        steps.append(pingate.sm70_step(sm70, commit, where))
         with tempfile.TemporaryDirectory() as tmp:
             lab, help_text, source = lab_move(a.ref, old_ref, a.clients, Path(tmp), run_dir / "rollouts.log")
         steps.append(pingate.flags_step(check_flags(help_text) if help_text else {}, source))

@@ -1,8 +1,9 @@
 """The pin gate on the lab fleet (issue 50): the lab's llama.cpp mirror holds the pin (b11312) and b11434
 side by side; the gate resolves b11434 once, moves the fleet to it and back under pooled keep-alive load
-with the rolling driver, checks every group's flags against the new binary's --help, and says which steps
-it could not run here (the sm_70 compile and the H200 proof: no CUDA 12.x nvcc, no GPU): `incomplete`,
-never a pass."""
+with the rolling driver, checks every group's flags against the new binary's --help, reads the sm_70
+compile's record (bench/records/pin50, made here with clang and CUDA 12.8's ptxas), and says which step it
+could not run here (the H200 proof, until its record is in bench/records/pin-gate): `incomplete`, never a
+pass."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import subprocess
 import sys
 
 from tests.lab.helpers import REPO, current_release, lab
+from voltafleet.state import pingate
 
 
 def test_the_gate_moves_the_fleet_to_b11434_and_back_under_load_and_says_what_it_could_not_run(converged):
@@ -21,7 +23,12 @@ def test_the_gate_moves_the_fleet_to_b11434_and_back_under_load_and_says_what_it
     gate = json.loads((REPO / "reports" / sorted(p.name for p in (REPO / "reports").glob("pin-check-*"))[-1]
                        / "gate.json").read_text())
     steps = {s["name"]: s for s in gate["steps"]}
-    assert run.returncode == 3 and gate["verdict"] == "incomplete", out[-3000:]
+    # the H200 proof is the record kept in bench/records/pin-gate/b11434 (none yet: not run, `incomplete`)
+    h200 = REPO / "bench/records/pin-gate" / state["llama_cpp_new_ref"] / "h200.json"
+    proof = pingate.proof_step(json.loads(h200.read_text()) if h200.exists() else None, state["llama_cpp_new_commit"],
+                               state["llama_cpp_ref"], "h200.json")
+    want = {pingate.PASS: (0, "pass"), pingate.FAIL: (1, "fail"), pingate.NOT_RUN: (3, "incomplete")}[proof.status]
+    assert (run.returncode, gate["verdict"]) == want, out[-3000:]
     assert gate["commit"] == state["llama_cpp_new_commit"] and gate["old_commit"] == state["llama_cpp_ref"]
     assert steps["resolve"]["status"] == "pass"
     lab_step = steps["lab-rollout"]
@@ -32,8 +39,10 @@ def test_the_gate_moves_the_fleet_to_b11434_and_back_under_load_and_says_what_it
     assert lab_step["figures"]["releases"]["back"] == before  # each host back on its old release, kept
     assert len(lab_step["figures"]["compiled_to_ref"]) <= 1  # compiled at most once (none: the release cache had it)
     assert steps["flags"]["status"] == "pass" and "vf-lab-1" in steps["flags"]["figures"]["source"]
-    assert steps["sm70-compile"]["status"] == "not-run" and "CUDA 12.x" in steps["sm70-compile"]["detail"]
-    assert steps["h200-proof"]["status"] == "not-run"
+    # the sm_70 compile's evidence: bench/pin/sm70_compile.py's record of b11434 (clang with CUDA 12.8's ptxas)
+    assert steps["sm70-compile"]["status"] == "pass" and "no nvcc" in steps["sm70-compile"]["detail"], steps["sm70-compile"]
+    assert steps["sm70-compile"]["figures"]["kernels"]["mmvq"] > 0
+    assert steps["h200-proof"]["status"] == proof.status and steps["h200-proof"]["detail"] == proof.detail
     assert {h["name"]: current_release(h) for h in state["hosts"]} == before
     # the move's fleet report kept the resolved commit of the tag
     report = json.loads((REPO / "reports" / f"rollout-{lab_step['figures']['to_ref']}.json").read_text())

@@ -128,3 +128,67 @@ def test_the_b11434_record_is_what_results_md_says():
     new = {line.split()[0] for line in (root / "bench/records/pin-gate/b11434/llama-server-help.txt").read_text().splitlines()
            if line.startswith("-")}
     assert "--spec-draft-sampling" in {n.rstrip(",") for n in new}
+
+
+def clang_record(tmp, names=("_ZL9mul_mat_qIL9ggml_type12E", "_ZL13mul_mat_vec_qIL9ggml_type12E",
+                             "_ZL15flash_attn_ext_f16ILi256E"), **over):
+    """bench/pin/sm70_compile.py's record (the fields the gate reads) and its kernel list, under tmp."""
+    import hashlib
+
+    tsv = tmp / "b11434-kernels.tsv"
+    tsv.write_text("# group\tarch\treg\tstack\tshared\tlocal\tname\n"
+                   + "".join(f"x\tsm_70\t1\t0\t0\t0\t{n}\n" for n in names))
+    rec = {"step": "sm70-compile", "ref": "b11434", "status": "pass", "build_rc": 0, "linked": True, "unresolved": [],
+           "elf_archs": ["sm_70"], "seconds": {"total": 3177.7}, "kernel_list": str(tsv),
+           "kernel_list_sha256": hashlib.sha256(tsv.read_bytes()).hexdigest(),
+           "source": {"commit": None, "lab_commit": NEW},
+           "toolchain": {"cuda_compiler": "clang 19.1.7 (CUDA mode)", "ptxas_version": "12.8.93", "nvcc_version": None}}
+    return {**rec, **over}
+
+
+def test_the_clang_compile_s_record_is_evidence_that_names_its_compiler(tmp_path, monkeypatch):
+    """bench/pin/sm70_compile.py's record (clang in CUDA mode, CUDA 12.8's ptxas: no 12.x wheel ships nvcc) passes
+    the step naming its compiler; its kernels are counted from its kept list, which must be the one it hashed."""
+    import json
+
+    from rollout import pingate as driver
+
+    monkeypatch.setattr(driver, "COMPILE_RECORDS", tmp_path)
+    (tmp_path / "b11434.json").write_text(json.dumps(clang_record(tmp_path)))
+    ev, where = driver.sm70_evidence(tmp_path / "none", "b11434")
+    ok = pingate.sm70_step(ev, NEW, where)
+    assert ok.status == PASS and "clang 19.1.7" in ok.detail and "no nvcc" in ok.detail, ok.detail
+    assert ok.figures["kernels"] == {"mmq": 1, "mmvq": 1, "fattn": 1} and where.endswith("b11434.json")
+    # an sm70.json beside the gate's other evidence (an nvcc 12.x compile) is taken first
+    (tmp_path / "ev").mkdir()
+    (tmp_path / "ev/sm70.json").write_text(json.dumps(sm70()))
+    ev, where = driver.sm70_evidence(tmp_path / "ev", "b11434")
+    assert "compiler" not in ev and pingate.sm70_step(ev, NEW, where).detail.startswith("nvcc 12.8.93")
+    # a kernel list edited after the record: no kernels counted
+    (tmp_path / "b11434-kernels.tsv").write_text("x\tsm_70\t1\t0\t0\t0\t_ZL9mul_mat_qIL9ggml_type12E\n")
+    ev, where = driver.sm70_evidence(tmp_path / "none", "b11434")
+    assert pingate.sm70_step(ev, NEW, where).status == FAIL and ev["kernels_sm70"] == []
+    assert driver.sm70_evidence(tmp_path / "none", "b99999") == (None, str(tmp_path / "none/sm70.json"))
+
+
+def test_a_clang_record_of_another_source_an_unlinked_build_or_other_archs_fails(tmp_path):
+    names = ["_ZL9mul_mat_qI", "_ZL13mul_mat_vec_qI", "_ZL15flash_attn_ext_f16I"]
+    assert pingate.sm70_step(pingate.sm70_evidence(clang_record(tmp_path), names), NEW, "x").status == PASS
+    for over, why in [({"source": {"lab_commit": OLD}}, "is not 6b0958fe153a"), ({"build_rc": 2}, "failed"),
+                      ({"unresolved": ["cuMemCreate"]}, "failed"), ({"elf_archs": ["sm_70", "sm_80"]}, "failed"),
+                      ({"toolchain": {"cuda_compiler": "clang", "ptxas_version": "13.0.88"}}, "ptxas 13.0.88 is not CUDA 12.x")]:
+        bad = pingate.sm70_step(pingate.sm70_evidence(clang_record(tmp_path, **over), names), NEW, "x")
+        assert bad.status == FAIL and why in bad.detail, (over, bad.detail)
+
+
+def test_the_kept_records_of_both_pins_pass_the_step():
+    """The records this repository keeps (bench/records/pin50): each pin's compile is evidence for its commit."""
+    from pathlib import Path
+
+    from rollout import pingate as driver
+
+    for ref, commit in (("b11434", NEW), ("b11312", OLD)):
+        ev, where = driver.sm70_evidence(Path("bench/records/pin-gate") / ref, ref)
+        s = pingate.sm70_step(ev, commit, where)
+        assert s.status == PASS and where == f"bench/records/pin50/{ref}.json", s.detail
+        assert s.figures["kernels"]["mmvq"] == 317 and s.figures["kernels"]["mmq"] == 1536, s.figures

@@ -5,7 +5,9 @@ Steps, in order:
 - resolve: the ref and the fleet's current pin, each resolved once to a commit (kept in the record);
 - sm70-compile: the ref compiled for sm_70 with the fleet's toolkit (CUDA 12.x: CUDA 13 cannot build
   sm_70), linked, with its MMQ, MMVQ and flash-attention kernels listed (cuobjdump): evidence made where a
-  CUDA 12.x nvcc exists (bench/gpu/pin_sm70.py), checked here;
+  CUDA 12.x nvcc exists (bench/gpu/pin_sm70.py), or on any machine by bench/pin/sm70_compile.py (clang in
+  CUDA mode with CUDA 12.8's headers and ptxas: NVIDIA's 12.x wheels ship no nvcc; sm70_evidence reads
+  that record, and the step says which compiler made the kernels), checked here;
 - flags: every group's rendered llama-server argv against the new binary's own --help (a renamed or removed
   flag refused with its fix; every managed flag still known);
 - h200-proof: the GPU proof at the shipped argv, old pin against new, both in one run (median of 3): the
@@ -77,8 +79,22 @@ def flags_step(problems: dict[str, list[str]], help_source: str | None) -> Step:
                 {"groups": sorted(problems), "source": help_source})
 
 
+def sm70_evidence(record: dict, kernel_names: list[str]) -> dict:
+    """bench/pin/sm70_compile.py's record (its `toolchain`, `source`, `build_rc`, `elf_archs`) in the form
+    sm70_step reads (bench/gpu/pin_sm70.py's): the commit the lab mirror holds the source as, CUDA's version
+    from the ptxas that assembled the sm_70 code, linked only with every library resolved and sm_70 cubins
+    alone, and the kernels from its kept list (`kernel_names`, read by the caller), not its own counts."""
+    tc, src = record.get("toolchain") or {}, record.get("source") or {}
+    return {"commit": src.get("commit") or src.get("lab_commit"), "nvcc_version": tc.get("ptxas_version"),
+            "rc": record.get("build_rc"),
+            "linked": bool(record.get("linked")) and not record.get("unresolved") and record.get("elf_archs") == ["sm_70"],
+            "seconds": (record.get("seconds") or {}).get("total"), "kernels_sm70": list(kernel_names),
+            "compiler": tc.get("cuda_compiler"), "ptxas": tc.get("ptxas_version")}
+
+
 def sm70_step(record: dict | None, commit: str, where: str) -> Step:
-    """The sm_70 compile's evidence (bench/gpu/pin_sm70.py's record at `where`) for this commit."""
+    """The sm_70 compile's evidence (bench/gpu/pin_sm70.py's record at `where`, or sm70_evidence's reading of
+    bench/pin/sm70_compile.py's) for this commit."""
     if record is None:
         return Step("sm70-compile", NOT_RUN, f"no evidence at {where}: run `python3 -m bench.gpu.pin_sm70 REPO REF "
                     "OUT_DIR` where CUDA 12.x's nvcc is (a fleet host's toolkit; CUDA 13 cannot build sm_70)")
@@ -87,7 +103,7 @@ def sm70_step(record: dict | None, commit: str, where: str) -> Step:
         problems.append(f"its commit {str(record.get('commit'))[:12]} is not {commit[:12]}")
     toolkit = str(record.get("nvcc_version", ""))
     if not re.match(r"12\.\d", toolkit):
-        problems.append(f"nvcc {toolkit or '?'} is not CUDA 12.x")
+        problems.append(f"{'ptxas' if record.get('compiler') else 'nvcc'} {toolkit or '?'} is not CUDA 12.x")
     if record.get("rc") != 0 or not record.get("linked"):
         problems.append("the build or its link failed")
     kernels = record.get("kernels_sm70", [])
@@ -95,8 +111,11 @@ def sm70_step(record: dict | None, commit: str, where: str) -> Step:
     problems += [f"no sm_70 {fam} kernel listed" for fam, n in counts.items() if n == 0]
     if problems:
         return Step("sm70-compile", FAIL, "; ".join(problems), {"kernels": counts})
-    return Step("sm70-compile", PASS, f"nvcc {toolkit}: sm_70 kernels mmq {counts['mmq']}, mmvq {counts['mmvq']}, "
-                f"fattn {counts['fattn']}", {"kernels": counts, "seconds": record.get("seconds")})
+    made = (f"{record['compiler']} with CUDA {toolkit}'s ptxas (no nvcc: nvcc's own front end unproven)"
+            if record.get("compiler") else f"nvcc {toolkit}")
+    return Step("sm70-compile", PASS, f"{made}: sm_70 kernels mmq {counts['mmq']}, mmvq {counts['mmvq']}, "
+                f"fattn {counts['fattn']} ({where})", {"kernels": counts, "seconds": record.get("seconds"),
+                                                       "compiler": record.get("compiler") or "nvcc"})
 
 
 def proof_step(record: dict | None, commit: str, old_commit: str, where: str) -> Step:
