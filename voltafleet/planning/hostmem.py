@@ -35,7 +35,8 @@ Per instance (one llama-server), every term in bytes:
 What the kernel cannot reclaim at the ceiling is the instance's `held`: the anonymous terms (process,
 host buffers, checkpoints, prompt cache, the model read with -lm none) and the kernel term. The file
 pages read at every step (the program, a mapped model) come on top in its `total`. The process terms are
-fitted by bench/gpu/gpu_proof.fit49 on the H200 runs bench/records/proof49/run3 and run4.
+fitted by bench/gpu/gpu_proof.fit49 on the H200 runs bench/records/proof49/run3 and run4, and validated on
+run5 (not fitted on: within 5 % and never under at 16 slots, 0 to 512 checkpoints; bench/RESULTS.md).
 
 The host needs instances x the instance's total + hostmem_reserve_mib (the system, sshd, the
 page cache), against MemTotal. Each instance's unit gets one ceiling, MemoryMax = total x (1 +
