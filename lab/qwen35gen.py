@@ -452,13 +452,17 @@ def write_sparse(vocab_path: str, out_path: str, shape: Shape = SHAPES["27b"], f
     return os.path.getsize(out_path)
 
 
-def write_dense(vocab_path: str, out_path: str, shape: Shape = SHAPES["tiny"], seed: int = 0) -> None:
+def write_dense(vocab_path: str, out_path: str, shape: Shape = SHAPES["tiny"], seed: int = 0,
+                weights: str = "f16") -> None:
     """Random small F16 weights (F32 for 1-D tensors, Q4_0 token table) that greedily emit FAVOURITE every step.
-    The output layer is tied to token_embd (no output.weight), as qwen35's loader allows."""
+    The output layer is tied to token_embd (no output.weight), as qwen35's loader allows. `weights` "q8_0": the
+    2-D weights quantized to Q8_0 here (gguf-py's own quantizer; rows of a multiple of 32), for a GPU build's
+    MMQ path: llama-quantize would refuse the Q4_0 token table without --allow-requantize."""
     s = shape
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(out_path, ARCH)
-    _metadata(w, s, "voltafleet-lab-tiny-qwen35", gguf.LlamaFileType.MOSTLY_F16)
+    _metadata(w, s, "voltafleet-lab-tiny-qwen35",
+              gguf.LlamaFileType.MOSTLY_Q8_0 if weights == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
     w.add_string(GENERATOR_KEY, GENERATOR)
     tokens = _tokenizer(vocab_path, w, s.n_vocab)
     fav = tokens.index("Ġ" + FAVOURITE.strip())  # byte-level BPE spells a leading space as Ġ
@@ -487,7 +491,13 @@ def write_dense(vocab_path: str, out_path: str, shape: Shape = SHAPES["tiny"], s
             a = rng.standard_normal(np_shape).astype(np.float32) * 0.1
             if name.endswith(("ffn_down.weight", "attn_output.weight", "ssm_out.weight", "nextn.eh_proj.weight")):
                 a[0, :] = 0.0      # no block writes dimension 0: h[0] stays the embedding's > 0
-            w.add_tensor(name, a.astype(np.float32 if "ssm_conv1d" in name else np.float16))
+            if "ssm_conv1d" in name:
+                w.add_tensor(name, a.astype(np.float32))
+            elif weights == "q8_0" and ne[0] % 32 == 0:
+                w.add_tensor(name, gguf.quants.quantize(a.astype(np.float16).astype(np.float32), T.Q8_0),
+                             raw_dtype=T.Q8_0)
+            else:
+                w.add_tensor(name, a.astype(np.float16))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -502,14 +512,15 @@ def main(argv=None) -> None:
     ap.add_argument("--ftype", default="q4_k_s", choices=sorted(FTYPES))
     ap.add_argument("--mtp", action="store_true", help="add the MTP block (nextn_predict_layers 1)")
     ap.add_argument("--dense", action="store_true", help="random F16 weights (small shapes only)")
+    ap.add_argument("--dense-type", default="f16", choices=("f16", "q8_0"), help="dense: the 2-D weights' type")
     ap.add_argument("--accept", action="store_true", help="sparse: the trunk and MTP head agree (every draft accepted)")
     ap.add_argument("--vary", type=int, metavar="SEED", help="sparse: seeded random token table, output rows of plain "
                     "words and last attention block, so greedy answers differ with the prompt")
     a = ap.parse_args(argv)
     shape = replace(SHAPES[a.shape], mtp=1 if a.mtp else 0)
     if a.dense:
-        write_dense(a.vocab, a.out, shape)
-        print(f"{a.out}: {os.path.getsize(a.out)} bytes (dense)")
+        write_dense(a.vocab, a.out, shape, weights=a.dense_type)
+        print(f"{a.out}: {os.path.getsize(a.out)} bytes (dense, {a.dense_type})")
     else:
         size = write_sparse(a.vocab, a.out, shape, a.ftype, a.accept, a.vary)
         print(f"{a.out}: {size} bytes (sparse, {a.ftype}{'' if a.vary is None else f', varying, seed {a.vary}'})")

@@ -127,10 +127,11 @@ PY
       --vary 51 >> "$RES/progress.txt" 2>&1
     log "varying file written" ;;
   esac
-  case "$PH" in *probe27*)  # a random-weight qwen35 for the probes, quantized to Q8_0 by the build's own llama-quantize
-    PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/tiny-f16.gguf --shape tiny \
-      --dense >> "$RES/progress.txt" 2>&1 && "$BIN/llama-quantize" /tmp/models/tiny-f16.gguf /tmp/models/tiny-q8_0.gguf \
-      q8_0 > "$RES/quantize.txt" 2>&1 ;;
+  case "$PH" in *probe27*)  # a random-weight qwen35 for the probes, its 2-D weights in Q8_0 (gguf-py's quantizer: the
+    # Q8_0 file proof27 run2 asked of llama-quantize never loaded: its log did not come back, and requantizing the Q4_0
+    # token table needs --allow-requantize, the likely cause; loaded by the pinned CPU llama-server here)
+    PYTHONPATH=$W/gguf-py python3 "$W/qwen35gen.py" "$W/ggml-vocab-qwen35.gguf" /tmp/models/tiny-q8_0.gguf --shape tiny \
+      --dense --dense-type q8_0 >> "$RES/progress.txt" 2>&1 ;;
   esac
   B=(python3 -m bench.gpu.proof_bench --plan "$W/plan.json" --bin "$BIN" --bins "$BINS"
      --models /tmp/models --res "$RES")

@@ -101,6 +101,36 @@ def test_dense_tiny_model_favours_one_plain_token(tmp_path):
     assert not t["blk.0.ffn_down.weight"].data[0].any()  # no block writes dimension 0
 
 
+def test_dense_tiny_model_in_q8_0_holds_the_same_weights_quantized(tmp_path):
+    """--dense-type q8_0 (the GPU proof's probe model, issue 50): every 2-D weight but the conv in Q8_0 from the same
+    seeded values (within Q8_0's step), the token table Q4_0 as before, the file type Q8_0. The f16 file and the
+    q8_0 file of one seed hold the same numbers to within the quantization."""
+    import gguf
+    import numpy as np
+    toks = [f"t{i}" for i in range(300)]
+    toks[42] = "Ġhello"
+    vocab = tmp_path / "vocab.gguf"
+    _vocab_tokens(vocab, toks)
+    shape = replace(gen.SHAPES["tiny"], n_vocab=300)
+    gen.write_dense(str(vocab), str(tmp_path / "f16.gguf"), shape)
+    gen.write_dense(str(vocab), str(tmp_path / "q8.gguf"), shape, weights="q8_0")
+    f16 = {x.name: x for x in gguf.GGUFReader(str(tmp_path / "f16.gguf")).tensors}
+    q8r = gguf.GGUFReader(str(tmp_path / "q8.gguf"))
+    q8 = {x.name: x for x in q8r.tensors}
+    assert f16.keys() == q8.keys()
+    types = {n: t.tensor_type for n, t in q8.items()}
+    assert types["token_embd.weight"] == gguf.GGMLQuantizationType.Q4_0
+    two_d = [n for n, t in f16.items() if t.tensor_type == gguf.GGMLQuantizationType.F16]
+    assert two_d and all(types[n] == gguf.GGMLQuantizationType.Q8_0 for n in two_d)
+    assert all(types[n] == gguf.GGMLQuantizationType.F32 for n in f16 if "ssm_conv1d" in n)
+    for n in two_d:
+        a = f16[n].data.astype(np.float32)
+        b = gguf.quants.dequantize(q8[n].data, q8[n].tensor_type).reshape(a.shape)
+        assert np.abs(a - b).max() <= np.abs(a).max() / 127 + 1e-6, n  # one Q8_0 step of its largest block at most
+    ftype = q8r.fields["general.file_type"]
+    assert int(ftype.parts[ftype.data[0]][0]) == gguf.LlamaFileType.MOSTLY_Q8_0
+
+
 def _vocab_tokens(path, tokens):
     import gguf
     w = gguf.GGUFWriter(str(path), "qwen2")
