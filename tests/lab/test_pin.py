@@ -24,9 +24,10 @@ def test_the_gate_moves_the_fleet_to_b11434_and_back_under_load_and_says_what_it
                        / "gate.json").read_text())
     steps = {s["name"]: s for s in gate["steps"]}
     # the H200 proof is the record kept in bench/records/pin-gate/b11434 (none yet: not run, `incomplete`)
-    h200 = REPO / "bench/records/pin-gate" / state["llama_cpp_new_ref"] / "h200.json"
+    where = f"bench/records/pin-gate/{state['llama_cpp_new_ref']}/h200.json"
+    h200 = REPO / where
     proof = pingate.proof_step(json.loads(h200.read_text()) if h200.exists() else None, state["llama_cpp_new_commit"],
-                               state["llama_cpp_ref"], "h200.json")
+                               state["llama_cpp_ref"], where)
     want = {pingate.PASS: (0, "pass"), pingate.FAIL: (1, "fail"), pingate.NOT_RUN: (3, "incomplete")}[proof.status]
     assert (run.returncode, gate["verdict"]) == want, out[-3000:]
     assert gate["commit"] == state["llama_cpp_new_commit"] and gate["old_commit"] == state["llama_cpp_ref"]
