@@ -77,7 +77,10 @@ PY
     local t0; t0=$(date +%s)
     PATH=$(dirname "$NVCC"):$PATH cmake --build "/tmp/vf/build/$FP" --target llama-server llama-bench -j 16 \
       > "$RES/build-$1.txt" 2>&1
-    echo "$1 rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-$1.txt"
+    local rc=$?
+    echo "$1 rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-$1.txt"
+    # a failed rebuild leaves the stock binaries in the build folder: never copy those under the variant's name
+    if [ "$rc" != 0 ]; then log "$1 rebuild failed (rc=$rc)"; echo failed > "$RES/DONE"; exit 1; fi
     mkdir -p "/tmp/$1/bin" && cp "/tmp/vf/build/$FP/bin/llama-server" "/tmp/vf/build/$FP/bin/llama-bench" "/tmp/$1/bin/"
     "/tmp/$1/bin/llama-server" --version >> "$RES/build-$1.txt" 2>&1
     log "$(grep " rc=" "$RES/build-$1.txt")"
@@ -108,7 +111,9 @@ PY
     for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_MMQ' "$src2/$f"; done
     t0=$(date +%s)
     PATH=$(dirname "$NVCC"):$PATH cmake --build "$ROOT2/build/$FP2" --target llama-server -j 16 > "$RES/build-mmqnew.txt" 2>&1
-    echo "mmqnew rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-mmqnew.txt"
+    rc=$?
+    echo "mmqnew rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-mmqnew.txt"
+    if [ "$rc" != 0 ]; then log "mmqnew rebuild failed (rc=$rc)"; echo failed > "$RES/DONE"; exit 1; fi
     mkdir -p /tmp/mmqnew/bin && cp "$ROOT2/build/$FP2/bin/llama-server" /tmp/mmqnew/bin/
     /tmp/mmqnew/bin/llama-server --version >> "$RES/build-mmqnew.txt" 2>&1
     git -C "$src2" diff > "$RES/variants-new.diff"
@@ -152,7 +157,7 @@ while [ ! -e "$RES/DONE" ] && { [ "$WAIT" = 0 ] || [ $(( $(date +%s) - t0 )) -lt
 if [ -n "${OUT:-}" ]; then
   if [ -e "$RES/build-new.txt" ]; then  # two pins: the builds' logs and diffs in one file ($OUT brings back 8)
     ( cd "$RES" && tar czf "$OUT/builds.tgz" build*.txt ./*.diff 2>/dev/null )
-    KEEP="results.json progress.txt facts.txt logs.tgz"
+    KEEP="results.json progress.txt facts.txt logs.tgz pipeline.txt"
   else
     KEEP="results.json progress.txt build.txt build-volta.txt build-mmq.txt voltarule.diff facts.txt logs.tgz"
   fi

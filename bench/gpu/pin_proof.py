@@ -14,7 +14,9 @@ The run (plan50, phases PHASES50) measures on each side, the old pin `mmq` and t
            qwen35 quantized to Q8_0: the new side against the old side's tokens and log-probabilities
 h200_record turns that into the gate's record (voltafleet.state.pingate.proof_step reads it): for each side's
 commit the VRAM verdict, the medians of tok/s at 16 clients and single stream, the golden probe and the 64+
-token guard; `noise` is the widest spread of the repetitions around their median on either side (2 % at least).
+token guard, and volta_choice (every server of the side logged FORCE_MMQ); `noise` is the widest spread of the
+repetitions around their median at 1 and 16 clients on either side (2 % at least). Errors in a round or a peak's
+requests leave its figure out (None, never a pass).
 """
 from __future__ import annotations
 
@@ -97,9 +99,11 @@ def vram_verdicts(peaks: list, build: str) -> dict:
         cfg = group_cfg(r["group"]).replace(voltafleet_backend="cuda", model_url="MODEL")
         planned = vram.decide(cfg, GROUP_MIB[r["group"]], header, archs=[70]).plan.needed / 2**20
         peak = r.get("mem_peak")
+        errors = sum(1 for q in r.get("requests", []) if q.get("error"))
         out[r["name"]] = {"planned_mib": round(planned, 1), "measured_mib": peak, "healthy": r.get("healthy"),
-                          "never_under": bool(r.get("healthy")) and peak is not None and peak <= planned,
-                          "errors": sum(1 for q in r.get("requests", []) if q.get("error"))}
+                          "never_under": (bool(r.get("healthy")) and not errors and peak is not None
+                                          and (r.get("mem_load") or 0) < peak <= planned),
+                          "errors": errors}
     return out
 
 
@@ -119,10 +123,20 @@ def rates(serve: list, build: str) -> dict:
             k["errors"] += sum(1 for q in x["recs"] if q.get("error") or not q.get("times_ms"))
     for k in out.values():
         good = [v for v in k["tok_s"] if v is not None]
-        k["median"] = statistics.median(good) if len(good) == len(k["tok_s"]) and good else None
+        k["median"] = statistics.median(good) if len(good) == len(k["tok_s"]) and good and not k["errors"] else None
         k["spread"] = round(max(abs(v / k["median"] - 1) for v in good), 4) if k["median"] else None
         k["ttft_ms"] = statistics.median(k["ttft_ms"]) if k["ttft_ms"] else None
     return out
+
+
+PROBE_MODELS = ("q4ks.gguf", "tiny-q8_0.gguf")  # the 27B shape (zero weights) and the random-weight tiny qwen35
+
+
+def shipped_build(results: dict, build: str) -> bool:
+    """Every server of `build` in the run's peaks and serve27 ran a FORCE_MMQ build (its load log's system_info
+    line), as both V100 groups ship: a variant whose rebuild failed would be the stock build."""
+    recs = [r for key in ("peaks", "serve27") for r in results.get(key, []) if r.get("build") == build]
+    return bool(recs) and all(any("FORCE_MMQ = 1" in line for line in r.get("log", [])) for r in recs)
 
 
 def probe_verdicts(probes: list, tolerance: float, min_tokens: int) -> dict:
@@ -134,6 +148,10 @@ def probe_verdicts(probes: list, tolerance: float, min_tokens: int) -> dict:
     by = {(r["build"], r["model"]): r for r in probes}
     models = sorted({m for (_, m) in by})
     golden_ok, guard_ok, why = bool(models), bool(models), []
+    missing = sorted(set(PROBE_MODELS) - set(models))
+    if missing:  # the zero-weight 27B alone answers token 0 at every step: it proves the path, not the numbers
+        golden_ok = guard_ok = False
+        why.append(f"no probe of {', '.join(missing)}")
     for m in models:
         old, new = by.get((OLD, m)), by.get((NEW, m))
         if not (old and new and old.get("runs") and new.get("runs")):
@@ -166,12 +184,13 @@ def h200_record(results: dict, device: str) -> dict:
     for build, commit in ((OLD, gpu_proof.COMMIT), (NEW, NEW_COMMIT)):
         v = vram_verdicts(results.get("peaks", []), build)
         r = rates(results.get("serve27", []), build)
-        spreads += [k["spread"] for k in r.values() if k.get("spread") is not None]
+        spreads += [r[n]["spread"] for n in (1, 16) if r.get(n, {}).get("spread") is not None]  # what the gate checks
         sides[commit] = {
             "build": build, "ref": OLD_REF if build == OLD else NEW_REF,
             "vram_plan_never_under": bool(v) and len(v) == len(GROUP_MIB) and all(x["never_under"] for x in v.values()),
             "tok_s_16": (r.get(16) or {}).get("median"), "tok_s_1": (r.get(1) or {}).get("median"),
             "golden_probe": probes["golden_probe"], "guard_64": probes["guard_64"],
+            "volta_choice": shipped_build(results, build),
             "vram": v, "rates": {str(k): x for k, x in sorted(r.items())},
             "errors": sum(x["errors"] for x in r.values()) + sum(x["errors"] for x in v.values()),
         }

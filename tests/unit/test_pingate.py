@@ -57,7 +57,7 @@ def test_flags_fail_naming_the_group_and_are_not_run_without_a_binary():
 
 
 def proof(new: dict, old: dict, **over) -> dict:
-    good = {"vram_plan_never_under": True, "golden_probe": True, "guard_64": True}
+    good = {"vram_plan_never_under": True, "golden_probe": True, "guard_64": True, "volta_choice": True}
     return {"sides": {NEW: {**good, **new}, OLD: {**good, **old}}, **over}
 
 
@@ -71,6 +71,9 @@ def test_the_h200_proof_needs_both_sides_and_no_loss_beyond_noise():
                                      {"tok_s_16": 300, "tok_s_1": 84}), NEW, OLD, "x")
     assert probe.status == FAIL and "golden_probe" in probe.detail
     assert pingate.proof_step({"sides": {NEW: {}}}, NEW, OLD, "x").status == FAIL
+    stock = pingate.proof_step(proof({"tok_s_16": 300, "tok_s_1": 84, "volta_choice": False}, {"tok_s_16": 300, "tok_s_1": 84}),
+                               NEW, OLD, "x")
+    assert stock.status == FAIL and "new side did not run the shipped build" in stock.detail
 
 
 @pytest.mark.parametrize("case, why", [

@@ -128,6 +128,8 @@ def proof_step(record: dict | None, commit: str, old_commit: str, where: str) ->
         return Step("h200-proof", FAIL, f"its sides {sorted(s[:12] for s in sides)} are not the two pins")
     new, old = sides[commit], sides[old_commit]
     problems = [f"{k} failed" for k in ("vram_plan_never_under", "golden_probe", "guard_64") if not new.get(k)]
+    problems += [f"the {side} side did not run the shipped build (volta_choice)" for side, x in (("new", new), ("old", old))
+                 if not x.get("volta_choice")]
     for k in ("tok_s_16", "tok_s_1"):
         if not (isinstance(new.get(k), (int, float)) and isinstance(old.get(k), (int, float))):
             problems.append(f"no {k} for both sides")
