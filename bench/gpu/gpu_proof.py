@@ -983,10 +983,15 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT, overlay
             "tune29b": plan_tune29b(), **plan38(), **plan41(), **plan49(), **plan51(), **(overlay or {})}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    size = sum((dest / f).stat().st_size for f in files)
+    return {"dest": str(dest), "bytes": carried(dest, files), "files": files, "fingerprint": plan["build"]["fingerprint"]}
+
+
+def carried(dest: Path, files: list[str]) -> int:
+    """The pack's bytes (its files, relative to dest); SystemExit above what one device call carries."""
+    size = sum((Path(dest) / f).stat().st_size for f in files)
     if size > LIMIT:
         raise SystemExit(f"{dest}: {size / 2**20:.1f} MiB, more than a device call carries")
-    return {"dest": str(dest), "bytes": size, "files": files, "fingerprint": plan["build"]["fingerprint"]}
+    return size
 
 
 def main(argv: list[str]) -> int:

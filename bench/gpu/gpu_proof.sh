@@ -23,19 +23,25 @@ if [ "${1:-}" = __run ]; then
   log "facts"
   { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; command -v nvcc
     nvcc --version; g++ --version | head -1; cmake --version | head -1; nproc; command -v ccache; } > "$RES/facts.txt" 2>&1
-  NVCC=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['build']['nvcc'])" "$W/plan.json")
+  plan_get() {  # KEY FIELD: plan.json's KEY.FIELD
+    python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]][sys.argv[3]])" "$W/plan.json" "$1" "$2"
+  }
+  plan_argv() {  # KEY: plan.json's KEY.argv (vf-build-release's), one argument a line, the pack's path in place
+    python3 - "$W" "$1" <<'PY'
+import json, sys
+w, key = sys.argv[1], sys.argv[2]
+for a in json.load(open(f"{w}/plan.json"))[key]["argv"]:
+    print(a.replace("@PACK@", w).replace("\n", " "))
+PY
+  }
+  NVCC=$(plan_get build nvcc)
   if [ ! -x "$NVCC" ]; then  # the image's toolkit under the path the plan names
     real=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
     ln -sfn "$real" "$(dirname "$(dirname "$NVCC")")"
   fi
-  FP=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['build']['fingerprint'])" "$W/plan.json")
+  FP=$(plan_get build fingerprint)
   log "build $FP (background)"
-  python3 - "$W" > /tmp/build-argv.txt <<'PY'
-import json, sys
-w = sys.argv[1]
-for a in json.load(open(f"{w}/plan.json"))["build"]["argv"]:
-    print(a.replace("@PACK@", w).replace("\n", " "))
-PY
+  plan_argv build > /tmp/build-argv.txt
   mapfile -t ARGV < /tmp/build-argv.txt
   ( t0=$(date +%s); bash "${ARGV[@]}" > "$RES/build.txt" 2>&1
     echo "build rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build.txt" ) &
@@ -55,15 +61,10 @@ PY
   # built by the same script beside the first pin's variants; then Volta's choice and FORCE_MMQ as `mmqnew`
   NEWB=
   if python3 -c "import json,sys; sys.exit(0 if 'build_new' in json.load(open(sys.argv[1])) else 1)" "$W/plan.json"; then
-    python3 - "$W" > /tmp/build-new-argv.txt <<'PY'
-import json, sys
-w = sys.argv[1]
-for a in json.load(open(f"{w}/plan.json"))["build_new"]["argv"]:
-    print(a.replace("@PACK@", w).replace("\n", " "))
-PY
+    plan_argv build_new > /tmp/build-new-argv.txt
     mapfile -t NARGV < /tmp/build-new-argv.txt
-    FP2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['build_new']['fingerprint'])" "$W/plan.json")
-    ROOT2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['build_new']['root'])" "$W/plan.json")
+    FP2=$(plan_get build_new fingerprint)
+    ROOT2=$(plan_get build_new root)
     log "build of the second pin $FP2 (background)"
     ( t0=$(date +%s); bash "${NARGV[@]}" > "$RES/build-new.txt" 2>&1
       echo "build rc=$? seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-new.txt" ) &
@@ -73,17 +74,22 @@ PY
   # the same tree with GGML_CUDA_FORCE_MMQ. Only mmq.cu (the choice) and ggml-cuda.cu (cuBLAS output,
   # the feature list) read what changes, so each variant rebuilds those two objects.
   src=/tmp/vf/src/llama.cpp
-  variant() {  # NAME: rebuild llama-server and llama-bench in the tree as it stands, copy to /tmp/NAME/bin
-    local t0; t0=$(date +%s)
-    PATH=$(dirname "$NVCC"):$PATH cmake --build "/tmp/vf/build/$FP" --target llama-server llama-bench -j 16 \
-      > "$RES/build-$1.txt" 2>&1
-    local rc=$?
-    echo "$1 rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-$1.txt"
+  variant() {  # NAME [BUILD_DIR [TARGET...]]: rebuild the targets (llama-server and llama-bench of the pin's build
+    # folder unless named) in the tree as it stands, copy them to /tmp/NAME/bin
+    local name=$1 dir=${2:-/tmp/vf/build/$FP} t0 rc t; shift; shift || true
+    local targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(llama-server llama-bench)
+    t0=$(date +%s)
+    PATH=$(dirname "$NVCC"):$PATH cmake --build "$dir" --target "${targets[@]}" -j 16 > "$RES/build-$name.txt" 2>&1
+    rc=$?
+    echo "$name rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-$name.txt"
     # a failed rebuild leaves the stock binaries in the build folder: never copy those under the variant's name
-    if [ "$rc" != 0 ]; then log "$1 rebuild failed (rc=$rc)"; echo failed > "$RES/DONE"; exit 1; fi
-    mkdir -p "/tmp/$1/bin" && cp "/tmp/vf/build/$FP/bin/llama-server" "/tmp/vf/build/$FP/bin/llama-bench" "/tmp/$1/bin/"
-    "/tmp/$1/bin/llama-server" --version >> "$RES/build-$1.txt" 2>&1
-    log "$(grep " rc=" "$RES/build-$1.txt")"
+    if [ "$rc" != 0 ]; then log "$name rebuild failed (rc=$rc)"; echo failed > "$RES/DONE"; exit 1; fi
+    mkdir -p "/tmp/$name/bin" && for t in "${targets[@]}"; do cp "$dir/bin/$t" "/tmp/$name/bin/"; done
+    "/tmp/$name/bin/llama-server" --version >> "$RES/build-$name.txt" 2>&1
+    log "$(grep " rc=" "$RES/build-$name.txt")"
+  }
+  force_mmq() {  # SRC: GGML_CUDA_FORCE_MMQ in the two files that read it (as -DGGML_CUDA_FORCE_MMQ=ON would)
+    for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_MMQ' "$1/$f"; done
   }
   python3 "$W/bench/gpu/voltarule.py" "$src" > "$RES/voltarule.diff" || { log "voltarule: anchors moved"; echo failed > "$RES/DONE"; exit 1; }
   variant volta
@@ -92,7 +98,7 @@ PY
   IFS=, read -ra PHS <<< "$PH"
   for p in "${PHS[@]}"; do case "$p" in *:volta) ;; *) need_mmq=1 ;; esac; done
   if [ "$need_mmq" = 1 ]; then
-    for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_MMQ' "$src/$f"; done
+    force_mmq "$src"
     variant mmq
   fi
   git -C "$src" diff > "$RES/variants.diff"
@@ -108,16 +114,9 @@ PY
     src2=$ROOT2/src/llama.cpp
     python3 "$W/bench/gpu/voltarule.py" "$src2" > "$RES/voltarule-new.diff" ||
       { log "voltarule on the second pin: anchors moved"; echo failed > "$RES/DONE"; exit 1; }
-    for f in ggml/src/ggml-cuda/mmq.cu ggml/src/ggml-cuda/ggml-cuda.cu; do sed -i '1i #define GGML_CUDA_FORCE_MMQ' "$src2/$f"; done
-    t0=$(date +%s)
-    PATH=$(dirname "$NVCC"):$PATH cmake --build "$ROOT2/build/$FP2" --target llama-server -j 16 > "$RES/build-mmqnew.txt" 2>&1
-    rc=$?
-    echo "mmqnew rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$RES/build-mmqnew.txt"
-    if [ "$rc" != 0 ]; then log "mmqnew rebuild failed (rc=$rc)"; echo failed > "$RES/DONE"; exit 1; fi
-    mkdir -p /tmp/mmqnew/bin && cp "$ROOT2/build/$FP2/bin/llama-server" /tmp/mmqnew/bin/
-    /tmp/mmqnew/bin/llama-server --version >> "$RES/build-mmqnew.txt" 2>&1
+    force_mmq "$src2"
+    variant mmqnew "$ROOT2/build/$FP2" llama-server
     git -C "$src2" diff > "$RES/variants-new.diff"
-    log "$(grep " rc=" "$RES/build-mmqnew.txt")"
     BINS="$BINS,mmqnew=/tmp/mmqnew/bin"
   fi
   case "$PH" in *tier41*)  # issue 41: the MTP-carrying file, every draft accepted (acc) and every draft rejected (rej)

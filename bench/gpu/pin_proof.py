@@ -76,11 +76,8 @@ def pack50(dest: Path, bare: Path | None = None, checkout: Path | None = None, c
                          text=True, check=True).stdout.strip()
     if got != new_commit:
         raise SystemExit(f"{git}: {NEW_REF} is {got}, not {new_commit}")
-    files = [p for p in Path(dest).rglob("*") if p.is_file()]
-    size = sum(p.stat().st_size for p in files)
-    if size > gpu_proof.LIMIT:
-        raise SystemExit(f"{dest}: {size / 2**20:.1f} MiB, more than a device call carries")
-    return {**m, "bytes": size}
+    files = sorted(str(p.relative_to(dest)) for p in Path(dest).rglob("*") if p.is_file())
+    return {**m, "files": files, "bytes": gpu_proof.carried(Path(dest), files)}
 
 
 # ---------------------------------------------------------------- the gate's record from the run's results

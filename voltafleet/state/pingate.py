@@ -89,7 +89,7 @@ def sm70_evidence(record: dict, kernel_names: list[str]) -> dict:
             "rc": record.get("build_rc"),
             "linked": bool(record.get("linked")) and not record.get("unresolved") and record.get("elf_archs") == ["sm_70"],
             "seconds": (record.get("seconds") or {}).get("total"), "kernels_sm70": list(kernel_names),
-            "compiler": tc.get("cuda_compiler"), "ptxas": tc.get("ptxas_version")}
+            "compiler": tc.get("cuda_compiler")}
 
 
 def sm70_step(record: dict | None, commit: str, where: str) -> Step:
