@@ -39,8 +39,8 @@ lab-down: setup
 
 # The main job: bring the lab fleet up (3 servers + a pair of HAProxy gateways, one address), then a rolling
 # rollout: preflight on every host, the canary, then the rest; the smoke tables and the fleet report.
-# Then the pin gate for llama.cpp b11434 (issue 50): the fleet to it and back under load; its verdict is
-# `incomplete` here (exit 3: no CUDA 12.x nvcc for the sm_70 compile, no GPU for the proof), never a pass.
+# Then the pin gate for llama.cpp b11434 (issue 50): the fleet to it and back under load, the sm_70 compile's and the
+# GPU proof's records read from bench/records: `pass` (exit 0); exit 3 (`incomplete`) if a record is missing.
 demo: lab-up
 	VOLTAFLEET_SMOKE=always $(PY) -m rollout inventory/lab.py --canary 1 --batch 2
 	$(PY) -m rollout inventory/lab.py --pin-check b11434; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ]

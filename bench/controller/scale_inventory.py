@@ -217,7 +217,9 @@ _compilers = int(S.get("compilers", 1))
 _overrides = {"model_url": S["model_url"], "model_sha256": PROBE["model_sha256"],
               "smoke_probe_prompt": PROBE["prompt"], "smoke_probe_tokens": PROBE["tokens_requested"],
               "server_allow_unauthenticated": True,  # the fake fleet has no API key file
-              "gateway_allow_unauthenticated": True}
+              "gateway_allow_unauthenticated": True,
+              # a 40-hex commit: the simulated fleet resolves no tag (`git ls-remote` needs the network)
+              "llama_cpp_ref": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"}
 _names = [f"@fake/gpu-{h:04d}" for h in range(_n)]
 _fake = {"fake_delay": 0, "fake_delay_jitter": 0}
 _loaded = load_or_exit({GROUP: [(n, dict(_fake)) for n in _names],

@@ -82,9 +82,10 @@ def pack50(dest: Path, bare: Path | None = None, checkout: Path | None = None, c
 
 # ---------------------------------------------------------------- the gate's record from the run's results
 
-def vram_verdicts(peaks: list, build: str) -> dict:
-    """Each shipped group's peak on `build` against its VRAM plan (Volta's arch, the V100's memory, the 27B's
-    header): name -> planned, measured, never_under."""
+def vram_verdicts(peaks: list, build: str, ref: str | None = None) -> dict:
+    """Each shipped group's peak on `build` against its VRAM plan at llama.cpp `ref` (the side's commit; its
+    compute graph, vram.graph_extra_bytes), Volta's arch, the V100's memory, the 27B's header:
+    name -> planned, measured, never_under."""
     from voltafleet.models.gguf_header import from_json
     from voltafleet.planning import vram
 
@@ -93,7 +94,8 @@ def vram_verdicts(peaks: list, build: str) -> dict:
     for r in peaks:
         if r.get("build") != build:
             continue
-        cfg = group_cfg(r["group"]).replace(voltafleet_backend="cuda", model_url="MODEL")
+        cfg = group_cfg(r["group"]).replace(voltafleet_backend="cuda", model_url="MODEL",
+                                            **({"llama_cpp_ref": ref} if ref else {}))
         planned = vram.decide(cfg, GROUP_MIB[r["group"]], header, archs=[70]).plan.needed / 2**20
         peak = r.get("mem_peak")
         errors = sum(1 for q in r.get("requests", []) if q.get("error"))
@@ -179,7 +181,7 @@ def h200_record(results: dict, device: str) -> dict:
     probes = probe_verdicts(results.get("probe", []), cfg.smoke.probe_tolerance, cfg.smoke.probe_long_min_tokens)
     sides, spreads = {}, []
     for build, commit in ((OLD, gpu_proof.COMMIT), (NEW, NEW_COMMIT)):
-        v = vram_verdicts(results.get("peaks", []), build)
+        v = vram_verdicts(results.get("peaks", []), build, commit)
         r = rates(results.get("serve27", []), build)
         spreads += [r[n]["spread"] for n in (1, 16) if r.get(n, {}).get("spread") is not None]  # what the gate checks
         sides[commit] = {

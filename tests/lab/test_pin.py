@@ -1,9 +1,9 @@
 """The pin gate on the lab fleet (issue 50): the lab's llama.cpp mirror holds the pin (b11312) and b11434
 side by side; the gate resolves b11434 once, moves the fleet to it and back under pooled keep-alive load
 with the rolling driver, checks every group's flags against the new binary's --help, reads the sm_70
-compile's record (bench/records/pin50, made here with clang and CUDA 12.8's ptxas), and says which step it
-could not run here (the H200 proof, until its record is in bench/records/pin-gate): `incomplete`, never a
-pass."""
+compile's record (bench/records/pin50, made here with clang and CUDA 12.8's ptxas) and the GPU proof's
+(bench/records/pin-gate/b11434/h200.json): the verdict the records give (`pass` with both; `incomplete`, never a
+pass, without the GPU proof's)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +23,7 @@ def test_the_gate_moves_the_fleet_to_b11434_and_back_under_load_and_says_what_it
     gate = json.loads((REPO / "reports" / sorted(p.name for p in (REPO / "reports").glob("pin-check-*"))[-1]
                        / "gate.json").read_text())
     steps = {s["name"]: s for s in gate["steps"]}
-    # the H200 proof is the record kept in bench/records/pin-gate/b11434 (none yet: not run, `incomplete`)
+    # the GPU proof is the record kept in bench/records/pin-gate/b11434 (without it: not run, `incomplete`)
     where = f"bench/records/pin-gate/{state['llama_cpp_new_ref']}/h200.json"
     h200 = REPO / where
     proof = pingate.proof_step(json.loads(h200.read_text()) if h200.exists() else None, state["llama_cpp_new_commit"],

@@ -18,6 +18,9 @@ FAKE_OVERRIDES = {
     # no API key file in these scenarios: the servers' network is taken as closed
     "server_allow_unauthenticated": True,
     "gateway_allow_unauthenticated": True,
+    # a 40-hex commit resolves without `git ls-remote` (no network here), and voltafleet ships its
+    # --help: the pin before b11434 (group_vars' tag is resolved on the lab's git daemon: tests/lab/test_pin)
+    "llama_cpp_ref": "0c1e57098bba43ac29e6e3b677cdceebdd22334f",
 }
 
 

@@ -13,6 +13,8 @@ from bench.gpu.proof_bench import refused
 from voltafleet.state import pingate
 from tests.unit.test_gpu_proof import checkout  # noqa: F401  (the tiny llama.cpp repository fixture)
 
+REPO = gpu_proof.REPO
+
 
 def test_plan50_runs_the_same_shipped_argv_on_both_pins_and_builds_the_new_one_by_voltafleet_s_script():
     plan = pin_proof.plan50()
@@ -63,7 +65,8 @@ def peaks(build: str, over: int = 0) -> list:
     for name, group in (("v32-np16-long", "v100_32gb"), ("v16-np2-long", "v100_16gb")):
         r = {"build": build, "name": name, "group": group, "healthy": True, "mem_peak": 0, "requests": [{"error": None}],
              "mem_load": 1000, "log": [FORCE]}
-        planned = pin_proof.vram_verdicts([r], build)[name]["planned_mib"]
+        commit = pin_proof.NEW_COMMIT if build == pin_proof.NEW else None
+        planned = pin_proof.vram_verdicts([r], build, commit)[name]["planned_mib"]
         out.append({**r, "mem_peak": round(planned - 100 + over)})
     return out
 
@@ -158,3 +161,42 @@ def test_a_peak_not_sampled_or_with_failed_requests_does_not_pass_the_vram_plan(
                     for p in res["peaks"]]
     s = step(res)
     assert s.status == pingate.FAIL and "vram_plan_never_under failed" in s.detail
+
+
+def test_run1_the_new_graph_s_compute_buffer_is_what_the_planner_adds_and_the_table_is_the_record():
+    """bench/records/pin50/run1 (an H100, both pins in one run): llama-server's own compute buffers grew by
+    vram.graph_extra_bytes at every argv, on the GPU and in CUDA_Host; RESULTS.md's planned / peak table is the
+    record's, and the gate's h200.json is what `record` makes of it."""
+    import re
+    import tarfile
+
+    from voltafleet.models.gguf_header import from_json
+    from voltafleet.planning import vram
+
+    run = REPO / "bench/records/pin50/run1"
+    shape = vram.ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
+    extra = vram.graph_extra_bytes(shape, pin_proof.NEW_COMMIT) / 2**20
+    assert extra == 20.0 and vram.graph_extra_bytes(shape, pin_proof.gpu_proof.COMMIT) == 0
+    buffers = {}
+    with tarfile.open(run / "logs.tgz") as t:
+        for m in t.getmembers():
+            text = t.extractfile(m).read().decode() if m.isfile() else ""
+            for where, mib in re.findall(r"(CUDA0|CUDA_Host) compute buffer size = +([0-9.]+) MiB", text):
+                buffers.setdefault(m.name.split("load-")[1].replace(".log", ""), {}).setdefault(where, set()).add(float(mib))
+    for name in ("v32-np16-long", "v16-np2-long", "v100_32gb-ship"):
+        for where in ("CUDA0", "CUDA_Host"):
+            old, new = buffers[f"mmq-{name}"][where], buffers[f"mmqnew-{name}"][where]
+            assert max(new) - max(old) == pytest.approx(extra, abs=0.02), (name, where, old, new)
+    results = json.loads((run / "results.json").read_text())
+    rec = pin_proof.h200_record(results, pin_proof.device_of(run))
+    assert rec == json.loads((REPO / "bench/records/pin-gate/b11434/h200.json").read_text())
+    assert rec["device"].startswith("NVIDIA H100")
+    table = (REPO / "bench/RESULTS.md").read_text().split("Validated on run 1, which fitted neither")[1].split("\n\n")[1]
+    serve = {x["build"]: x["mem_after"] for x in results["serve27"]}
+    for side in rec["sides"].values():
+        v = side["vram"]
+        want = (f"| {side['ref']} | {v['v32-np16-long']['planned_mib']:,.1f} / {v['v32-np16-long']['measured_mib']:,} | "
+                f"{v['v16-np2-long']['planned_mib']:,.1f} / {v['v16-np2-long']['measured_mib']:,} | "
+                f"{v['v32-np16-long']['planned_mib']:,.1f} / {serve[side['build']]:,} |")
+        assert want in table, want
+        assert side["vram_plan_never_under"] and serve[side["build"]] <= v["v32-np16-long"]["planned_mib"]

@@ -57,15 +57,16 @@ def test_the_cublas_path_is_volta_unless_forced():
 
 def test_groups_re_decided_with_the_pool():
     d16 = decide(group("v100_16gb"), V100_16, header())
-    assert d16.error is None and d16.plan.pool == 32 * MIB and round(V100_16 - d16.plan.needed / MIB) == 649
+    # 599 free at b11434: 649 before issue 50 (the overhead 610 -> 640, proof29 run 2; b11434's graph +20 MiB)
+    assert d16.error is None and d16.plan.pool == 32 * MIB and round(V100_16 - d16.plan.needed / MIB) == 599
     volta16 = decide(group("v100_16gb").replace(**{"llama_cpp_cmake_extra": []}), V100_16, header())
-    assert volta16.error and "short by 178 MiB" in volta16.error and "GGML_CUDA_FORCE_MMQ" in volta16.error
+    assert volta16.error and "short by 228 MiB" in volta16.error and "GGML_CUDA_FORCE_MMQ" in volta16.error
     d32 = decide(group("v100_32gb"), V100_32, header())
-    assert d32.error is None and d32.plan.route == "mmq" and round(d32.plan.needed / MIB) == 22160
+    assert d32.error is None and d32.plan.route == "mmq" and round(d32.plan.needed / MIB) == 22210
     volta32 = decide(group("v100_32gb").replace(**{"llama_cpp_cmake_extra": []}), V100_32, header())
-    assert volta32.plan.route == "volta" and round(volta32.plan.needed / MIB) == 22475
-    assert "22,160 MiB planned" in text("v100_32gb") and "Volta rule: 22,475" in text("v100_32gb")
-    assert "649 free" in text("v100_16gb") and "15,826 MiB planned, 334 free" in text("v100_16gb")
+    assert volta32.plan.route == "volta" and round(volta32.plan.needed / MIB) == 22525
+    assert "22,210 MiB planned" in text("v100_32gb") and "Volta rule: 22,525" in text("v100_32gb")
+    assert "599 free" in text("v100_16gb") and "15,876 MiB planned, 284 free" in text("v100_16gb")
 
 
 def test_throughput_ratios_recomputed_from_per_token_times():

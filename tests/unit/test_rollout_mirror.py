@@ -20,7 +20,8 @@ _g = build_inventory({
     "gateway": [("gw-1", {"gateway_address": "10.0.0.7"}), ("mirror-2", {"gateway_address": "10.0.0.6"})],
 }, origin="inventory/test.py", overrides={"model_sha256": "a" * 64, "server_allow_unauthenticated": True,
                                  "gateway_allow_unauthenticated": True, "gateway_vip": "10.0.0.10",
-                                 "gateway_bind": "10.0.0.10:8000"})
+                                 "gateway_bind": "10.0.0.10:8000",
+                                 "llama_cpp_ref": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"})  # no ls-remote here
 v100_16gb, mirror, gateway = _g["v100_16gb"], _g["mirror"], _g["gateway"]
 """
 

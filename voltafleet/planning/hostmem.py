@@ -201,10 +201,12 @@ def ctx_per_slot(ctx: int, slots: int) -> int:
     return -(-(ctx // slots) // vram.CTX_PAD) * vram.CTX_PAD
 
 
-def host_compute_bytes(shape, ctx: int, slots: int, ubatch: int) -> int:
+def host_compute_bytes(shape, ctx: int, slots: int, ubatch: int, ref: str | None = vram.PIN_GRAPH_REFS[0]) -> int:
     """CUDA_Host compute buffer: one ubatch of 8 x n_embd bytes a token and the f16 KQ mask of one slot
-    (20.0 + 8.0 MiB at -ub 512 and 8K a slot: 28.28 measured; 112.34 at -ub 2048)."""
-    return ubatch * (8 * shape.n_embd + 2 * ctx_per_slot(ctx, slots)) + HOST_COMPUTE_SLACK
+    (20.0 + 8.0 MiB at -ub 512 and 8K a slot: 28.28 measured; 112.34 at -ub 2048), and what llama.cpp `ref`'s
+    graph adds (vram.graph_extra_bytes: b11434's 48.29 measured)."""
+    return (ubatch * (8 * shape.n_embd + 2 * ctx_per_slot(ctx, slots)) + HOST_COMPUTE_SLACK
+            + vram.graph_extra_bytes(shape, ref, ubatch))
 
 
 def checkpoint_bytes(shape, ctx: int, slots: int, cache_k: str, cache_v: str, ubatch: int) -> int:
@@ -242,7 +244,7 @@ def model_bytes(cfg: Settings, shape, slots: int, ctx: int, ubatch: int) -> int:
     if cfg.preflight.backend != "cuda":
         weights = shape.file_weights + (shape.mtp_bytes if cfg.server.spec_mtp else 0)
         return (weights + vram.kv_bytes(shape, ctx, slots, k, v, ubatch) + state
-                + vram.compute_bytes(shape, ctx, slots, k, v, ubatch))
+                + vram.compute_bytes(shape, ctx, slots, k, v, ubatch, cfg.build.ref))
     layers = cfg.server.gpu_layers
     trunk = shape.n_layer - shape.nextn_layers
     cpu_layers = 0 if layers == "all" else max(0, trunk - int(layers))
@@ -271,7 +273,7 @@ def instance(cfg: Settings, shape, slots: int | None = None, checkpoints: int | 
         return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel)
     host = output_bytes(cfg, shape, slots, ctx)
     if cfg.preflight.backend == "cuda":
-        host += host_compute_bytes(shape, ctx, slots, ubatch)
+        host += host_compute_bytes(shape, ctx, slots, ubatch, cfg.build.ref)
     per_slot = checkpoints_per_slot(cfg, shape) if checkpoints is None else checkpoints
     return Instance(process, model_bytes(cfg, shape, slots, ctx, ubatch), mapped, host, slots, per_slot,
                     checkpoint_bytes(shape, ctx, slots, cfg.server.cache_type_k, cfg.server.cache_type_v, ubatch)

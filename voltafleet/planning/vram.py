@@ -287,7 +287,25 @@ def _quantized(cache_k: str, cache_v: str) -> bool:
     return cache_k not in ("f16", "f32", "bf16") or cache_v not in ("f16", "f32", "bf16")
 
 
-def compute_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, ubatch: int = N_UBATCH) -> int:
+# llama.cpp refs whose hybrid (qwen35) compute graph is the pin's: b11312. Any other ref is planned with b11434's
+# graph, which reserves one ubatch of 2 x n_embd f32 more, on the GPU and in CUDA_Host alike (llama-server's own
+# logs, bench/records/pin50/run1: 600.28 -> 620.29 MiB at v100_32gb's argv, 126.28 -> 146.29 at v100_16gb's, 28.28 ->
+# 48.29 CUDA_Host: 20.0 MiB = 512 x 2 x 5120 x 4 whatever -c and -np). A newer ref may differ again: the pin gate's
+# GPU proof checks its plan against its peaks (docs/pin.md).
+PIN_GRAPH_REFS = ("b11312", "0c1e57098bba43ac29e6e3b677cdceebdd22334f")
+
+
+def graph_extra_bytes(m: ModelShape, ref: str | None, ubatch: int = N_UBATCH) -> int:
+    """What a hybrid model's compute buffer holds beyond the pin's graph at llama.cpp `ref` (None: the newest
+    known, the larger): 0 at the pin, ubatch x 2 x n_embd f32 from b11434 (20.0 MiB for Qwen3.6-27B at -ub 512)."""
+    if not m.hybrid or ref in PIN_GRAPH_REFS:
+        return 0
+    return ubatch * 2 * m.n_embd * 4
+
+
+def compute_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, ubatch: int = N_UBATCH,
+                  ref: str | None = PIN_GRAPH_REFS[0]) -> int:
+    """The GPU compute buffer (llama.cpp's `CUDA0 compute buffer size`) at llama.cpp `ref` (graph_extra_bytes)."""
     if m.hybrid:
         # Fitted on the Qwen3.6-27B shape over 15 H200 loads (bench/records/qwen35-h200-run1.json):
         # FFN activations of one ubatch, or, when K/V are quantized, the attention step with
@@ -298,7 +316,7 @@ def compute_bytes(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v:
         attn = ubatch * 4 * 8 * m.n_embd
         if _quantized(cache_k, cache_v):
             attn += cells * m.n_head_kv * (m.head_k + m.head_v) * 2
-        return max(act, attn) + (cells // parallel) * ubatch * 2
+        return max(act, attn) + (cells // parallel) * ubatch * 2 + graph_extra_bytes(m, ref, ubatch)
     act = ubatch * 4 * (3 * m.n_ff + 4 * m.n_embd)
     dequant = (ctx // parallel) * m.n_head_kv * (m.head_k + m.head_v) * 2 if _quantized(cache_k, cache_v) else 0
     return act + dequant
@@ -322,26 +340,27 @@ def spec_bytes(m: ModelShape, ctx: int, parallel: int, draft_max: int, ubatch: i
 
 def plan(m: ModelShape, ctx: int, parallel: int, cache_k: str, cache_v: str, gpu_mib: int,
          headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, how: str = "mmq",
-         ngram: bool = False, ubatch: int = N_UBATCH) -> VramPlan:
+         ngram: bool = False, ubatch: int = N_UBATCH, ref: str | None = PIN_GRAPH_REFS[0]) -> VramPlan:
     """The plan of one configuration; `how` the build's route(), `ngram` n-gram speculation
-    (drafts of up to NGRAM_DRAFT_MAX tokens a slot, verified in the main context), `ubatch` -ub."""
+    (drafts of up to NGRAM_DRAFT_MAX tokens a slot, verified in the main context), `ubatch` -ub,
+    `ref` the llama.cpp ref served (its compute graph: graph_extra_bytes)."""
     rows = max(spec_rows(parallel, spec_draft_max, ubatch), spec_rows(parallel, NGRAM_DRAFT_MAX if ngram else 0, ubatch))
     spec = spec_bytes(m, ctx, parallel, spec_draft_max, ubatch) + (verify_bytes(m, rows) if ngram else 0)
     return VramPlan(ctx, parallel, cache_k, cache_v, gpu_mib, m.weights_gpu,
                 kv_bytes(m, ctx, parallel, cache_k, cache_v, ubatch), m.recurrent_bytes_per_seq * parallel,
-                compute_bytes(m, ctx, parallel, cache_k, cache_v, ubatch), overhead_mib * MIB, headroom_mib * MIB,
+                compute_bytes(m, ctx, parallel, cache_k, cache_v, ubatch, ref), overhead_mib * MIB, headroom_mib * MIB,
                 spec, pool_bytes(m, how, parallel, rows, ubatch), how, ubatch)
 
 
 def choose(m: ModelShape, ctx: int | None, parallel: int | None, cache_k: str, cache_v: str, gpu_mib: int,
            headroom_mib: int = 1024, overhead_mib: int = 610, spec_draft_max: int = 0, how: str = "mmq",
-           ngram: bool = False, ubatch: int = N_UBATCH) -> VramPlan:
+           ngram: bool = False, ubatch: int = N_UBATCH, ref: str | None = PIN_GRAPH_REFS[0]) -> VramPlan:
     """The set values, or for unset ones the largest of the ladder (ctx first, then slots)
     that fits. The plan returned may not fit: the caller refuses it with its numbers."""
     ctxs = [ctx] if ctx else [c for c in CTX_LADDER if not m.n_ctx_train or c <= m.n_ctx_train] or [CTX_LADDER[-1]]
     slots = [parallel] if parallel else list(SLOT_LADDER)
-    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max, how, ngram, ubatch)
-                  for c in ctxs for s in slots]
+    candidates = [plan(m, c, s, cache_k, cache_v, gpu_mib, headroom_mib, overhead_mib, spec_draft_max, how, ngram, ubatch,
+                       ref) for c in ctxs for s in slots]
     return next((p for p in candidates if p.fits), candidates[-1])
 
 
@@ -388,7 +407,7 @@ def decide(cfg: Settings, gpu_mib: int, header: "Header | str", source: str = "g
         draft = int(cfg.server.spec_draft_max)
     p = choose(m, ctx, np_, cfg.server.cache_type_k, cfg.server.cache_type_v, gpu_mib,
                cfg.server.vram_headroom_mib, cfg.server.vram_cuda_overhead_mib, draft, route(cfg, archs),
-               bool(cfg.server.spec_ngram), cfg.server.ubatch or N_UBATCH)
+               bool(cfg.server.spec_ngram), cfg.server.ubatch or N_UBATCH, cfg.build.ref)
     if p.fits:
         return Decision(p.ctx, p.parallel, p.describe(), None, p)
     fix = "lower server_ctx or server_parallel, use q8_0 KV (server_cache_type_k/v), or a smaller quant"

@@ -138,8 +138,11 @@ def proof_step(record: dict | None, commit: str, old_commit: str, where: str) ->
     ratio = {k: round(new[k] / old[k], 4) for k in ("tok_s_16", "tok_s_1")}
     worse = [k for k, r in ratio.items() if r < 1 - record.get("noise", 0.02)]
     status = FAIL if worse else PASS
-    return Step("h200-proof", status, f"new/old tok/s at 16 clients {ratio['tok_s_16']}, single {ratio['tok_s_1']}"
-                + (f": worse beyond noise on {', '.join(worse)}" if worse else ""), {"ratio": ratio})
+    device = str(record.get("device") or "an unnamed GPU").split(",")[0]
+    return Step("h200-proof", status, f"{device}: new/old tok/s at 16 clients {ratio['tok_s_16']}, single "
+                f"{ratio['tok_s_1']}, VRAM plan never under, probes equal ({where})"
+                + (f": worse beyond noise on {', '.join(worse)}" if worse else ""),
+                {"ratio": ratio, "device": record.get("device"), "noise": record.get("noise")})
 
 
 def lab_step(load: dict, moved: dict[str, str], back: dict[str, str], new_release: dict[str, str],
