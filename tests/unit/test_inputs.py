@@ -204,6 +204,23 @@ def test_shipped_help_is_the_pinned_commits(help_text):
     assert flags.pinned_help("lab-next") is None and flags.pinned_help("0" * 40) is None
 
 
+def test_the_shipped_tag_s_help_is_its_pin_gate_s_and_checks_extra_flags_before_any_host():
+    """group_vars ships llama_cpp_ref: b11434 (a tag): its --help is the one the pin gate asked the lab's
+    b11434 server (bench/records/pin-gate/b11434), so server_extra_flags are checked on the controller."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "bench/records/pin-gate/b11434/llama-server-help.txt").read_text()
+    assert flags.pinned_help("b11434") == text and flags.default_help() == text
+    assert flags.pinned_help("b99999") is None and flags.pinned_help("master") is None
+    # b11434 added --spec-draft-sampling: known at the tag, unknown at the pin before it
+    assert flags.extra_flag_errors(["--spec-draft-sampling"], "b11434") == []
+    assert "is not a flag of llama-server 0c1e57098bba" in flags.extra_flag_errors(["--spec-draft-sampling"],
+                                                                                     PINNED_COMMIT)[0][0]
+    what, fix = flags.extra_flag_errors(["--no-such-flag"], "b11434")[0]
+    assert "is not a flag of llama-server b11434 (llama_cpp_ref)" in what and "llama-server --help" in fix
+
+
 @pytest.mark.parametrize("extra", ["--alias $(touch /tmp/vf-canary)", "--alias `id`", "--alias a;id",
                                    "--alias 'a b'", '--alias "x', "--alias a\\ b", "--alias a|b"])
 def test_extra_flags_must_be_plain_words(extra):

@@ -217,19 +217,32 @@ def managed_names(help_text: str) -> MappingProxyType:
 
 @lru_cache(maxsize=64)
 def pinned_help(ref: str) -> str | None:
-    """The --help text of llama-server at commit `ref`, when voltafleet ships it
-    (voltafleet/data/llama-server-help-<first 12 hex>.txt); None for a tag, a branch or
-    another commit (then only the build-time check knows the flags)."""
-    if not isinstance(ref, str) or not re.fullmatch(r"[0-9a-f]{12,40}", ref):
+    """The --help text of llama-server at commit `ref` or release tag `ref` (bNNNN), when voltafleet ships it
+    (voltafleet/data/llama-server-help-<first 12 hex or the tag>.txt: the tag's from its pin gate's record,
+    bench/records/pin-gate/<tag>); None for a branch, another tag or another commit (then only the build-time
+    check knows the flags)."""
+    if not isinstance(ref, str):
         return None
-    path = _DATA / f"llama-server-help-{ref[:12]}.txt"
+    if re.fullmatch(r"[0-9a-f]{12,40}", ref):
+        name = ref[:12]
+    elif re.fullmatch(r"b[0-9]{4,6}", ref):
+        name = ref
+    else:
+        return None
+    path = _DATA / f"llama-server-help-{name}.txt"
     return path.read_text() if path.exists() else None
+
+
+def _release(path) -> tuple:
+    """A shipped --help's order: release tags by number, after the commits' (whose order is their name's)."""
+    tag = re.fullmatch(r"llama-server-help-b([0-9]+)\.txt", path.name)
+    return (1, int(tag.group(1)), "") if tag else (0, 0, path.name)
 
 
 @lru_cache(maxsize=1)
 def default_help() -> str:
-    """The newest shipped --help, for alias names when the pinned commit's is not shipped."""
-    return sorted(_DATA.glob("llama-server-help-*.txt"), key=lambda p: p.stat().st_mtime)[-1].read_text()
+    """The newest shipped --help (the highest release tag), for alias names when the ref's is not shipped."""
+    return max(_DATA.glob("llama-server-help-*.txt"), key=_release).read_text()
 
 
 def protected_flag_errors(extra_args: list[str], help_text: str | None = None) -> list[tuple[str, str]]:
