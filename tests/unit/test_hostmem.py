@@ -326,9 +326,11 @@ def test_the_shipped_v100_32gb_fits_eight_gpus_in_128_gib_and_llama_cpps_default
 
 
 def test_docs_host_md_quotes_the_plan_as_it_is_computed_today():
-    """docs/host.md's figures for 8 V100-32GB and each group's MemoryMax, recomputed from group_vars and the
-    model's header (bench/RESULTS.md's issue 38 decision quotes the same)."""
+    """docs/host.md's figures for 8 V100-32GB and each group's MemoryMax, recomputed from group_vars (at the
+    shipped llama_cpp_ref, whose compute graph the plan follows) and the model's header."""
     import json
+
+    import yaml
 
     from bench.gpu.gpu_proof import group_cfg
     from voltafleet.models.gguf_header import from_json
@@ -337,11 +339,16 @@ def test_docs_host_md_quotes_the_plan_as_it_is_computed_today():
     shape = vram.ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
 
     def plan(group, **over):
-        return hostmem.plan(group_cfg(group).replace(**{"voltafleet_backend": "cuda", **over}), shape, 8, 128 * GIB)
+        return hostmem.plan(group_cfg(group, ref=shipped).replace(**{"voltafleet_backend": "cuda", **over}), shape, 8,
+                            128 * GIB)
+    shipped = yaml.safe_load((REPO / "group_vars/all.yml").read_text())["llama_cpp_ref"]
     v32 = {"server_ctx": 8192 * 16, "server_parallel": 16}
     ck4, ck8, ck32 = (plan("v100_32gb", **v32, server_ctx_checkpoints=n) for n in (4, 8, 32))
     text = " ".join((REPO / "docs/host.md").read_text().split())
     assert (f"({ck4.instance.total / GIB:.1f} GiB an instance at 16 slots, {ck4.need / GIB:.1f} GiB for 8 V100-32GB "
             f"against {ck8.need / GIB:.1f} at 8 and {ck32.need / GIB:.1f} at llama.cpp's 32)") in text
+    comment = (f"host at {shipped}: {ck4.instance.total / GIB:.1f} GiB an instance, {ck4.need / GIB:.1f} GiB for 8 V100-32GB "
+               f"(fits 128 GiB; 8: {ck8.need / GIB:.1f}, 32: {ck32.need / GIB:.1f}; docs/host.md)")
+    assert comment in (REPO / "group_vars/v100_32gb.yml").read_text(), comment
     m32, m16 = (-(-plan(g, **(v32 if g == "v100_32gb" else {})).memory_max // MIB) for g in ("v100_32gb", "v100_16gb"))
     assert f"({m32:,} MiB for v100_32gb, {m16:,} for v100_16gb:" in text
