@@ -29,7 +29,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bench.gpu.groups import group_cfg
+from bench.gpu.groups import RECORDS_REF, group_cfg
 from lab.fleet import SDIST_NAME, SDIST_SHA256, SDIST_VERSION
 from voltafleet.inputs.settings import Settings
 from voltafleet.planning import hostplan
@@ -486,9 +486,10 @@ def traffic51_params(per_slot: float) -> dict:
     return asdict(p)
 
 
-def v32_traffic(ckpt: int, cache_mib: int, **over) -> Settings:
-    """v100_32gb as a host of it gets it, with its checkpoints and host prompt cache set (and `over`)."""
-    return group_cfg("v100_32gb").replace(server_ctx_checkpoints=ckpt, server_cache_ram=cache_mib, **over)
+def v32_traffic(ckpt: int, cache_mib: int, ref: str = RECORDS_REF, **over) -> Settings:
+    """v100_32gb as a host of it gets it at llama.cpp `ref`, with its checkpoints and host prompt cache set
+    (and `over`)."""
+    return group_cfg("v100_32gb", ref).replace(server_ctx_checkpoints=ckpt, server_cache_ram=cache_mib, **over)
 
 
 def host_plan_of(cfg: Settings):
@@ -500,13 +501,15 @@ def host_plan_of(cfg: Settings):
     return hostmem.plan(cfg.replace(voltafleet_backend="cuda"), vram.ModelShape.from_header(header), 1)
 
 
-def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: int = 3) -> dict:
-    """One traffic config: its exact argv (group_vars rendered), its schedule, its host-memory plan (the
-    server runs in a cgroup whose memory.max is the unit's MemoryMax) and its estimated device seconds."""
+def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: int = 3,
+                     ref: str = RECORDS_REF) -> dict:
+    """One traffic config: its exact argv (group_vars rendered), its schedule, its host-memory plan at llama.cpp
+    `ref` (the server runs in a cgroup whose memory.max is the unit's MemoryMax) and its estimated device
+    seconds."""
     from bench.traffic.estimate import Server, config_seconds
     from bench.traffic.model import params_from
 
-    cfg = v32_traffic(ckpt, cache_gib * 1024)
+    cfg = v32_traffic(ckpt, cache_gib * 1024, ref)
     hp = host_plan_of(cfg)
     traffic = traffic51_params(per_slot)
     est = config_seconds(params_from(traffic), Server(cfg.server.parallel, ckpt, cache_gib * 1024), runs)
@@ -541,7 +544,7 @@ PLAN51A = ((2, 4, 0), (2, 4, 8), (2, 0, 0), (1, 4, 0))
 PLAN51B_TRAFFIC = ((4, 4, 0),)
 
 
-def plan51a() -> list[dict]:
+def plan51a(ref: str = RECORDS_REF) -> list[dict]:
     """Session 1 (51a), the configs that decide the shipped flags, estimated device seconds each:
 
         2x-ck4-cr0 (shipped)  335 s    2x-ck4-cr8  364 s    2x-ck0-cr0  324 s    1x-ck4-cr0  126 s
@@ -553,40 +556,42 @@ def plan51a() -> list[dict]:
     openings), 0.2 s a slot saved to the host cache (issue 19); 10 s start and stop, 5 s warm-up a config. Its
     wall is the schedule's (arrivals over 1 x the population at TURN51_S, Little's law's think times) and the
     queue when the server falls behind (a follow-up that lost its slot reprocesses its history)."""
-    return [traffic51_config("51a", *c) for c in PLAN51A]
+    return [traffic51_config("51a", *c, ref=ref) for c in PLAN51A]
 
 
-def plan51b() -> list[dict]:
+def plan51b(ref: str = RECORDS_REF) -> list[dict]:
     """Session 2 (51b): item 3, v100_32gb as shipped against the seed's stage-3 flags in one run (16 clients,
     128/128 and 160/256, median of 3; ~83 and ~177 s), and without checkpoints (proof19b: 366 vs 114 tok/s;
     ~65 s), then the shipped argv at 4x (~943 s): ~1,268 s."""
-    g = group_cfg("v100_32gb")
+    g = group_cfg("v100_32gb", ref)
     ck0 = g.replace(server_ctx_checkpoints=0)
     items = [throughput51_config("51b", "thr-ship", render("v100_32gb"), g),
              throughput51_config("51b", "thr-seed", SEED_STAGE3, None),
              throughput51_config("51b", "thr-ship-ck0", server_args(ck0, "MODEL", port=PORT, api_key_file=None), ck0)]
-    return items + [traffic51_config("51b", *c) for c in PLAN51B_TRAFFIC]
+    return items + [traffic51_config("51b", *c, ref=ref) for c in PLAN51B_TRAFFIC]
 
 
-def plan51c() -> list[dict]:
+def plan51c(ref: str = RECORDS_REF) -> list[dict]:
     """Later sessions (51c): 4x with the 8 GiB cache (~989 s: against 51b's 4x-ck4-cr0, another session),
     item 3's -ub 1024, then the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x: 2x then 4x then 1x,
     the cache's size at the shipped 4 checkpoints first."""
-    g = group_cfg("v100_32gb").replace(server_ubatch=1024)
-    head = [traffic51_config("51c", 4, 4, 8),
+    g = group_cfg("v100_32gb", ref).replace(server_ubatch=1024)
+    head = [traffic51_config("51c", 4, 4, 8, ref=ref),
             throughput51_config("51c", "thr-ship-ub1024", server_args(g, "MODEL", port=PORT, api_key_file=None), g)]
     done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {(4, 4, 8)}
     cells = [(n, c, gib) for n in (2, 4, 1) for c in (4, 8, 0) for gib in (4, 16, 8, 0)]
-    return head + [traffic51_config("51c", *c) for c in cells if c not in done]
+    return head + [traffic51_config("51c", *c, ref=ref) for c in cells if c not in done]
 
 
-def plan51() -> dict:
+def plan51(ref: str = RECORDS_REF) -> dict:
     """Issue 51 items 2 and 3 as the `traffic51:mmq` phase runs them (bench/gpu/proof/traffic.py): the
     shipped build (FORCE_MMQ, Volta's kernel choice), every config in the order of plan51a, plan51b and
     plan51c, 3 repetitions each. The phase saves each config's record as it ends and skips a config whose
     complete record RES/results.json already holds (same name and argv): a later call, or a later session
-    given the earlier results.json in RES, goes on where the last one stopped (bench/traffic/README.md)."""
-    return {"traffic51": {"build": "mmq", "runs": 3, "configs": plan51a() + plan51b() + plan51c()}}
+    given the earlier results.json in RES, goes on where the last one stopped (bench/traffic/README.md).
+    `ref`: the llama.cpp commit the run builds (the host plans follow its compute graph): pin_proof.pack51
+    packs b11434, the shipped pin."""
+    return {"traffic51": {"build": "mmq", "runs": 3, "configs": plan51a(ref) + plan51b(ref) + plan51c(ref)}}
 
 
 THINK_FIGURES = ("ttfr_ms", "answer_ms", "n_reasoning", "n_content", "think_tps", "answer_tps", "decode_tps")

@@ -5,6 +5,7 @@ Turing table) and GGML_CUDA_FORCE_MMQ as both V100 groups ship it; then the gate
     .venv/bin/python -m bench.gpu.pin_proof pack [DEST]          # both sources, plan50's argv (< 64 MiB)
     # on the GPU machine: PHASES=<PHASES50> bash DEST/gpu_proof.sh   (RES=dir for the results)
     .venv/bin/python -m bench.gpu.pin_proof record RUN_DIR [OUT]  # the gate's h200.json from the run's results
+    .venv/bin/python -m bench.gpu.pin_proof pack51 [DEST]        # issue 51's traffic runs, built at b11434
 
 The run (plan50, phases PHASES50) measures on each side, the old pin `mmq` and the new `mmqnew`:
   peaks    one long prompt per slot at once at both V100 groups' shipped argv: the GPU peak against the
@@ -62,11 +63,11 @@ def mirror() -> Path:
 
 
 def pack50(dest: Path, bare: Path | None = None, checkout: Path | None = None, commit: str = gpu_proof.COMMIT,
-           new_commit: str = NEW_COMMIT) -> dict:
-    """gpu_proof.pack with plan50 over its plan, and the new pin's commit in the pack's llama.cpp.git (fetched
-    from the lab mirror, or `bare`, two commits deep: the pin is its parent, so the objects are shared).
-    `checkout`, `commit`, `new_commit`: as gpu_proof.pack's (a test's tiny repository)."""
-    m = gpu_proof.pack(dest, checkout=checkout, commit=commit, overlay=plan50(new_commit))
+           new_commit: str = NEW_COMMIT, overlay: dict | None = None) -> dict:
+    """gpu_proof.pack with plan50 (or `overlay`) over its plan, and the new pin's commit in the pack's
+    llama.cpp.git (fetched from the lab mirror, or `bare`, two commits deep: the pin is its parent, so the
+    objects are shared). `checkout`, `commit`, `new_commit`: as gpu_proof.pack's (a test's tiny repository)."""
+    m = gpu_proof.pack(dest, checkout=checkout, commit=commit, overlay=plan50(new_commit) if overlay is None else overlay)
     git = Path(dest) / "llama.cpp.git"
     src = bare or mirror()
     subprocess.run(["git", "-C", str(git), "fetch", "-q", "--depth", "2", f"file://{src}",
@@ -78,6 +79,19 @@ def pack50(dest: Path, bare: Path | None = None, checkout: Path | None = None, c
         raise SystemExit(f"{git}: {NEW_REF} is {got}, not {new_commit}")
     files = sorted(str(p.relative_to(dest)) for p in Path(dest).rglob("*") if p.is_file())
     return {**m, "files": files, "bytes": gpu_proof.carried(Path(dest), files)}
+
+
+def plan51_new(new_commit: str = NEW_COMMIT) -> dict:
+    """Issue 51's traffic runs on the shipped pin: the first build is b11434 (its FORCE_MMQ variant `mmq` with
+    Volta's exact choice, voltarule taking b11434's MMVQ form), the host plans at its compute graph."""
+    return {"build": gpu_proof.build_plan(commit=new_commit), **gpu_proof.plan51(ref=new_commit)}
+
+
+def pack51(dest: Path, bare: Path | None = None, checkout: Path | None = None, commit: str = gpu_proof.COMMIT,
+           new_commit: str = NEW_COMMIT) -> dict:
+    """pack50's pack (both commits in llama.cpp.git; gguf-py, vocabulary and template from the pin's sdist,
+    which qwen35gen was proven with) with plan51_new over its plan: `PHASES=traffic51:mmq` builds b11434."""
+    return pack50(dest, bare, checkout, commit, new_commit, overlay=plan51_new(new_commit))
 
 
 # ---------------------------------------------------------------- the gate's record from the run's results
@@ -213,6 +227,11 @@ def main(argv: list[str]) -> int:
         m = pack50(Path(argv[1]) if len(argv) > 1 else REPO / ".voltafleet" / "gp50")
         print(f"packed {m['dest']}: {m['bytes'] / 2**20:.1f} MiB, release {m['fingerprint']}")
         print(f"on the GPU machine: PHASES={PHASES50} bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
+        return 0
+    if cmd == "pack51":
+        m = pack51(Path(argv[1]) if len(argv) > 1 else REPO / ".voltafleet" / "gpu51")
+        print(f"packed {m['dest']}: {m['bytes'] / 2**20:.1f} MiB, release {m['fingerprint']} ({NEW_REF})")
+        print(f"on the GPU machine: PHASES=traffic51:mmq bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
         return 0
     if cmd == "record":
         run_dir = Path(argv[1])

@@ -54,6 +54,33 @@ def test_the_pack_holds_both_commits_and_plan50(tmp_path, checkout):  # noqa: F8
         pin_proof.pack50(tmp_path / "pack2", bare=src, checkout=src, commit=head, new_commit="0" * 40)
 
 
+def test_issue_51_s_pack_builds_the_shipped_pin_and_plans_at_its_graph(tmp_path, checkout):  # noqa: F811
+    """pack51: both commits in the pack, the first build is b11434's (PHASES=traffic51:mmq builds it), and every
+    traffic config has plan51's argv with the host plan at b11434's graph (CUDA_Host + 20 MiB)."""
+    src, head = checkout
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (src / "NEWER").write_text("b11434\n")
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "newer"], check=True)
+    new = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(git + ["tag", pin_proof.NEW_REF], check=True)
+    subprocess.run(git + ["checkout", "-q", head], check=True)
+    m = pin_proof.pack51(tmp_path / "pack", bare=src, checkout=src, commit=head, new_commit=new)
+    plan = json.loads((tmp_path / "pack/plan.json").read_text())
+    assert plan["build"] == gpu_proof.build_plan(commit=new) and m["fingerprint"] == plan["build"]["fingerprint"]
+    assert plan["build"]["fingerprint"] != gpu_proof.build_plan()["fingerprint"] and "build_new" not in plan
+    assert subprocess.run(["git", "-C", str(tmp_path / "pack/llama.cpp.git"), "cat-file", "-t", new],
+                          capture_output=True, text=True).stdout.strip() == "commit"
+    old, got = gpu_proof.plan51()["traffic51"]["configs"], plan["traffic51"]["configs"]
+    assert [c["name"] for c in got] == [c["name"] for c in old] and [c.get("args") for c in got] == [c.get("args") for c in old]
+    for a, b in zip(old, got):
+        if "planned_mib" in a:
+            ub = int(a["args"][a["args"].index("-ub") + 1]) if "-ub" in a["args"] else 512
+            extra = ub * 2 * 5120 * 4 / 2**20  # vram.graph_extra_bytes of the 27B: 20 MiB at -ub 512
+            assert b["planned_mib"] - a["planned_mib"] == pytest.approx(extra, abs=0.11), a["name"]
+            assert b["memory_max_mib"] >= a["memory_max_mib"]
+
+
 # ---------------------------------------------------------------- the gate's record from raw results
 
 FORCE = "system_info: n_threads = 8 (n_threads_batch = 8) / 16 | CUDA : ARCHS = 900 | FORCE_MMQ = 1 | USE_GRAPHS = 1 |"
