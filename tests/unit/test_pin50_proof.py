@@ -33,8 +33,10 @@ def test_plan50_runs_the_same_shipped_argv_on_both_pins_and_builds_the_new_one_b
     assert b["argv"][b["argv"].index("--"):] == pin["argv"][pin["argv"].index("--"):]  # the same CMake flags
 
 
-def test_the_pack_holds_both_commits_and_plan50(tmp_path, checkout):  # noqa: F811
-    src, head = checkout
+def newer(tiny: tuple) -> tuple:
+    """The tiny llama.cpp repository with a second commit tagged NEW_REF on top, checked out at the first:
+    (its path, the pin's commit, the new one's)."""
+    src, head = tiny
     git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
     (src / "NEWER").write_text("b11434\n")
     subprocess.run(git + ["add", "-A"], check=True)
@@ -42,6 +44,11 @@ def test_the_pack_holds_both_commits_and_plan50(tmp_path, checkout):  # noqa: F8
     new = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run(git + ["tag", pin_proof.NEW_REF], check=True)
     subprocess.run(git + ["checkout", "-q", head], check=True)
+    return src, head, new
+
+
+def test_the_pack_holds_both_commits_and_plan50(tmp_path, checkout):  # noqa: F811
+    src, head, new = newer(checkout)
     m = pin_proof.pack50(tmp_path / "pack", bare=src, checkout=src, commit=head, new_commit=new)
     bare = tmp_path / "pack/llama.cpp.git"
     for c in (head, new):
@@ -57,14 +64,7 @@ def test_the_pack_holds_both_commits_and_plan50(tmp_path, checkout):  # noqa: F8
 def test_issue_51_s_pack_builds_the_shipped_pin_and_plans_at_its_graph(tmp_path, checkout):  # noqa: F811
     """pack51: both commits in the pack, the first build is b11434's (PHASES=traffic51:mmq builds it), and every
     traffic config has plan51's argv with the host plan at b11434's graph (CUDA_Host + 20 MiB)."""
-    src, head = checkout
-    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
-    (src / "NEWER").write_text("b11434\n")
-    subprocess.run(git + ["add", "-A"], check=True)
-    subprocess.run(git + ["commit", "-qm", "newer"], check=True)
-    new = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run(git + ["tag", pin_proof.NEW_REF], check=True)
-    subprocess.run(git + ["checkout", "-q", head], check=True)
+    src, head, new = newer(checkout)
     m = pin_proof.pack51(tmp_path / "pack", bare=src, checkout=src, commit=head, new_commit=new)
     plan = json.loads((tmp_path / "pack/plan.json").read_text())
     assert plan["build"] == gpu_proof.build_plan(commit=new) and m["fingerprint"] == plan["build"]["fingerprint"]
