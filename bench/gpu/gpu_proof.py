@@ -36,7 +36,7 @@ from voltafleet.planning import hostplan
 from voltafleet.planning.flags import server_args
 
 REPO = Path(__file__).resolve().parents[2]
-COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+COMMIT = RECORDS_REF
 TOOLKIT = "13.0"        # the H200 machine's nvcc; nvcc 13 cannot build sm_70 (the V100 groups use 12.x)
 ARCH = 90
 PORT = 18080

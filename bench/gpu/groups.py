@@ -10,7 +10,7 @@ import yaml
 from voltafleet.inputs.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-RECORDS_REF = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # b11312: the commit gpu_proof builds (gpu_proof.COMMIT)
+RECORDS_REF = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # b11312: the commit gpu_proof builds (its COMMIT)
 
 
 def group_cfg(group: str, ref: str = RECORDS_REF) -> Settings:

@@ -96,7 +96,7 @@ def pack51(dest: Path, bare: Path | None = None, checkout: Path | None = None, c
 
 # ---------------------------------------------------------------- the gate's record from the run's results
 
-def vram_verdicts(peaks: list, build: str, ref: str | None = None) -> dict:
+def vram_verdicts(peaks: list, build: str, ref: str = gpu_proof.COMMIT) -> dict:
     """Each shipped group's peak on `build` against its VRAM plan at llama.cpp `ref` (the side's commit; its
     compute graph, vram.graph_extra_bytes), Volta's arch, the V100's memory, the 27B's header:
     name -> planned, measured, never_under."""
@@ -108,8 +108,7 @@ def vram_verdicts(peaks: list, build: str, ref: str | None = None) -> dict:
     for r in peaks:
         if r.get("build") != build:
             continue
-        cfg = group_cfg(r["group"]).replace(voltafleet_backend="cuda", model_url="MODEL",
-                                            **({"llama_cpp_ref": ref} if ref else {}))
+        cfg = group_cfg(r["group"], ref).replace(voltafleet_backend="cuda", model_url="MODEL")
         planned = vram.decide(cfg, GROUP_MIB[r["group"]], header, archs=[70]).plan.needed / 2**20
         peak = r.get("mem_peak")
         errors = sum(1 for q in r.get("requests", []) if q.get("error"))

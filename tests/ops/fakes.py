@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
+from tests.fixture_vars import PINNED_COMMIT
+
 # What tests/ops/inventory.py sets on every fake host, over group_vars.
 FAKE_OVERRIDES = {
     "model_sha256": "a" * 64,
@@ -20,7 +22,7 @@ FAKE_OVERRIDES = {
     "gateway_allow_unauthenticated": True,
     # a 40-hex commit resolves without `git ls-remote` (no network here), and voltafleet ships its
     # --help: the pin before b11434 (group_vars' tag is resolved on the lab's git daemon: tests/lab/test_pin)
-    "llama_cpp_ref": "0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+    "llama_cpp_ref": PINNED_COMMIT,
 }
 
 

@@ -338,10 +338,11 @@ def test_docs_host_md_quotes_the_plan_as_it_is_computed_today():
 
     shape = vram.ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
 
+    shipped = yaml.safe_load((REPO / "group_vars/all.yml").read_text())["llama_cpp_ref"]
+
     def plan(group, **over):
         return hostmem.plan(group_cfg(group, ref=shipped).replace(**{"voltafleet_backend": "cuda", **over}), shape, 8,
                             128 * GIB)
-    shipped = yaml.safe_load((REPO / "group_vars/all.yml").read_text())["llama_cpp_ref"]
     v32 = {"server_ctx": 8192 * 16, "server_parallel": 16}
     ck4, ck8, ck32 = (plan("v100_32gb", **v32, server_ctx_checkpoints=n) for n in (4, 8, 32))
     text = " ".join((REPO / "docs/host.md").read_text().split())

@@ -92,7 +92,7 @@ def peaks(build: str, over: int = 0) -> list:
     for name, group in (("v32-np16-long", "v100_32gb"), ("v16-np2-long", "v100_16gb")):
         r = {"build": build, "name": name, "group": group, "healthy": True, "mem_peak": 0, "requests": [{"error": None}],
              "mem_load": 1000, "log": [FORCE]}
-        commit = pin_proof.NEW_COMMIT if build == pin_proof.NEW else None
+        commit = pin_proof.NEW_COMMIT if build == pin_proof.NEW else gpu_proof.COMMIT
         planned = pin_proof.vram_verdicts([r], build, commit)[name]["planned_mib"]
         out.append({**r, "mem_peak": round(planned - 100 + over)})
     return out

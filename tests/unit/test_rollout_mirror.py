@@ -13,6 +13,7 @@ from rollout.runner import Runner
 from voltafleet.state.records import Outcome, Preflight
 
 INVENTORY = """
+from tests.fixture_vars import PINNED_COMMIT
 from voltafleet.inputs.groupvars import build_inventory
 _g = build_inventory({
     "v100_16gb": ["gpu-1", "gpu-2", "gpu-3"],
@@ -21,7 +22,7 @@ _g = build_inventory({
 }, origin="inventory/test.py", overrides={"model_sha256": "a" * 64, "server_allow_unauthenticated": True,
                                  "gateway_allow_unauthenticated": True, "gateway_vip": "10.0.0.10",
                                  "gateway_bind": "10.0.0.10:8000",
-                                 "llama_cpp_ref": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"})  # no ls-remote here
+                                 "llama_cpp_ref": PINNED_COMMIT})  # a 40-hex commit: no ls-remote here
 v100_16gb, mirror, gateway = _g["v100_16gb"], _g["mirror"], _g["gateway"]
 """
 
