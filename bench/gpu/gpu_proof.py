@@ -502,19 +502,21 @@ def host_plan_of(cfg: Settings):
 
 
 def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: int = 3,
-                     ref: str = RECORDS_REF) -> dict:
+                     ref: str = RECORDS_REF, idle_slots: bool = True) -> dict:
     """One traffic config: its exact argv (group_vars rendered), its schedule, its host-memory plan at llama.cpp
     `ref` (the server runs in a cgroup whose memory.max is the unit's MemoryMax) and its estimated device
-    seconds."""
+    seconds. idle_slots False adds --no-cache-idle-slots (name suffix -noidle): with a host cache, llama-server
+    otherwise saves every idle slot to it each time a request starts (tools/server/server-context.cpp)."""
     from bench.traffic.estimate import Server, config_seconds
     from bench.traffic.model import params_from
 
-    cfg = v32_traffic(ckpt, cache_gib * 1024, ref)
+    cfg = v32_traffic(ckpt, cache_gib * 1024, ref, **({} if idle_slots else {"server_extra_flags": [NO_IDLE_SAVES]}))
     hp = host_plan_of(cfg)
     traffic = traffic51_params(per_slot)
     est = config_seconds(params_from(traffic), Server(cfg.server.parallel, ckpt, cache_gib * 1024), runs)
-    return {"name": f"{per_slot}x-ck{ckpt}-cr{cache_gib}", "part": part, "kind": "traffic", "model": "q4ks-vary.gguf",
-            "per_slot": per_slot, "ckpt": ckpt, "cache_ram_mib": cache_gib * 1024, "slots": cfg.server.parallel,
+    return {"name": f"{per_slot}x-ck{ckpt}-cr{cache_gib}" + ("" if idle_slots else "-noidle"), "part": part,
+            "kind": "traffic", "model": "q4ks-vary.gguf", "per_slot": per_slot, "ckpt": ckpt,
+            "cache_ram_mib": cache_gib * 1024, "idle_slots": idle_slots, "slots": cfg.server.parallel,
             "args": server_args(cfg, "MODEL", port=PORT, api_key_file=None), "traffic": traffic, "calibrate": False,
             "planned_mib": round(hp.instance.total / 2**20, 1), "planned_held_mib": round(hp.instance.held / 2**20, 1),
             "memory_max_mib": -(-hp.memory_max // 2**20), "estimate_s": round(est)}
@@ -534,51 +536,64 @@ def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, 
     return item
 
 
-# Items 2 and 3 in the order the sessions run them (estimates: bench/traffic/estimate.py, each config's own 3
-# schedules; tests/unit/test_traffic51.py recomputes them). A 4x config takes ~900-1,000 s (its conversations
-# live 5 x their busy time, and the shipped argv loses most slots), so no session holds both sides of a 4x pair.
-# 51a decides the shipped flags at 2x (a host cache of 8 GiB against none at the shipped 4 checkpoints, and
-# checkpoints 0 against 4) beside 1x's baseline; 51b is item 3 and the shipped argv at 4x; 51c the 4x cache side,
-# then every other cell of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x.
-PLAN51A = ((2, 4, 0), (2, 4, 8), (2, 0, 0), (1, 4, 0))
-PLAN51B_TRAFFIC = ((4, 4, 0),)
+# Items 2 and 3 in the order the sessions run them; the phase skips what a session's results already hold.
+# 51a, session 1 (bench/records/proof51/session1, an H100): the shipped argv at 2x (32 conversations) against an
+# 8 GiB host cache, both whole (395 and 650 s of device time, estimated 335 and 364), and 2x without checkpoints
+# once of 3 when the device's half hour ran out.
+# 51b, session 2: 2x without checkpoints again (a partial record runs from its start), item 3 in one run, then
+# what session 1 showed matters at 2x (bench/traffic/README.md): the 8 GiB cache without its save of every idle
+# slot at each request, 8 checkpoints; then 1x shipped.
+# 51c, later: 4x (its conversations live 5 x their busy time; ~900-1,000 s a config, so both sides of a 4x pair
+# need sessions of their own), item 3's -ub 1024, then every other cell of 0/4/8 checkpoints x 0/4/8/16 GiB x
+# 1x/2x/4x.
+NO_IDLE_SAVES = "--no-cache-idle-slots"
+PLAN51A = ((2, 4, 0), (2, 4, 8))
+PLAN51B_TRAFFIC = ((2, 0, 0),)
+PLAN51B_AFTER = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))
+PLAN51C_HEAD = ((4, 4, 0), (4, 0, 0), (4, 4, 8))
 
 
 def plan51a(ref: str = RECORDS_REF) -> list[dict]:
-    """Session 1 (51a), the configs that decide the shipped flags, estimated device seconds each:
+    """Session 1 (51a), as it ran: the shipped argv at 2x against the 8 GiB host cache, estimated device
+    seconds each (the run took 395 and 650):
 
-        2x-ck4-cr0 (shipped)  335 s    2x-ck4-cr8  364 s    2x-ck0-cr0  324 s    1x-ck4-cr0  126 s
-        in all 1,149 s of the 1,320 (22 min) a session's phase has
+        2x-ck4-cr0 (shipped)  335 s    2x-ck4-cr8  364 s    in all 699 s
 
     The estimate (bench/traffic/estimate.py) plays each of the config's 3 schedules on a simulated server with
     the H200 records' rates: prefill 2,250 tok/s (16 chat prompts at once, proof38 run2), 12.4-51.3 ms a
     decode step at 1-16 streams with a thinking budget (proof32 run1), 0.1 s a checkpoint (proof38 run2's
     openings), 0.2 s a slot saved to the host cache (issue 19); 10 s start and stop, 5 s warm-up a config. Its
     wall is the schedule's (arrivals over 1 x the population at TURN51_S, Little's law's think times) and the
-    queue when the server falls behind (a follow-up that lost its slot reprocesses its history)."""
+    queue when the server falls behind (a follow-up that lost its slot reprocesses its history). It missed
+    the host cache's save of every idle slot at each request (bench/traffic/README.md)."""
     return [traffic51_config("51a", *c, ref=ref) for c in PLAN51A]
 
 
 def plan51b(ref: str = RECORDS_REF) -> list[dict]:
-    """Session 2 (51b): item 3, v100_32gb as shipped against the seed's stage-3 flags in one run (16 clients,
-    128/128 and 160/256, median of 3; ~83 and ~177 s), and without checkpoints (proof19b: 366 vs 114 tok/s;
-    ~65 s), then the shipped argv at 4x (~943 s): ~1,268 s."""
+    """Session 2 (51b): 2x without checkpoints (~324 s; session 1 ran one of its 3 schedules in 109 s), item 3
+    (v100_32gb as shipped against the seed's stage-3 flags in one run, 16 clients, 128/128 and 160/256, median
+    of 3, ~83 and ~177 s, and without checkpoints, proof19b: 366 vs 114 tok/s, ~65 s), then the 8 GiB cache
+    without the idle slots' saves, 8 checkpoints, and 1x shipped: more than a session's phase, so the last
+    ones may fall to the next session."""
     g = group_cfg("v100_32gb", ref)
     ck0 = g.replace(server_ctx_checkpoints=0)
-    items = [throughput51_config("51b", "thr-ship", render("v100_32gb"), g),
-             throughput51_config("51b", "thr-seed", SEED_STAGE3, None),
-             throughput51_config("51b", "thr-ship-ck0", server_args(ck0, "MODEL", port=PORT, api_key_file=None), ck0)]
-    return items + [traffic51_config("51b", *c, ref=ref) for c in PLAN51B_TRAFFIC]
+    items = [traffic51_config("51b", *c, ref=ref) for c in PLAN51B_TRAFFIC]
+    items += [throughput51_config("51b", "thr-ship", render("v100_32gb"), g),
+              throughput51_config("51b", "thr-seed", SEED_STAGE3, None),
+              throughput51_config("51b", "thr-ship-ck0", server_args(ck0, "MODEL", port=PORT, api_key_file=None),
+                                  ck0)]
+    return items + [traffic51_config("51b", n, c, gib, ref=ref, idle_slots=idle) for n, c, gib, idle in PLAN51B_AFTER]
 
 
 def plan51c(ref: str = RECORDS_REF) -> list[dict]:
-    """Later sessions (51c): 4x with the 8 GiB cache (~989 s: against 51b's 4x-ck4-cr0, another session),
-    item 3's -ub 1024, then the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x: 2x then 4x then 1x,
-    the cache's size at the shipped 4 checkpoints first."""
+    """Later sessions (51c): 4x shipped, without checkpoints and with the 8 GiB cache (~943 s, ~900 and ~989 s:
+    one pair to a session), item 3's -ub 1024, then the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x:
+    2x then 4x then 1x, the cache's size at the shipped 4 checkpoints first."""
     g = group_cfg("v100_32gb", ref).replace(server_ubatch=1024)
-    head = [traffic51_config("51c", 4, 4, 8, ref=ref),
-            throughput51_config("51c", "thr-ship-ub1024", server_args(g, "MODEL", port=PORT, api_key_file=None), g)]
-    done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {(4, 4, 8)}
+    head = [traffic51_config("51c", *c, ref=ref) for c in PLAN51C_HEAD]
+    head.append(throughput51_config("51c", "thr-ship-ub1024", server_args(g, "MODEL", port=PORT, api_key_file=None),
+                                    g))
+    done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {c[:3] for c in PLAN51B_AFTER if c[3]} | set(PLAN51C_HEAD)
     cells = [(n, c, gib) for n in (2, 4, 1) for c in (4, 8, 0) for gib in (4, 16, 8, 0)]
     return head + [traffic51_config("51c", *c, ref=ref) for c in cells if c not in done]
 

@@ -154,6 +154,8 @@ WAIT=${WAIT:-540}
 t0=$(date +%s)
 while [ ! -e "$RES/DONE" ] && { [ "$WAIT" = 0 ] || [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; }; do sleep 5; done
 if [ -n "${OUT:-}" ]; then
+  # the servers' whole logs, also mid-run (issue 51 counts checkpoints and cache saves in them)
+  ( cd /tmp && tar czf "$RES/logs.tgz" load-*.log 2>/dev/null )
   if [ -e "$RES/build-new.txt" ]; then  # two pins: the builds' logs and diffs in one file ($OUT brings back 8)
     ( cd "$RES" && tar czf "$OUT/builds.tgz" build*.txt ./*.diff 2>/dev/null )
     KEEP="results.json progress.txt facts.txt logs.tgz pipeline.txt"

@@ -77,3 +77,48 @@ def test_driver_records_are_complete_and_follow_ups_found_their_prompt_cached(se
     assert follow and all(x["cache_n"] > 0 for x in follow)
     assert r["summary"]["followup_cached_share"] > 0.3 and r["summary"]["errors"] == 0
     assert r["fingerprint"] == s.fingerprint()
+
+
+def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, tmp_path):
+    """bench/gpu/proof/traffic.py, the phase the GPU sessions run, on the pinned CPU server (a second one,
+    started by the phase itself with checkpoints on): each repetition keeps /metrics before and after and
+    its span of the server's log, and those agree with the driver's own records: the server's counter of
+    prompt tokens grows by exactly what the records say it processed, and the span holds the repetition's
+    checkpoints (bench.traffic.analyze reads them)."""
+    import argparse
+    import json
+    from dataclasses import asdict
+
+    from bench.gpu.proof import traffic as phase
+    from bench.gpu.proof.runner import ProofRun
+    from bench.traffic import analyze
+
+    port = PORT + 1
+    model = tmp_path / "vary.gguf"
+    gen.write_sparse(str(vocab()), str(model), SHAPE, "q4_k_s", vary=51)
+    small = dict(opening=Lognormal(60, 0.5, 16, 200), followup=Lognormal(20, 0.5, 8, 80),
+                 thinking=Lognormal(8, 0.3, 4, 16), answer=Lognormal(16, 0.3, 8, 32))
+    params = Params(seed=5, slots=2, per_slot=1, busy=0.8, turn_s=0.6, conversations=3, max_turns=3,
+                    ctx_per_slot=4096, **small)
+    args = ["-m", "MODEL", "-c", "8192", "-np", "2", "-t", "1", "--host", "127.0.0.1", "--port", str(port),
+            "--metrics", "--log-verbosity", "4", "--ctx-checkpoints", "4"]
+    plan = {"port": port, "traffic51": {"build": "mmq", "runs": 2, "configs": [
+        {"name": "t51-local", "kind": "traffic", "model": "vary.gguf", "args": args, "traffic": asdict(params)}]}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    a = argparse.Namespace(plan=str(tmp_path / "plan.json"), res=str(tmp_path), models=str(tmp_path),
+                           bin=str(Path(harness.pinned_server()).parent), bins="", cublas_bin=None)
+    run = ProofRun(a)
+    phase.traffic(run, "mmq")
+    (r,) = json.loads((tmp_path / "results.json").read_text())["traffic51"]
+    assert r["complete"] and r["alive_at_end"] is True and len(r["reps"]) == 2, r.get("log")
+    text = (Path("/tmp") / r["log_file"]).read_text(errors="replace")
+    spans = [rep["log_span"] for rep in r["reps"]]
+    assert spans[0][0] < spans[0][1] <= spans[1][0] < spans[1][1] <= len(text.encode())
+    for rep in r["reps"]:
+        grew = rep["metrics_after"]["prompt_tokens_total"] - rep["metrics_before"]["prompt_tokens_total"]
+        assert grew == analyze.tokens(rep)["processed"] > 0
+        counts = analyze.server_counts(analyze.rep_lines(text, rep["log_span"]))
+        assert counts["created"] >= rep["summary"]["requests"]  # every prompt leaves one near its end, at least
+        assert counts["restored"] >= 1  # follow-ups resumed from a checkpoint
+        # llama-server's default host cache (8 GiB here: no --cache-ram) saves slots and times its own updates
+        assert counts["save_attempts"] >= 1 and counts["cache_updates"] >= 1 and counts["cache_update_ms"] > 0

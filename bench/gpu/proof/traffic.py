@@ -10,7 +10,8 @@ rounds (16 clients at once, as proof19b measured the seed's ratio).
                        .Params as a dict), "calibrate"; for "rounds": "streams", "shapes" [[prompt, tokens]]}]};
                        each config's server, a warm-up, turn_s measured (driver.calibrate) when asked, then
                        `runs` replays of the schedule (seed, seed + 1, ...) or rounds at each shape, host memory
-                       sampled (and its cgroup's). A config whose complete record the results already hold
+                       sampled (and its cgroup's); each repetition keeps /metrics before and after and its
+                       span of the server's log (log_span, bytes; the whole log is log_file in logs.tgz). A config whose complete record the results already hold
                        (same name and argv) is skipped: a later call or session goes on where the last stopped.
 """
 from __future__ import annotations
@@ -21,7 +22,16 @@ from dataclasses import asdict, replace
 
 from bench.gpu.proof.hostmem import make_cgroup
 from bench.gpu.proof.runner import HostSampler, ProofRun, cgroup_mem, proc_mem
-from bench.gpu.qwen35_bench import say
+from bench.gpu.qwen35_bench import Server, say
+from voltafleet.hostside.smoke_client import metrics
+
+
+def log_size(s: Server) -> int:
+    """Bytes the server's log holds now: a repetition's span of it is [size before, size after]."""
+    try:
+        return os.path.getsize(s.logf)
+    except OSError:
+        return 0
 
 
 def done(out: list, item: dict) -> bool:
@@ -29,7 +39,7 @@ def done(out: list, item: dict) -> bool:
     return any(r.get("complete") and r["name"] == item["name"] and r.get("plan_args") == item["args"] for r in out)
 
 
-def replays(run: ProofRun, t: dict, item: dict, r: dict, pid: int, cgroup: str | None) -> None:
+def replays(run: ProofRun, t: dict, item: dict, r: dict, s: Server, cgroup: str | None) -> None:
     from bench.traffic import driver
     from bench.traffic.model import params_from, schedule
 
@@ -38,27 +48,31 @@ def replays(run: ProofRun, t: dict, item: dict, r: dict, pid: int, cgroup: str |
     if item.get("calibrate"):
         p = replace(p, turn_s=round(driver.calibrate(p, run.port), 3))
     r["params"] = asdict(p)
+    pid = s.p.pid
     for rep in range(t.get("runs", 1)):
+        before, log0 = metrics(run.port, None), log_size(s)
         sampler, t0 = HostSampler(pid, cgroup), time.time()
         got = driver.replay(schedule(replace(p, seed=p.seed + rep)), run.port)
-        got.update(rep=rep, seconds=round(time.time() - t0, 2), peak=sampler.stop(), mem=proc_mem(pid))
+        got.update(rep=rep, seconds=round(time.time() - t0, 2), peak=sampler.stop(), mem=proc_mem(pid),
+                   metrics_before=before, metrics_after=metrics(run.port, None), log_span=[log0, log_size(s)])
         r["reps"].append(got)
         say("traffic51", item["name"], rep, got["seconds"], got["summary"], "peak", got["peak"].get("VmRSS"),
             (got["peak"].get("cgroup") or {}).get("cg_unreclaimable"))
         run.save()
 
 
-def rounds(run: ProofRun, t: dict, item: dict, r: dict, pid: int, cgroup: str | None) -> None:
+def rounds(run: ProofRun, t: dict, item: dict, r: dict, s: Server, cgroup: str | None) -> None:
     from bench.gpu.proof.serving import one_round
     from bench.gpu.proof.runner import wall_rate
 
     one_round(run, 1, 8, 32, 9900)  # warm-up
     for rep in range(t.get("runs", 1)):
         for plen, tokens in item["shapes"]:
-            sampler = HostSampler(pid, cgroup)
+            sampler, before, log0 = HostSampler(s.p.pid, cgroup), metrics(run.port, None), log_size(s)
             recs = one_round(run, item["streams"], tokens, plen, 5100 + 100 * rep + plen % 97)
             r["reps"].append({"rep": rep, "streams": item["streams"], "prompt": plen, "tokens": tokens, "recs": recs,
-                              "peak": sampler.stop()})
+                              "peak": sampler.stop(), "metrics_before": before,
+                              "metrics_after": metrics(run.port, None), "log_span": [log0, log_size(s)]})
             say("traffic51", item["name"], rep, plen, tokens, wall_rate(recs))
             run.save()
 
@@ -93,7 +107,7 @@ def traffic(run: ProofRun, build: str, key: str = "traffic51") -> None:
             if s.ok:
                 time.sleep(2)
                 r["mem_load"] = proc_mem(s.p.pid)
-                (rounds if item.get("kind") == "rounds" else replays)(run, t, item, r, s.p.pid, cgroup)
+                (rounds if item.get("kind") == "rounds" else replays)(run, t, item, r, s, cgroup)
                 r["complete"] = True
         finally:
             r["alive_at_end"] = s.p.poll() is None  # not killed by its cgroup's ceiling
@@ -101,6 +115,7 @@ def traffic(run: ProofRun, build: str, key: str = "traffic51") -> None:
             r["seconds"] = round(time.time() - r["started"], 1)
             s.stop()
             r["log"] = run.loglines(s)
+            r["log_file"] = os.path.basename(s.logf)  # whole, in logs.tgz: gpu_proof.sh packs it on every call
             if cgroup:
                 try:
                     os.rmdir(cgroup)

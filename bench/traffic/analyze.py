@@ -1,0 +1,158 @@
+"""Issue 51's traffic records read back: each config's median of its 3 schedules, the host memory it
+took against its plan, and what its server did (checkpoints, host-cache saves) from the server's log.
+Pure: no pyinfra, no GPU, no network.
+
+    .venv/bin/python -m bench.traffic.analyze bench/records/proof51/session1/call3/results.json
+
+A config's repetitions replay three different schedules (seed 51, 52, 53): every config of one population
+replays the same three, so two configs compare schedule by schedule (`paired`), and a figure is the median
+of its three.
+
+What a V100 would do with the same requests (`v100_prefill_s`): the records hold every request's prompt
+tokens the server processed (`timings.prompt_n`) and found cached (`cache_n`), and every config of a
+population generates the same tokens (greedy, same schedule, `ignore_eos`). So two configs differ in the
+prompt tokens they reprocess and in the server's own host work (checkpoint copies, cache saves), not in
+their decode. A reprocessed token costs a V100 1/363-1/384 s (llama.cpp #25139, bench/gpu/prefill51.py);
+the host work is assumed to cost what it cost beside the H100 (a 149.6 MiB state copied to host memory:
+`checkpoint_copy_ms`), which the V100 host's PCIe 3 and older memory would not make cheaper.
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+
+from bench.gpu.prefill51 import V100_PP
+
+# llama.cpp's log time: minutes.seconds.milliseconds.microseconds since the server started
+STAMP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) ")
+CREATED = re.compile(r"slot create_check: id\s+(\d+) \| task (\d+) \| created context checkpoint .*size = ([\d.]+) MiB")
+RESTORED = re.compile(r"restored context checkpoint")
+SAVING = re.compile(r"prompt_save:\s+- saving prompt with length (\d+), total state size = ([\d.]+) MiB")
+UPDATE_MS = re.compile(r"prompt cache update took ([\d.]+) ms")
+SUMMARY = ("followup_cached_share", "followup_ttft_p50_ms", "followup_ttft_p99_ms", "opening_ttft_p50_ms",
+           "opening_ttft_p99_ms", "aggregate_tps", "busy_share", "wall_s")
+COPY_GAP_S = 0.25  # two checkpoints of different slots this close: one batch's fill, no decode between
+
+
+def stamp(line: str) -> float | None:
+    """Seconds since the server started, from a log line's stamp (None: no stamp)."""
+    m = STAMP.match(line)
+    return int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6 if m else None
+
+
+def checkpoint_copy_ms(lines: list[str]) -> list[float]:
+    """Each checkpoint's cost where the log shows it alone: two consecutive stamped lines that are both
+    "created context checkpoint", of different slots, under COPY_GAP_S apart. llama-server fills one batch
+    slot by slot and creates a slot's checkpoint (llama_state_seq_get_data_ext into a new host vector)
+    before the batch is decoded, so the time between two such lines is the second copy (and a few token
+    pushes). On a log filtered to some lines (a record's 120 kept lines) a line between can be missing,
+    which COPY_GAP_S bounds: a decode on the H100 takes longer."""
+    stamped = [(t, line) for line in lines if (t := stamp(line)) is not None]
+    out = []
+    for (t0, a), (t1, b) in zip(stamped, stamped[1:]):
+        ma, mb = CREATED.search(a), CREATED.search(b)
+        if ma and mb and ma[1] != mb[1] and t1 - t0 < COPY_GAP_S:
+            out.append(round((t1 - t0) * 1000, 1))
+    return out
+
+
+def server_counts(lines: list[str]) -> dict:
+    """What the server did in these log lines: checkpoints created (and their MiB), restored, prompts it
+    set out to save to the host cache, and the host cache's updates with their own measured time."""
+    created = [float(m[3]) for line in lines if (m := CREATED.search(line))]
+    saves = [float(m[2]) for line in lines if (m := SAVING.search(line))]
+    update_ms = [float(m[1]) for line in lines if (m := UPDATE_MS.search(line))]
+    return {"created": len(created), "created_mib": round(sum(created), 1),
+            "restored": sum(1 for line in lines if RESTORED.search(line)),
+            "save_attempts": len(saves), "cache_updates": len(update_ms), "cache_update_ms": round(sum(update_ms), 1)}
+
+
+def rep_lines(log_text: str, span: list[int]) -> list[str]:
+    """The lines a repetition's server wrote: its log_span [bytes before, bytes after] of the whole log."""
+    return log_text.encode()[span[0]:span[1]].decode(errors="replace").splitlines()
+
+
+def tokens(rep: dict) -> dict:
+    """A repetition's prompt tokens: processed by the server, found cached, and its requests."""
+    recs = rep["records"]
+    return {"requests": len(recs), "processed": sum(r.get("prompt_n") or 0 for r in recs),
+            "cached": sum(r.get("cache_n") or 0 for r in recs),
+            "generated": sum(r.get("tokens") or 0 for r in recs)}
+
+
+def median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def row(config: dict) -> dict:
+    """One config's figures: the median of its repetitions, the largest host memory any of them took."""
+    reps = config["reps"]
+    out = {"name": config["name"], "complete": bool(config.get("complete")), "reps": len(reps),
+           "args": config.get("plan_args")}
+    for k in SUMMARY:
+        out[k] = median([r["summary"].get(k) for r in reps])
+    for k in ("processed", "cached", "requests", "generated"):
+        out[k] = median([tokens(r)[k] for r in reps])
+    rss = [r["peak"].get("VmRSS") for r in reps if r.get("peak")]
+    cg = [(r["peak"].get("cgroup") or {}).get("cg_unreclaimable") for r in reps if r.get("peak")]
+    out.update(planned_mib=config.get("planned_mib"), memory_max_mib=config.get("memory_max_mib"),
+               rss_peak_mib=max(rss) if rss else None, cgroup_peak_mib=max([c for c in cg if c], default=None),
+               alive_at_end=config.get("alive_at_end"))
+    return out
+
+
+def configs(results: dict, key: str = "traffic51") -> list[dict]:
+    """The traffic configs the results hold (item 3's rounds are not replays), one record a name: a session that
+    resumed from an earlier one's results ran a partial config again from its start, and its complete record
+    stands for it; in run order."""
+    out: dict[str, dict] = {}
+    for c in results.get(key, []):
+        if c.get("kind", "traffic") == "traffic" and c["reps"]:
+            if c.get("complete") or not (out.get(c["name"]) or {}).get("complete"):
+                out.pop(c["name"], None)
+                out[c["name"]] = c
+    return list(out.values())
+
+
+def table(results: dict, key: str = "traffic51") -> list[dict]:
+    """Every traffic config's row (`row`)."""
+    return [row(c) for c in configs(results, key)]
+
+
+def paired(results: dict, a: str, b: str, field: str, key: str = "traffic51") -> list[tuple]:
+    """(schedule fingerprint, a's figure, b's figure) for each schedule both configs replayed."""
+    by = {c["name"]: {r["fingerprint"]: r for r in c["reps"]} for c in configs(results, key)}
+
+    def get(rep):
+        return tokens(rep)[field] if field in ("processed", "cached", "requests", "generated") else rep["summary"][field]
+    return [(fp, get(ra), get(by[b][fp])) for fp, ra in by[a].items() if fp in by[b]]
+
+
+def v100_prefill_s(processed: float) -> tuple[float, float]:
+    """Seconds a V100 takes to process these prompt tokens, at the field report's fastest and slowest rate."""
+    lo, hi = V100_PP
+    return processed / hi, processed / lo
+
+
+def report(results: dict) -> str:
+    lines = [f"{'config':20} {'reps':>4} {'cached':>6} {'fu p50':>8} {'fu p99':>8} {'open p50':>8} {'tok/s':>6} "
+             f"{'busy':>5} {'processed':>9} {'RSS':>7} {'cgroup':>7} {'plan':>7}"]
+    for r in table(results):
+        def f(v, fmt):
+            return format(v, fmt) if v is not None else "-"
+        lines.append(f"{r['name']:20} {r['reps']:>4} {f(r['followup_cached_share'], '.2f'):>6} "
+                     f"{f(r['followup_ttft_p50_ms'], ',.0f'):>8} {f(r['followup_ttft_p99_ms'], ',.0f'):>8} "
+                     f"{f(r['opening_ttft_p50_ms'], ',.0f'):>8} {f(r['aggregate_tps'], '.1f'):>6} "
+                     f"{f(r['busy_share'], '.2f'):>5} {f(r['processed'], ',.0f'):>9} {f(r['rss_peak_mib'], ',.0f'):>7} "
+                     f"{f(r['cgroup_peak_mib'], ',.0f'):>7} {f(r['planned_mib'], ',.0f'):>7}")
+    gaps = [g for c in results.get("traffic51", []) for g in checkpoint_copy_ms(c.get("log") or [])]
+    if gaps:
+        lines.append(f"checkpoint copy (kept log lines, {len(gaps)} pairs): median {statistics.median(gaps):.1f} ms")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report(json.load(open(sys.argv[1]))))
