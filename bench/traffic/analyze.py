@@ -2,7 +2,7 @@
 took against its plan, and what its server did (checkpoints, host-cache saves) from the server's log.
 Pure: no pyinfra, no GPU, no network.
 
-    .venv/bin/python -m bench.traffic.analyze bench/records/proof51/session1/call3/results.json
+    .venv/bin/python -m bench.traffic.analyze bench/records/proof51/session1/call3/results.json [logs.tgz]
 
 A config's repetitions replay three different schedules (seed 51, 52, 53): every config of one population
 replays the same three, so two configs compare schedule by schedule (`paired`), and a figure is the median
@@ -22,6 +22,7 @@ import json
 import re
 import statistics
 import sys
+import tarfile
 
 from bench.gpu.prefill51 import V100_PP
 
@@ -72,6 +73,26 @@ def server_counts(lines: list[str]) -> dict:
 def rep_lines(log_text: str, span: list[int]) -> list[str]:
     """The lines a repetition's server wrote: its log_span [bytes before, bytes after] of the whole log."""
     return log_text.encode()[span[0]:span[1]].decode(errors="replace").splitlines()
+
+
+def logs_of(tgz: str) -> dict[str, str]:
+    """The servers' whole logs gpu_proof.sh packs (logs.tgz: load-BUILD-NAME.log), by file name."""
+    with tarfile.open(tgz) as t:
+        return {m.name.rsplit("/", 1)[-1]: t.extractfile(m).read().decode(errors="replace")
+                for m in t.getmembers() if m.isfile()}
+
+
+def work(config: dict, logs: dict[str, str]) -> dict | None:
+    """What the server did in each repetition (server_counts of its log span), the median of them, and the
+    checkpoint copies the whole log shows alone; None when the logs lack the config's log or its spans."""
+    text = logs.get(config.get("log_file") or "")
+    spans = [r.get("log_span") for r in config["reps"]]
+    if text is None or not all(spans):
+        return None
+    reps = [server_counts(rep_lines(text, span)) for span in spans]
+    copies = checkpoint_copy_ms(text.splitlines())
+    return {**{k: median([r[k] for r in reps]) for k in reps[0]}, "per_rep": reps,
+            "copy_ms_median": median(copies), "copies_alone": len(copies)}
 
 
 def tokens(rep: dict) -> dict:
@@ -137,7 +158,7 @@ def v100_prefill_s(processed: float) -> tuple[float, float]:
     return processed / hi, processed / lo
 
 
-def report(results: dict) -> str:
+def report(results: dict, logs: dict[str, str] | None = None) -> str:
     lines = [f"{'config':20} {'reps':>4} {'cached':>6} {'fu p50':>8} {'fu p99':>8} {'open p50':>8} {'tok/s':>6} "
              f"{'busy':>5} {'processed':>9} {'RSS':>7} {'cgroup':>7} {'plan':>7}"]
     for r in table(results):
@@ -151,8 +172,15 @@ def report(results: dict) -> str:
     gaps = [g for c in results.get("traffic51", []) for g in checkpoint_copy_ms(c.get("log") or [])]
     if gaps:
         lines.append(f"checkpoint copy (kept log lines, {len(gaps)} pairs): median {statistics.median(gaps):.1f} ms")
+    for c in configs(results) if logs else []:
+        w = work(c, logs)
+        if w:
+            lines.append(f"{c['name']:20} a repetition (median): {w['created']:.0f} checkpoints created, "
+                         f"{w['restored']:.0f} restored, {w['save_attempts']:.0f} cache saves set out, "
+                         f"{w['cache_update_ms']:,.0f} ms of cache updates; copies alone: {w['copies_alone']}, "
+                         f"median {w['copy_ms_median'] or 0:.1f} ms")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(report(json.load(open(sys.argv[1]))))
+    print(report(json.load(open(sys.argv[1])), logs_of(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -122,3 +122,32 @@ def test_session_2_resumes_where_session_1_stopped(results):
     todo = [c["name"] for c in gpu_proof.plan51()["traffic51"]["configs"] if not done(results["traffic51"], c)]
     assert todo[:4] == ["2x-ck0-cr0", "thr-ship", "thr-seed", "thr-ship-ck0"]
     assert "2x-ck4-cr0" not in todo and "2x-ck4-cr8" not in todo
+
+
+def test_work_reads_each_repetition_s_span_of_the_whole_log(tmp_path):
+    """The next sessions' records: a config's log_file in logs.tgz and each repetition's log_span."""
+    import io
+    import tarfile
+
+    def ck(t, slot, task):
+        return (f"0.{t} I slot create_check: id {slot:2d} | task {task} | created context checkpoint 1 of 4 "
+                f"(pos_min = 5, pos_max = 5, n_tokens = 6, size = 149.626 MiB)")
+    rep0 = [ck("01.000.000", 1, 1), ck("01.115.000", 2, 2), "0.01.300.000 I srv  x: prompt cache update took 40.00 ms"]
+    rep1 = [ck("03.000.000", 1, 3), "0.03.100.000 I slot   operator(): id  1 | task 3 | restored context checkpoint (x)"]
+    head = "0.00.000.000 I load\n"
+    text = head + "\n".join(rep0) + "\n" + "\n".join(rep1) + "\n"
+    a = len(head.encode())
+    b = a + len(("\n".join(rep0) + "\n").encode())
+    tgz = tmp_path / "logs.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        data = text.encode()
+        info = tarfile.TarInfo("load-mmq-x.log")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    logs = analyze.logs_of(str(tgz))
+    config = {"name": "x", "log_file": "load-mmq-x.log", "reps": [{"log_span": [a, b]}, {"log_span": [b, len(data)]}]}
+    w = analyze.work(config, logs)
+    assert [r["created"] for r in w["per_rep"]] == [2, 1] and [r["restored"] for r in w["per_rep"]] == [0, 1]
+    assert w["per_rep"][0]["cache_update_ms"] == 40.0 and w["copies_alone"] == 1 and w["copy_ms_median"] == 115.0
+    assert analyze.work({**config, "log_file": "load-mmq-y.log"}, logs) is None  # its log did not come back
+    assert analyze.work({**config, "reps": [{"log_span": None}]}, logs) is None  # session 1's records: no spans
