@@ -43,18 +43,29 @@ def stamp(line: str) -> float | None:
     return int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6 if m else None
 
 
+SLOT_TASK = re.compile(r"id\s+(\d+) \| task (\d+) \|")
+# a line a slot logs in the same batch fill just before its checkpoint's copy: its cached prefix dropped from
+# memory or its sampler set up for the prompt's end (full logs), or a checkpoint at the same place superseded
+# (create_checkpoint logs it before it copies)
+FILL = re.compile(r"memory_seq_rm \[|superseding context checkpoint|init sampler")
+
+
 def checkpoint_copy_ms(lines: list[str]) -> list[float]:
-    """Each checkpoint's cost where the log shows it alone: two consecutive stamped lines that are both
-    "created context checkpoint", of different slots, under COPY_GAP_S apart. llama-server fills one batch
-    slot by slot and creates a slot's checkpoint (llama_state_seq_get_data_ext into a new host vector)
-    before the batch is decoded, so the time between two such lines is the second copy (and a few token
-    pushes). On a log filtered to some lines (a record's 120 kept lines) a line between can be missing,
-    which COPY_GAP_S bounds: a decode on the H100 takes longer."""
+    """Each checkpoint's cost where the log shows it alone: a "created context checkpoint" line and the stamped
+    line before it, under COPY_GAP_S apart, when that line is another slot's checkpoint or the same slot and
+    task's own fill (FILL). llama-server fills one batch slot by slot and creates a slot's checkpoint
+    (llama_state_seq_get_data_ext into a new host vector) before the batch is decoded, so the time between is
+    the copy (and a few token pushes). On a log filtered to some lines (a record's 120 kept lines) a line
+    between can be missing, which COPY_GAP_S bounds: a decode on the H100 takes longer."""
     stamped = [(t, line) for line in lines if (t := stamp(line)) is not None]
     out = []
     for (t0, a), (t1, b) in zip(stamped, stamped[1:]):
-        ma, mb = CREATED.search(a), CREATED.search(b)
-        if ma and mb and ma[1] != mb[1] and t1 - t0 < COPY_GAP_S:
+        if not CREATED.search(b) or t1 - t0 >= COPY_GAP_S:
+            continue
+        sa, sb = SLOT_TASK.search(a), SLOT_TASK.search(b)
+        other_slot = CREATED.search(a) and sa and sa[1] != sb[1]
+        own_fill = FILL.search(a) and sa and sa.groups() == sb.groups()
+        if other_slot or own_fill:
             out.append(round((t1 - t0) * 1000, 1))
     return out
 

@@ -57,9 +57,9 @@ def test_host_memory_stayed_under_every_plan(rows):
     assert [round(rows[n]["planned_mib"]) for n in ("2x-ck4-cr0", "2x-ck4-cr8", "2x-ck0-cr0")] == [11704, 19912, 2109]
 
 
-def test_a_checkpoint_copy_holds_the_server_about_113_ms(results):
+def test_a_checkpoint_copy_holds_the_server_about_114_ms(results):
     gaps = [g for c in results["traffic51"] for g in analyze.checkpoint_copy_ms(c.get("log") or [])]
-    assert len(gaps) == 8 and round(statistics.median(gaps), 1) == 113.3 and max(gaps) < 125
+    assert len(gaps) == 13 and round(statistics.median(gaps), 1) == 113.6 and (min(gaps), max(gaps)) == (103.0, 125.4)
     sizes = {line.rsplit("size = ", 1)[1] for c in results["traffic51"] for line in c.get("log") or [] if "created context" in line}
     assert sizes == {"149.626 MiB)"}
 
@@ -93,6 +93,15 @@ def test_parser_rules():
              "(draft: 0.000 MiB)",
              "0.02.200.000 I srv  get_availabl: prompt cache update took 35.20 ms"]
     assert analyze.checkpoint_copy_ms(lines) == [110.0]
+    # a whole log: the slot's own fill comes just before its checkpoint (memory_seq_rm, its sampler, superseding)
+    own = ["0.05.000.000 I slot   operator(): id  0 | task 18 | cached n_tokens = 50, memory_seq_rm [50, end)",
+           "0.05.000.100 I slot init_sampler: id  0 | task 18 | init sampler, took 0.01 ms, tokens: text = 54",
+           "0.05.058.100 I slot create_check: id  0 | task 18 | created context checkpoint 1 of 4 (size = 149.626 MiB)",
+           "0.05.058.200 I slot create_check: id  1 | task 19 | superseding context checkpoint at n_tokens = 49",
+           "0.05.170.200 I slot create_check: id  1 | task 19 | created context checkpoint 2 of 4 (size = 149.626 MiB)",
+           "0.05.171.000 I slot   operator(): id  2 | task 20 | cached n_tokens = 9, memory_seq_rm [9, end)",
+           "0.05.230.000 I slot create_check: id  3 | task 21 | created context checkpoint 1 of 4 (size = 149.626 MiB)"]
+    assert analyze.checkpoint_copy_ms(own) == [58.0, 112.0]  # the last: another slot's fill, not its own
     assert analyze.server_counts(lines) == {"created": 4, "created_mib": 598.5, "restored": 1, "save_attempts": 1,
                                             "cache_updates": 1, "cache_update_ms": 35.2}
     text = "\n".join(lines) + "\n"

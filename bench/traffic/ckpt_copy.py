@@ -1,0 +1,139 @@
+"""What one context checkpoint of Qwen3.6-27B costs the host, and what the allocator changes about it
+(issue 51): llama-server of the pinned build on this machine's CPU, a qwen35 file whose Gated-DeltaNet
+state is the 27B's (48 recurrent blocks of 48 value heads x 128 x 128: a 149.6 MiB checkpoint a slot) on
+small weights, so a prompt takes milliseconds and the checkpoint's own work shows.
+
+    .venv/bin/python -m bench.traffic.ckpt_copy --rounds 8 --out bench/records/ckpt-copy/run1.json
+
+Each round sends `slots` new prompts at once: llama-server fills one batch slot by slot and creates each
+slot's checkpoint (a new host vector: allocated, zeroed, copied from the state) before the batch is
+decoded, so the time between two slots' "created context checkpoint" lines is one checkpoint
+(bench.traffic.analyze.checkpoint_copy_ms). Variants run the same server under another environment:
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 has glibc's malloc ask for transparent huge pages on its mmap'd chunks
+(a 149.6 MiB vector is one: 75 faults of 2 MiB instead of ~38,000 of 4 KiB). On a GPU host the copy is a
+device-to-host cudaMemcpy into the same kind of new vector; this measures the allocation and page-fault
+part that both share, not the PCIe copy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+
+from bench.traffic import analyze
+
+VARIANTS = {"default": {}, "thp": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
+WORDS = ("fleet canary host driver build model slot cache server volta token prompt answer window memory "
+         "kernel batch queue route gateway").split()
+
+
+def shape():
+    from lab import qwen35gen as gen
+    return replace(gen.SHAPES["27b"], n_embd=256, n_ff=512, n_head=4, n_head_kv=4, head_dim=64, n_vocab=248320)
+
+
+def state_bytes(s) -> int:
+    """One slot's recurrent state, what a checkpoint copies: each Gated-DeltaNet block's conv state
+    ((d_conv - 1) x conv channels, f32) and its delta-rule state (d_state x d_state a value head, f32)."""
+    key_dim, value_dim = s.ssm_d_state * s.ssm_n_group, s.ssm_d_state * s.ssm_dt_rank
+    per_block = (s.ssm_d_conv - 1) * (2 * key_dim + value_dim) * 4 + s.ssm_d_state ** 2 * s.ssm_dt_rank * 4
+    return per_block * sum(1 for il in range(s.n_layer) if s.is_recurrent(il))
+
+
+def prompts(round_: int, slots: int, words: int = 48) -> list[str]:
+    return [" ".join(WORDS[(round_ * 7 + s * 3 + i * (s + 1)) % len(WORDS)] for i in range(words)) + f" {round_}-{s}"
+            for s in range(slots)]
+
+
+def one_round(port: int, texts: list[str]) -> None:
+    def ask(t):
+        with httpx.Client(timeout=120) as c:
+            r = c.post(f"http://127.0.0.1:{port}/completion", json={"prompt": t, "n_predict": 2, "cache_prompt": True})
+            r.raise_for_status()
+    threads = [threading.Thread(target=ask, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def run_variant(binary: str, model: str, env: dict, rounds: int, slots: int, port: int, logf: str) -> dict:
+    args = [binary, "-m", model, "-c", str(2048 * slots), "-np", str(slots), "-t", "2", "--host", "127.0.0.1",
+            "--port", str(port), "--ctx-checkpoints", "4", "--cache-ram", "0", "--log-verbosity", "4", "--metrics"]
+    with open(logf, "wb") as log:
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 300:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if p.poll() is not None:
+                raise RuntimeError(f"llama-server exited {p.returncode}: {Path(logf).read_text()[-2000:]}")
+            time.sleep(0.3)
+        one_round(port, prompts(999, slots))  # warm-up
+        start = os.path.getsize(logf)
+        for r in range(rounds):
+            one_round(port, prompts(r, slots))
+        lines = Path(logf).read_bytes()[start:].decode(errors="replace").splitlines()
+    finally:
+        p.terminate()
+        p.wait(30)
+    gaps = analyze.checkpoint_copy_ms(lines)
+    sizes = sorted({line.rsplit("size = ", 1)[1].rstrip(")") for line in lines if "created context checkpoint" in line})
+    return {"env": env, "argv": [x if x != model else "MODEL" for x in args[1:]], "copies_alone": len(gaps), "copy_ms": gaps,
+            "median_ms": statistics.median(gaps) if gaps else None, "checkpoint_sizes": sizes,
+            "counts": analyze.server_counts(lines)}
+
+
+def main(argv=None) -> dict:
+    from lab import qwen35gen as gen
+    from tests.gateway_local import harness
+    from tests.gateway_local.test_traffic51 import vocab
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3, help="each variant's server started this many times, alternating")
+    ap.add_argument("--port", type=int, default=harness.BASE_PORT + 45)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    binary = harness.pinned_server()
+    if not binary:
+        raise SystemExit("needs the lab's llama-server of the pinned commit (make demo / lab up)")
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "state27b.gguf")
+        gen.write_sparse(str(vocab()), model, shape(), "q4_k_s")
+        runs = []
+        for rep in range(a.reps):
+            for name, env in VARIANTS.items():
+                r = run_variant(binary, model, env, a.rounds, a.slots, a.port, os.path.join(tmp, f"{name}-{rep}.log"))
+                runs.append({"variant": name, "rep": rep, **r})
+                print(f"{name:8} rep {rep}: {r['copies_alone']} copies alone, median {r['median_ms']} ms, "
+                      f"sizes {r['checkpoint_sizes']}", flush=True)
+    out = {"argv": ["bench/traffic/ckpt_copy.py", *(argv or [])], "machine": {"cpus": os.cpu_count(),
+           "kernel": platform.release(), "thp": Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()},
+           "runs": runs,
+           "median_of_reps_ms": {n: statistics.median(r["median_ms"] for r in runs if r["variant"] == n)
+                                 for n in VARIANTS}}
+    print(json.dumps(out["median_of_reps_ms"]))
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""bench/traffic/ckpt_copy.py's file has the 27B's recurrent state on small weights, and its rounds send
+new prompts (every one distinct, so each creates its checkpoints)."""
+from bench.traffic import ckpt_copy
+from lab import qwen35gen as gen
+
+
+def test_the_state_is_the_27b_s():
+    small, big = ckpt_copy.shape(), gen.SHAPES["27b"]
+    assert ckpt_copy.state_bytes(small) == ckpt_copy.state_bytes(big)
+    assert round(ckpt_copy.state_bytes(big) / 2**20, 3) == 149.625  # the H100 logs: "size = 149.626 MiB"
+    assert small.n_embd * small.n_ff < big.n_embd * big.n_ff / 500
+
+
+def test_prompts_are_new_each_round_and_slot():
+    seen = [p for r in range(8) for p in ckpt_copy.prompts(r, 4)] + ckpt_copy.prompts(999, 4)
+    assert len(seen) == len(set(seen)) == 36
+    assert len({p.split()[0] for p in ckpt_copy.prompts(0, 4)}) > 1  # they differ from the first word
+
+
+def test_the_record():
+    """bench/records/ckpt-copy/run1.json: what bench/RESULTS.md quotes, from each run's raw gaps."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    r = json.loads((Path(__file__).resolve().parents[2] / "bench/records/ckpt-copy/run1.json").read_text())
+    by = {}
+    for run in r["runs"]:
+        assert run["median_ms"] == statistics.median(run["copy_ms"]) and run["copies_alone"] == 32
+        assert run["checkpoint_sizes"] == ["149.626 MiB"] and run["counts"]["created"] == 32
+        assert "MODEL" in run["argv"] and not any(a.startswith("/") for a in run["argv"])  # no machine's path
+        by.setdefault(run["variant"], []).append(run)
+    assert [len(v) for v in by.values()] == [3, 3] and by["thp"][0]["env"] == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    med = {n: statistics.median(x["median_ms"] for x in v) for n, v in by.items()}
+    assert med == r["median_of_reps_ms"] == {"default": 61.5, "thp": 84.2}
+    thp = [g for x in by["thp"] for g in x["copy_ms"]]
+    assert (round(min(thp)), round(max(thp))) == (31, 207)  # huge pages when compaction finds them, stalls when not
+    assert all(t["median_ms"] > d["median_ms"] for d, t in zip(by["default"], by["thp"]))
