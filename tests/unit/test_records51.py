@@ -160,3 +160,15 @@ def test_work_reads_each_repetition_s_span_of_the_whole_log(tmp_path):
     assert w["per_rep"][0]["cache_update_ms"] == 40.0 and w["copies_alone"] == 1 and w["copy_ms_median"] == 115.0
     assert analyze.work({**config, "log_file": "load-mmq-y.log"}, logs) is None  # its log did not come back
     assert analyze.work({**config, "reps": [{"log_span": None}]}, logs) is None  # session 1's records: no spans
+
+
+def test_group_vars_quote_these_records(rows, results):
+    """v100_32gb's checkpoint comment quotes session 1: the shipped config's cached share, and what the
+    V100 reading of it gives (test_what_the_v100_would_save)."""
+    text = (REPO / "group_vars/v100_32gb.yml").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("server_ctx_checkpoints:"))
+    (ck0,) = analyze.paired(results, "2x-ck4-cr0", "2x-ck0-cr0", "processed")
+    lo, hi = (round(s) for s in analyze.v100_prefill_s(ck0[2] - ck0[1]))
+    assert f"follow-ups {rows['2x-ck4-cr0']['followup_cached_share']:.2f} cached vs 0 without" in line
+    assert f"sparing a V100 {lo}-{hi} s of prefill a replay for 22-33 s of 149.6 MiB copies" in line
+    assert rows["2x-ck0-cr0"]["followup_cached_share"] == 0
