@@ -163,6 +163,29 @@ def paired(results: dict, a: str, b: str, field: str, key: str = "traffic51") ->
     return [(fp, get(ra), get(by[b][fp])) for fp, ra in by[a].items() if fp in by[b]]
 
 
+def rounds(results: dict, seed: str = "thr-seed", key: str = "traffic51") -> dict:
+    """Item 3: each rounds config's wall tok/s (a round's tokens over first request to last token, as proof19b
+    measured the seed's ratio) at each prompt/answer shape, its median of the repetitions and the ratio of
+    that median to the seed's stage-3 flags' median in the same run: {name: {"PROMPT/TOKENS": {...}}}."""
+    from bench.gpu.proof.runner import wall_rate
+
+    out: dict = {}
+    for c in results.get(key, []):
+        if c.get("kind") != "rounds" or not c.get("complete"):
+            continue
+        shapes = out.setdefault(c["name"], {})
+        for rep in c["reps"]:
+            shapes.setdefault(f"{rep['prompt']}/{rep['tokens']}", {"tps": []})["tps"].append(wall_rate(rep["recs"]))
+    for shapes in out.values():
+        for f in shapes.values():
+            f["median"] = median(f["tps"])
+    for shapes in out.values():
+        for shape, f in shapes.items():
+            base = (out.get(seed) or {}).get(shape, {}).get("median")
+            f["x_seed"] = round(f["median"] / base, 2) if base and f["median"] else None
+    return out
+
+
 def v100_prefill_s(processed: float) -> tuple[float, float]:
     """Seconds a V100 takes to process these prompt tokens, at the field report's fastest and slowest rate."""
     lo, hi = V100_PP
@@ -183,6 +206,9 @@ def report(results: dict, logs: dict[str, str] | None = None) -> str:
     gaps = [g for c in results.get("traffic51", []) for g in checkpoint_copy_ms(c.get("log") or [])]
     if gaps:
         lines.append(f"checkpoint copy (kept log lines, {len(gaps)} pairs): median {statistics.median(gaps):.1f} ms")
+    for name, shapes in rounds(results).items():
+        lines.append(f"{name:20} 16 clients: " + ", ".join(
+            f"{shape} {f['median']:.1f} tok/s ({f['x_seed']}x the seed)" for shape, f in shapes.items()))
     for c in configs(results) if logs else []:
         w = work(c, logs)
         if w:

@@ -172,3 +172,22 @@ def test_group_vars_quote_these_records(rows, results):
     assert f"follow-ups {rows['2x-ck4-cr0']['followup_cached_share']:.2f} cached vs 0 without" in line
     assert f"sparing a V100 {lo}-{hi} s of prefill a replay for 22-33 s of 149.6 MiB copies" in line
     assert rows["2x-ck0-cr0"]["followup_cached_share"] == 0
+
+
+def test_item_3_rounds_median_of_3_and_the_ratio_to_the_seed():
+    def rec(t0, n, step):  # one request: started at t0, n tokens, a token every `step` ms from its first
+        return {"t_start": t0, "times_ms": [100 + step * i for i in range(n)]}
+
+    def config(name, step, complete=True):
+        reps = [{"rep": r, "prompt": p, "tokens": n, "recs": [rec(1000.0, n, step * (1 + r / 10)) for _ in range(16)]}
+                for r in range(3) for p, n in ((128, 128), (160, 256))]
+        return {"name": name, "kind": "rounds", "complete": complete, "reps": reps}
+
+    results = {"traffic51": [config("thr-ship", 50), config("thr-seed", 150), config("thr-ship-ck0", 40, False)]}
+    got = analyze.rounds(results)
+    assert set(got) == {"thr-ship", "thr-seed"}  # a partial config is not a figure
+    ship = got["thr-ship"]["128/128"]
+    # rep r: 16 x 128 tokens over 0.1 + 127 x 50 x (1 + r/10) ms; the median is rep 1's
+    assert ship["tps"][1] == round(16 * 128 / (0.1 + 127 * 0.055), 1) == ship["median"]
+    assert got["thr-seed"]["160/256"]["x_seed"] == 1.0
+    assert got["thr-ship"]["128/128"]["x_seed"] == round(ship["median"] / got["thr-seed"]["128/128"]["median"], 2)
