@@ -235,10 +235,16 @@ def _current(model: Path) -> bool:
     return ok
 
 
+def sdist_vocab() -> Path:
+    """The pinned tree's qwen35 tokenizer in the cached sdist (ensure_sdist unpacks it; this fetches nothing)."""
+    return CACHE / "sdist" / f"llama_cpp_python-{SDIST_VERSION}" / "vendor/llama.cpp/models/ggml-vocab-qwen35.gguf"
+
+
 def ensure_model() -> dict:
     models = CACHE / "mirror/http/models"
     model = models / MODEL_NAME
-    vocab = ensure_sdist() / "vendor/llama.cpp/models/ggml-vocab-qwen35.gguf"
+    ensure_sdist()
+    vocab = sdist_vocab()
     if model.exists() and not _current(model):
         log(f"{model.name} was written by an older lab/qwen35gen.py (chat template, added tokens): writing it again")
         model.unlink()

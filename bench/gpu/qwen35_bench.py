@@ -49,14 +49,15 @@ def gpu_mem(pid: int | None = None) -> dict:
 
 class Server:
     def __init__(self, binary: str, args: list[str], model: str, port: int, logf: str, timeout: float = 300,
-                 cgroup: str | None = None):
+                 cgroup: str | None = None, env: dict | None = None):
         self.args = [a.replace("MODEL", model) for a in args]
         self.port, self.logf = port, logf
         # cgroup: a cgroup v2 folder the server runs in from its first instruction (it joins before exec), so its
         # model's page cache and every allocation are charged there, as a systemd unit's would be
         join = (lambda: open(f"{cgroup}/cgroup.procs", "w").write(str(os.getpid()))) if cgroup else None
+        # env: variables the server gets beside this process's own (bench/traffic/ckpt_copy.py's allocator variants)
         self.p = subprocess.Popen([binary] + self.args, stdout=open(logf, "w"), stderr=subprocess.STDOUT,
-                                  start_new_session=True, preexec_fn=join)
+                                  start_new_session=True, preexec_fn=join, env={**os.environ, **env} if env else None)
         t = time.time()
         self.ok = False
         while time.time() - t < timeout:

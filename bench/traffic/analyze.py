@@ -34,6 +34,7 @@ SAVING = re.compile(r"prompt_save:\s+- saving prompt with length (\d+), total st
 UPDATE_MS = re.compile(r"prompt cache update took ([\d.]+) ms")
 SUMMARY = ("followup_cached_share", "followup_ttft_p50_ms", "followup_ttft_p99_ms", "opening_ttft_p50_ms",
            "opening_ttft_p99_ms", "aggregate_tps", "busy_share", "wall_s")
+TOKEN_FIELDS = ("processed", "cached", "requests", "generated")  # tokens(rep)'s
 COPY_GAP_S = 0.25  # two checkpoints of different slots this close: one batch's fill, no decode between
 
 
@@ -126,7 +127,7 @@ def row(config: dict) -> dict:
            "args": config.get("plan_args")}
     for k in SUMMARY:
         out[k] = median([r["summary"].get(k) for r in reps])
-    for k in ("processed", "cached", "requests", "generated"):
+    for k in TOKEN_FIELDS:
         out[k] = median([tokens(r)[k] for r in reps])
     rss = [r["peak"].get("VmRSS") for r in reps if r.get("peak")]
     cg = [(r["peak"].get("cgroup") or {}).get("cg_unreclaimable") for r in reps if r.get("peak")]
@@ -159,7 +160,7 @@ def paired(results: dict, a: str, b: str, field: str, key: str = "traffic51") ->
     by = {c["name"]: {r["fingerprint"]: r for r in c["reps"]} for c in configs(results, key)}
 
     def get(rep):
-        return tokens(rep)[field] if field in ("processed", "cached", "requests", "generated") else rep["summary"][field]
+        return tokens(rep)[field] if field in TOKEN_FIELDS else rep["summary"][field]
     return [(fp, get(ra), get(by[b][fp])) for fp, ra in by[a].items() if fp in by[b]]
 
 

@@ -21,15 +21,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
-
+from bench.gpu.proof.runner import concurrent
+from bench.gpu.qwen35_bench import Server, complete
 from bench.traffic import analyze
 
 VARIANTS = {"default": {}, "thp": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
@@ -38,16 +35,9 @@ WORDS = ("fleet canary host driver build model slot cache server volta token pro
 
 
 def shape():
+    """The 27B's shape with small weights: every Gated-DeltaNet field (and so the state) is the 27B's."""
     from lab import qwen35gen as gen
     return replace(gen.SHAPES["27b"], n_embd=256, n_ff=512, n_head=4, n_head_kv=4, head_dim=64, n_vocab=248320)
-
-
-def state_bytes(s) -> int:
-    """One slot's recurrent state, what a checkpoint copies: each Gated-DeltaNet block's conv state
-    ((d_conv - 1) x conv channels, f32) and its delta-rule state (d_state x d_state a value head, f32)."""
-    key_dim, value_dim = s.ssm_d_state * s.ssm_n_group, s.ssm_d_state * s.ssm_dt_rank
-    per_block = (s.ssm_d_conv - 1) * (2 * key_dim + value_dim) * 4 + s.ssm_d_state ** 2 * s.ssm_dt_rank * 4
-    return per_block * sum(1 for il in range(s.n_layer) if s.is_recurrent(il))
 
 
 def prompts(round_: int, slots: int, words: int = 48) -> list[str]:
@@ -56,52 +46,38 @@ def prompts(round_: int, slots: int, words: int = 48) -> list[str]:
 
 
 def one_round(port: int, texts: list[str]) -> None:
-    def ask(t):
-        with httpx.Client(timeout=120) as c:
-            r = c.post(f"http://127.0.0.1:{port}/completion", json={"prompt": t, "n_predict": 2, "cache_prompt": True})
-            r.raise_for_status()
-    threads = [threading.Thread(target=ask, args=(t,)) for t in texts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    """The texts at once, each a new prompt of its own slot (2 tokens each); a failed request ends the run."""
+    got = concurrent(port, [lambda t=t: complete(port, t, 2, stream=False, cache_prompt=True) for t in texts])
+    bad = [r["error"] for r in got if r.get("error")]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(texts)} requests failed: {bad[0]}")
 
 
 def run_variant(binary: str, model: str, env: dict, rounds: int, slots: int, port: int, logf: str) -> dict:
-    args = [binary, "-m", model, "-c", str(2048 * slots), "-np", str(slots), "-t", "2", "--host", "127.0.0.1",
+    args = ["-m", "MODEL", "-c", str(2048 * slots), "-np", str(slots), "-t", "2", "--host", "127.0.0.1",
             "--port", str(port), "--ctx-checkpoints", "4", "--cache-ram", "0", "--log-verbosity", "4", "--metrics"]
-    with open(logf, "wb") as log:
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    s = Server(binary, args, model, port, logf, env=env)
     try:
-        t0 = time.time()
-        while time.time() - t0 < 300:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if p.poll() is not None:
-                raise RuntimeError(f"llama-server exited {p.returncode}: {Path(logf).read_text()[-2000:]}")
-            time.sleep(0.3)
+        if not s.ok:
+            raise RuntimeError(f"llama-server did not come up: {s.log()[-2000:]}")
         one_round(port, prompts(999, slots))  # warm-up
         start = os.path.getsize(logf)
         for r in range(rounds):
             one_round(port, prompts(r, slots))
         lines = Path(logf).read_bytes()[start:].decode(errors="replace").splitlines()
     finally:
-        p.terminate()
-        p.wait(30)
+        s.stop()
     gaps = analyze.checkpoint_copy_ms(lines)
-    sizes = sorted({line.rsplit("size = ", 1)[1].rstrip(")") for line in lines if "created context checkpoint" in line})
-    return {"env": env, "argv": [x if x != model else "MODEL" for x in args[1:]], "copies_alone": len(gaps), "copy_ms": gaps,
+    sizes = sorted({f"{m[3]} MiB" for line in lines if (m := analyze.CREATED.search(line))})
+    return {"env": env, "argv": args, "copies_alone": len(gaps), "copy_ms": gaps,
             "median_ms": statistics.median(gaps) if gaps else None, "checkpoint_sizes": sizes,
             "counts": analyze.server_counts(lines)}
 
 
 def main(argv=None) -> dict:
     from lab import qwen35gen as gen
+    from lab.fleet import sdist_vocab
     from tests.gateway_local import harness
-    from tests.gateway_local.test_traffic51 import vocab
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=8)
@@ -115,7 +91,7 @@ def main(argv=None) -> dict:
         raise SystemExit("needs the lab's llama-server of the pinned commit (make demo / lab up)")
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "state27b.gguf")
-        gen.write_sparse(str(vocab()), model, shape(), "q4_k_s")
+        gen.write_sparse(str(sdist_vocab()), model, shape(), "q4_k_s")
         runs = []
         for rep in range(a.reps):
             for name, env in VARIANTS.items():

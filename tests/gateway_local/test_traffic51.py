@@ -20,8 +20,8 @@ SHAPE = replace(gen.SHAPES["tiny"], n_embd=256, n_ff=512, head_dim=64, ssm_d_sta
 
 
 def vocab() -> Path:
-    from lab.fleet import CACHE, SDIST_VERSION
-    return CACHE / "sdist" / f"llama_cpp_python-{SDIST_VERSION}" / "vendor/llama.cpp/models/ggml-vocab-qwen35.gguf"
+    from lab.fleet import sdist_vocab
+    return sdist_vocab()
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ rounds (16 clients at once, as proof19b measured the seed's ratio).
                        each config's server, a warm-up, turn_s measured (driver.calibrate) when asked, then
                        `runs` replays of the schedule (seed, seed + 1, ...) or rounds at each shape, host memory
                        sampled (and its cgroup's); each repetition keeps /metrics before and after and its
-                       span of the server's log (log_span, bytes; the whole log is log_file in logs.tgz). A config whose complete record the results already hold
-                       (same name and argv) is skipped: a later call or session goes on where the last stopped.
+                       span of the server's log (log_span, bytes; the whole log is log_file in logs.tgz). A
+                       config whose complete record the results already hold (same name and argv) is skipped:
+                       a later call or session goes on where the last stopped.
 """
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ def log_size(s: Server) -> int:
         return 0
 
 
+def watch(run: ProofRun, s: Server):
+    """At a repetition's start: the server's /metrics and log size now; the function returned gives the
+    repetition's metrics_before, metrics_after and log_span at its end."""
+    before, log0 = metrics(run.port, None), log_size(s)
+    return lambda: {"metrics_before": before, "metrics_after": metrics(run.port, None), "log_span": [log0, log_size(s)]}
+
+
 def done(out: list, item: dict) -> bool:
     """Whether the results hold a complete record of this config (its name and planned argv)."""
     return any(r.get("complete") and r["name"] == item["name"] and r.get("plan_args") == item["args"] for r in out)
@@ -50,11 +58,10 @@ def replays(run: ProofRun, t: dict, item: dict, r: dict, s: Server, cgroup: str 
     r["params"] = asdict(p)
     pid = s.p.pid
     for rep in range(t.get("runs", 1)):
-        before, log0 = metrics(run.port, None), log_size(s)
+        marks = watch(run, s)
         sampler, t0 = HostSampler(pid, cgroup), time.time()
         got = driver.replay(schedule(replace(p, seed=p.seed + rep)), run.port)
-        got.update(rep=rep, seconds=round(time.time() - t0, 2), peak=sampler.stop(), mem=proc_mem(pid),
-                   metrics_before=before, metrics_after=metrics(run.port, None), log_span=[log0, log_size(s)])
+        got.update(rep=rep, seconds=round(time.time() - t0, 2), peak=sampler.stop(), mem=proc_mem(pid), **marks())
         r["reps"].append(got)
         say("traffic51", item["name"], rep, got["seconds"], got["summary"], "peak", got["peak"].get("VmRSS"),
             (got["peak"].get("cgroup") or {}).get("cg_unreclaimable"))
@@ -68,11 +75,10 @@ def rounds(run: ProofRun, t: dict, item: dict, r: dict, s: Server, cgroup: str |
     one_round(run, 1, 8, 32, 9900)  # warm-up
     for rep in range(t.get("runs", 1)):
         for plen, tokens in item["shapes"]:
-            sampler, before, log0 = HostSampler(s.p.pid, cgroup), metrics(run.port, None), log_size(s)
+            marks, sampler = watch(run, s), HostSampler(s.p.pid, cgroup)
             recs = one_round(run, item["streams"], tokens, plen, 5100 + 100 * rep + plen % 97)
             r["reps"].append({"rep": rep, "streams": item["streams"], "prompt": plen, "tokens": tokens, "recs": recs,
-                              "peak": sampler.stop(), "metrics_before": before,
-                              "metrics_after": metrics(run.port, None), "log_span": [log0, log_size(s)]})
+                              "peak": sampler.stop(), **marks()})
             say("traffic51", item["name"], rep, plen, tokens, wall_rate(recs))
             run.save()
 
