@@ -540,7 +540,7 @@ def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, 
 # 51a, session 1 (bench/records/proof51/session1, an H100): the shipped argv at 2x (32 conversations) against an
 # 8 GiB host cache, both whole (395 and 650 s of device time, estimated 335 and 364), and 2x without checkpoints
 # once of 3 when the device's half hour ran out.
-# 51b, session 2: 2x without checkpoints again (a partial record runs from its start), item 3 in one run, then
+# 51b, session 2: item 3 in one run, 2x without checkpoints again (a partial record runs from its start), then
 # what session 1 showed matters at 2x (bench/traffic/README.md): the 8 GiB cache without its save of every idle
 # slot at each request, 8 checkpoints; then 1x shipped.
 # 51c, later: 4x (its conversations live 5 x their busy time; ~900-1,000 s a config, so both sides of a 4x pair
@@ -570,18 +570,18 @@ def plan51a(ref: str = RECORDS_REF) -> list[dict]:
 
 
 def plan51b(ref: str = RECORDS_REF) -> list[dict]:
-    """Session 2 (51b): 2x without checkpoints (~324 s; session 1 ran one of its 3 schedules in 109 s), item 3
-    (v100_32gb as shipped against the seed's stage-3 flags in one run, 16 clients, 128/128 and 160/256, median
-    of 3, ~83 and ~177 s, and without checkpoints, proof19b: 366 vs 114 tok/s, ~65 s), then the 8 GiB cache
+    """Session 2 (51b): item 3 first (it has no record yet, and session 2's device started late: v100_32gb as
+    shipped against the seed's stage-3 flags in one run, 16 clients, 128/128 and 160/256, median of 3, ~83 and
+    ~177 s, and without checkpoints, proof19b: 366 vs 114 tok/s, ~65 s), 2x without checkpoints (~324 s;
+    session 1 ran one of its 3 schedules in 109 s), then the 8 GiB cache
     without the idle slots' saves, 8 checkpoints, and 1x shipped: more than a session's phase, so the last
     ones may fall to the next session."""
     g = group_cfg("v100_32gb", ref)
     ck0 = g.replace(server_ctx_checkpoints=0)
-    items = [traffic51_config("51b", *c, ref=ref) for c in PLAN51B_TRAFFIC]
-    items += [throughput51_config("51b", "thr-ship", render("v100_32gb"), g),
-              throughput51_config("51b", "thr-seed", SEED_STAGE3, None),
-              throughput51_config("51b", "thr-ship-ck0", server_args(ck0, "MODEL", port=PORT, api_key_file=None),
-                                  ck0)]
+    items = [throughput51_config("51b", "thr-ship", render("v100_32gb"), g),
+             throughput51_config("51b", "thr-seed", SEED_STAGE3, None),
+             throughput51_config("51b", "thr-ship-ck0", server_args(ck0, "MODEL", port=PORT, api_key_file=None), ck0)]
+    items += [traffic51_config("51b", *c, ref=ref) for c in PLAN51B_TRAFFIC]
     return items + [traffic51_config("51b", n, c, gib, ref=ref, idle_slots=idle) for n, c, gib, idle in PLAN51B_AFTER]
 
 
