@@ -150,6 +150,11 @@ def configs(results: dict, key: str = "traffic51") -> list[dict]:
     return list(out.values())
 
 
+def rounds_configs(results: dict, key: str = "traffic51") -> list[dict]:
+    """Item 3's complete rounds configs, in run order."""
+    return [c for c in results.get(key, []) if c.get("kind") == "rounds" and c.get("complete")]
+
+
 def table(results: dict, key: str = "traffic51") -> list[dict]:
     """Every traffic config's row (`row`)."""
     return [row(c) for c in configs(results, key)]
@@ -172,19 +177,38 @@ def rounds(results: dict, seed: str = "thr-seed", key: str = "traffic51") -> dic
 
     out: dict = {}
     for c in results.get(key, []):
-        if c.get("kind") != "rounds" or not c.get("complete"):
+        if c not in rounds_configs(results, key):
             continue
         shapes = out.setdefault(c["name"], {})
         for rep in c["reps"]:
-            shapes.setdefault(f"{rep['prompt']}/{rep['tokens']}", {"tps": []})["tps"].append(wall_rate(rep["recs"]))
+            f = shapes.setdefault(f"{rep['prompt']}/{rep['tokens']}", {"tps": [], "step_ms": []})
+            f["tps"].append(wall_rate(rep["recs"]))
+            f["step_ms"].append(median([decode_step_ms(r) for r in rep["recs"]]))
     for shapes in out.values():
         for f in shapes.values():
             f["median"] = median(f["tps"])
+            f["step_median"] = median(f["step_ms"])
     for shapes in out.values():
         for shape, f in shapes.items():
             base = (out.get(seed) or {}).get(shape, {}).get("median")
             f["x_seed"] = round(f["median"] / base, 2) if base and f["median"] else None
     return out
+
+
+def decode_step_ms(rec: dict) -> float | None:
+    """One request's decode step: first token to last over the steps between (times_ms, from its start)."""
+    t = rec.get("times_ms") or []
+    return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None
+
+
+def decode_ceiling(results: dict, ship: str, seed: str = "thr-seed", streams: tuple = (16, 4),
+                   key: str = "traffic51") -> dict:
+    """Item 3's bound as answers grow: the ratio of `ship`'s wall tok/s to the seed's tends to their decode
+    rates, streams x step, since the seed's queued prefill waves weigh less and less: 16 / step16 over
+    4 / step4 at each shape, from the same run's median steps."""
+    got = rounds(results, seed, key)
+    return {shape: round((streams[0] / f["step_median"]) / (streams[1] / got[seed][shape]["step_median"]), 2)
+            for shape, f in got[ship].items()}
 
 
 def v100_prefill_s(processed: float) -> tuple[float, float]:
@@ -209,8 +233,9 @@ def report(results: dict, logs: dict[str, str] | None = None) -> str:
         lines.append(f"checkpoint copy (kept log lines, {len(gaps)} pairs): median {statistics.median(gaps):.1f} ms")
     for name, shapes in rounds(results).items():
         lines.append(f"{name:20} 16 clients: " + ", ".join(
-            f"{shape} {f['median']:.1f} tok/s ({f['x_seed']}x the seed)" for shape, f in shapes.items()))
-    for c in configs(results) if logs else []:
+            f"{shape} {f['median']:.1f} tok/s ({f['x_seed']}x the seed, step {f['step_median']:.1f} ms)"
+            for shape, f in shapes.items()))
+    for c in configs(results) + rounds_configs(results) if logs else []:
         w = work(c, logs)
         if w:
             lines.append(f"{c['name']:20} a repetition (median): {w['created']:.0f} checkpoints created, "

@@ -119,7 +119,8 @@ def test_32gb_at_16_clients_is_over_2_3x_the_seed_in_one_session():
     t = pr.serve_table(RUN1["serve"])
     ours, seed = t["v32-ship"][16]["wall"], t["seed-stage3"][16]["wall"]
     assert round(ours[0]) == 270 and round(seed[0]) == 114 and ours[0] / seed[0] >= 2.3
-    assert "2.38x" in text("v100_32gb") and round(ours[0] / seed[0], 2) == 2.38
+    assert "2.38x" in (ROOT / "bench/RESULTS.md").read_text() and round(ours[0] / seed[0], 2) == 2.38
+    # (group_vars quotes the later run with Volta's kernel choice: tests/unit/test_records51b.py)
     # the FORCE_CUBLAS build (every batch through cuBLAS, decode steps included: not Volta's path)
     cub, seed_cub = t["v32-ship-cublas"][16]["wall"], t["seed-stage3-cublas"][16]["wall"]
     assert round(cub[0] / seed_cub[0], 2) == 1.12
