@@ -119,3 +119,13 @@ def test_group_vars_and_docs_quote_these_ratios(rounds):
     assert f"at 16 clients {ship['128/128']['x_seed']}x the seed's stage-3 throughput at 128/128 and " \
            f"{ship['160/256']['x_seed']}x at 160/256" in doc
     assert f"it would be {ck0['128/128']['x_seed']}x and {ck0['160/256']['x_seed']}x" in doc
+
+
+def test_session_3_resumes_where_session_2_stopped(results):
+    """The next session's plan skips what sessions 1 and 2 completed and starts at 51b's rest."""
+    from bench.gpu import gpu_proof
+    from bench.gpu.proof.traffic import done
+
+    todo = [c["name"] for c in gpu_proof.plan51()["traffic51"]["configs"] if not done(results["traffic51"], c)]
+    assert todo[:3] == ["2x-ck4-cr8-noidle", "2x-ck8-cr0", "1x-ck4-cr0"]
+    assert not {"2x-ck4-cr0", "2x-ck4-cr8", "2x-ck0-cr0", "thr-ship", "thr-seed", "thr-ship-ck0"} & set(todo)
