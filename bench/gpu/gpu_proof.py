@@ -466,7 +466,8 @@ SESSION51_S = 22 * 60     # a part's phase time: 30 device minutes less ~90 s st
 PER_SLOT51 = (1, 2, 4)    # conversations open at once: 16, 32, 64 on v100_32gb's 16 slots
 THROUGHPUT51 = ((128, 128), (160, 256))                       # item 3: prompt / answer tokens, 16 clients
 # item 3's rates for the estimate: 16 clients, wall tok/s (bench/records/proof19b: 270 shipped, 114 the seed)
-ROUNDS51_TPS = {"thr-ship": 270.0, "thr-seed": 114.0, "thr-ship-ck0": 366.0, "thr-ship-ub1024": 273.0}
+ROUNDS51_TPS = {"thr-ship": 270.0, "thr-seed": 114.0, "thr-ship-ck0": 366.0, "thr-ship-ub1024": 273.0,
+                "thr-ship-again": 320.0, "thr-seed-again": 130.0, "thr-ship-heap": 360.0}  # (session 2: 294-402, 123-140)
 
 
 def traffic51_params(per_slot: float) -> dict:
@@ -502,11 +503,12 @@ def host_plan_of(cfg: Settings):
 
 
 def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: int = 3,
-                     ref: str = RECORDS_REF, idle_slots: bool = True) -> dict:
+                     ref: str = RECORDS_REF, idle_slots: bool = True, env: dict | None = None, suffix: str = "") -> dict:
     """One traffic config: its exact argv (group_vars rendered), its schedule, its host-memory plan at llama.cpp
     `ref` (the server runs in a cgroup whose memory.max is the unit's MemoryMax) and its estimated device
     seconds. idle_slots False adds --no-cache-idle-slots (name suffix -noidle): with a host cache, llama-server
-    otherwise saves every idle slot to it each time a request starts (tools/server/server-context.cpp)."""
+    otherwise saves every idle slot to it each time a request starts (tools/server/server-context.cpp). `env`: the
+    server's environment beside the phase's (HEAP51), `suffix` added to the name (a config run again: -again)."""
     from bench.traffic.estimate import Server, config_seconds
     from bench.traffic.model import params_from
 
@@ -514,7 +516,8 @@ def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: 
     hp = host_plan_of(cfg)
     traffic = traffic51_params(per_slot)
     est = config_seconds(params_from(traffic), Server(cfg.server.parallel, ckpt, cache_gib * 1024), runs)
-    return {"name": f"{per_slot}x-ck{ckpt}-cr{cache_gib}" + ("" if idle_slots else "-noidle"), "part": part,
+    return {"name": f"{per_slot}x-ck{ckpt}-cr{cache_gib}" + ("" if idle_slots else "-noidle") + suffix, "part": part,
+            **({"env": env} if env else {}),
             "kind": "traffic", "model": "q4ks-vary.gguf", "per_slot": per_slot, "ckpt": ckpt,
             "cache_ram_mib": cache_gib * 1024, "idle_slots": idle_slots, "slots": cfg.server.parallel,
             "args": server_args(cfg, "MODEL", port=PORT, api_key_file=None), "traffic": traffic, "calibrate": False,
@@ -522,13 +525,14 @@ def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: 
             "memory_max_mib": -(-hp.memory_max // 2**20), "estimate_s": round(est)}
 
 
-def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, runs: int = 3) -> dict:
+def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, runs: int = 3,
+                        env: dict | None = None) -> dict:
     """Item 3: one server, `runs` rounds of 16 clients at once at each prompt/answer shape (distinct token
     prompts, greedy, as proof19b measured the 2.38x); the zero-weight file every earlier ratio used."""
     tokens = sum(16 * n for _, n in THROUGHPUT51)
     est = 10 + 5 + runs * tokens / ROUNDS51_TPS[name]
     item = {"name": name, "part": part, "kind": "rounds", "model": "q4ks.gguf", "args": args, "streams": 16,
-            "shapes": [list(x) for x in THROUGHPUT51], "estimate_s": round(est)}
+            "shapes": [list(x) for x in THROUGHPUT51], "estimate_s": round(est), **({"env": env} if env else {})}
     if cfg is not None:
         hp = host_plan_of(cfg)
         item.update(planned_mib=round(hp.instance.total / 2**20, 1), planned_held_mib=round(hp.instance.held / 2**20, 1),
@@ -547,6 +551,7 @@ def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, 
 # need sessions of their own), item 3's -ub 1024, then every other cell of 0/4/8 checkpoints x 0/4/8/16 GiB x
 # 1x/2x/4x.
 NO_IDLE_SAVES = "--no-cache-idle-slots"
+HEAP51 = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"}  # ckpt_copy's "heap"
 PLAN51A = ((2, 4, 0), (2, 4, 8))
 PLAN51B_TRAFFIC = ((2, 0, 0),)
 PLAN51B_AFTER = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))
@@ -582,7 +587,22 @@ def plan51b(ref: str = RECORDS_REF) -> list[dict]:
              throughput51_config("51b", "thr-seed", SEED_STAGE3, None),
              throughput51_config("51b", "thr-ship-ck0", server_args(ck0, "MODEL", port=PORT, api_key_file=None), ck0)]
     items += [traffic51_config("51b", *c, ref=ref) for c in PLAN51B_TRAFFIC]
+    items += heap51(ref)
     return items + [traffic51_config("51b", n, c, gib, ref=ref, idle_slots=idle) for n, c, gib, idle in PLAN51B_AFTER]
+
+
+def heap51(ref: str = RECORDS_REF) -> list[dict]:
+    """Session 3's first configs (~1,010 s): glibc's malloc with no mmap'd chunks and no trimming (HEAP51), so
+    a checkpoint's new 149.6 MiB vector reuses resident heap pages instead of faulting in fresh ones (this
+    machine's CPU backend: 22.2 ms a copy against 129.25, bench/records/ckpt-copy/run2.json). Each side of
+    each ratio in the same run: item 3's shipped argv and the seed again beside it with HEAP51, then the
+    shipped argv at 2x again beside it with HEAP51 (paired by schedule)."""
+    g = group_cfg("v100_32gb", ref)
+    return [throughput51_config("51b", "thr-ship-again", render("v100_32gb"), g),
+            throughput51_config("51b", "thr-seed-again", SEED_STAGE3, None),
+            throughput51_config("51b", "thr-ship-heap", render("v100_32gb"), g, env=HEAP51),
+            traffic51_config("51b", 2, 4, 0, ref=ref, suffix="-again"),
+            traffic51_config("51b", 2, 4, 0, ref=ref, env=HEAP51, suffix="-heap")]
 
 
 def plan51c(ref: str = RECORDS_REF) -> list[dict]:

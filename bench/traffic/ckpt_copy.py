@@ -10,7 +10,10 @@ slot's checkpoint (a new host vector: allocated, zeroed, copied from the state) 
 decoded, so the time between two slots' "created context checkpoint" lines is one checkpoint
 (bench.traffic.analyze.checkpoint_copy_ms). Variants run the same server under another environment:
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 has glibc's malloc ask for transparent huge pages on its mmap'd chunks
-(a 149.6 MiB vector is one: 75 faults of 2 MiB instead of ~38,000 of 4 KiB). On a GPU host the copy is a
+(a 149.6 MiB vector is one: 75 faults of 2 MiB instead of ~38,000 of 4 KiB). `heap` (gpu_proof.HEAP51) has
+it keep every chunk in its heap (glibc.malloc.mmap_max=0) and never give the top back (a 64 GiB
+trim_threshold): a freed checkpoint's pages stay resident and the next one reuses them, no faults (`--variants
+default,heap`; the record keeps each server's resident peak, VmHWM). On a GPU host the copy is a
 device-to-host cudaMemcpy into the same kind of new vector; this measures the allocation and page-fault
 part that both share, not the PCIe copy.
 """
@@ -21,15 +24,19 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from bench.gpu import gpu_proof
 from bench.gpu.proof.runner import concurrent
 from bench.gpu.qwen35_bench import Server, complete
 from bench.traffic import analyze
 
-VARIANTS = {"default": {}, "thp": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
+VARIANTS = {"default": {}, "thp": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+            # no mmap'd chunks and no trimming: a freed checkpoint's pages stay in the heap, resident, for the next
+            "heap": gpu_proof.HEAP51}
 WORDS = ("fleet canary host driver build model slot cache server volta token prompt answer window memory "
          "kernel batch queue route gateway").split()
 
@@ -65,13 +72,22 @@ def run_variant(binary: str, model: str, env: dict, rounds: int, slots: int, por
         for r in range(rounds):
             one_round(port, prompts(r, slots))
         lines = Path(logf).read_bytes()[start:].decode(errors="replace").splitlines()
+        hwm = status_mib(s.p.pid, "VmHWM")
     finally:
         s.stop()
     gaps = analyze.checkpoint_copy_ms(lines)
     sizes = sorted({f"{m[3]} MiB" for line in lines if (m := analyze.CREATED.search(line))})
     return {"env": env, "argv": args, "copies_alone": len(gaps), "copy_ms": gaps,
             "median_ms": statistics.median(gaps) if gaps else None, "checkpoint_sizes": sizes,
-            "counts": analyze.server_counts(lines)}
+            "counts": analyze.server_counts(lines), "rss_peak_mib": hwm}
+
+
+def status_mib(pid: int, key: str) -> float | None:
+    """/proc/PID/status's KEY (kB) in MiB: VmHWM is the process's resident peak."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def main(argv=None) -> dict:
@@ -84,8 +100,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3, help="each variant's server started this many times, alternating")
     ap.add_argument("--port", type=int, default=harness.BASE_PORT + 45)
+    ap.add_argument("--variants", default="default,thp", help=f"which of {', '.join(VARIANTS)}, comma-separated")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    chosen = a.variants.split(",")
+    if not set(chosen) <= set(VARIANTS):
+        raise SystemExit(f"--variants: {a.variants}: choose from {', '.join(VARIANTS)}")
     binary = harness.pinned_server()
     if not binary:
         raise SystemExit("needs the lab's llama-server of the pinned commit (make demo / lab up)")
@@ -94,16 +114,17 @@ def main(argv=None) -> dict:
         gen.write_sparse(str(sdist_vocab()), model, shape(), "q4_k_s")
         runs = []
         for rep in range(a.reps):
-            for name, env in VARIANTS.items():
+            for name in chosen:
+                env = VARIANTS[name]
                 r = run_variant(binary, model, env, a.rounds, a.slots, a.port, os.path.join(tmp, f"{name}-{rep}.log"))
                 runs.append({"variant": name, "rep": rep, **r})
                 print(f"{name:8} rep {rep}: {r['copies_alone']} copies alone, median {r['median_ms']} ms, "
-                      f"sizes {r['checkpoint_sizes']}", flush=True)
-    out = {"argv": ["bench/traffic/ckpt_copy.py", *(argv or [])], "machine": {"cpus": os.cpu_count(),
+                      f"sizes {r['checkpoint_sizes']}, RSS peak {r['rss_peak_mib']} MiB", flush=True)
+    out = {"argv": ["bench/traffic/ckpt_copy.py", *(sys.argv[1:] if argv is None else argv)], "machine": {"cpus": os.cpu_count(),
            "kernel": platform.release(), "thp": Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()},
            "runs": runs,
            "median_of_reps_ms": {n: statistics.median(r["median_ms"] for r in runs if r["variant"] == n)
-                                 for n in VARIANTS}}
+                                 for n in chosen}}
     print(json.dumps(out["median_of_reps_ms"]))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

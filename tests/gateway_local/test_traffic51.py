@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.gpu.gpu_proof import HEAP51
 from bench.traffic import driver
 from bench.traffic.model import Lognormal, Params, schedule
 from lab import qwen35gen as gen
@@ -103,7 +104,8 @@ def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, tmp_p
     args = ["-m", "MODEL", "-c", "8192", "-np", "2", "-t", "1", "--host", "127.0.0.1", "--port", str(port),
             "--metrics", "--log-verbosity", "4", "--ctx-checkpoints", "4"]
     plan = {"port": port, "traffic51": {"build": "mmq", "runs": 2, "configs": [
-        {"name": "t51-local", "kind": "traffic", "model": "vary.gguf", "args": args, "traffic": asdict(params)}]}}
+        {"name": "t51-local", "kind": "traffic", "model": "vary.gguf", "args": args, "traffic": asdict(params),
+         "env": HEAP51}]}}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     a = argparse.Namespace(plan=str(tmp_path / "plan.json"), res=str(tmp_path), models=str(tmp_path),
                            bin=str(Path(harness.pinned_server()).parent), bins="", cublas_bin=None)
@@ -111,6 +113,8 @@ def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, tmp_p
     phase.traffic(run, "mmq")
     (r,) = json.loads((tmp_path / "results.json").read_text())["traffic51"]
     assert r["complete"] and r["alive_at_end"] is True and len(r["reps"]) == 2, r.get("log")
+    assert r["env"] == HEAP51 and phase.done([r], plan["traffic51"]["configs"][0])
+    assert not phase.done([r], {**plan["traffic51"]["configs"][0], "env": None})  # another environment: run it
     text = (Path("/tmp") / r["log_file"]).read_text(errors="replace")
     spans = [rep["log_span"] for rep in r["reps"]]
     assert spans[0][0] < spans[0][1] <= spans[1][0] < spans[1][1] <= len(text.encode())
@@ -122,3 +126,31 @@ def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, tmp_p
         assert counts["restored"] >= 1  # follow-ups resumed from a checkpoint
         # llama-server's default host cache (8 GiB here: no --cache-ram) saves slots and times its own updates
         assert counts["save_attempts"] >= 1 and counts["cache_updates"] >= 1 and counts["cache_update_ms"] > 0
+
+
+def test_a_config_s_environment_reaches_its_server(tmp_path):
+    """The phase starts a config's server with its env beside the phase's own (gpu_proof.HEAP51: glibc's
+    malloc tunables, which the server reads at its start): the running process's environment holds it."""
+    import argparse
+    import json
+
+    from bench.gpu.proof.runner import ProofRun
+
+    port = PORT + 2
+    model = tmp_path / "m.gguf"
+    gen.write_sparse(str(vocab()), str(model), SHAPE, "q4_k_s")
+    (tmp_path / "plan.json").write_text(json.dumps({"port": port}))
+    a = argparse.Namespace(plan=str(tmp_path / "plan.json"), res=str(tmp_path), models=str(tmp_path),
+                           bin=str(Path(harness.pinned_server()).parent), bins="", cublas_bin=None)
+    s = ProofRun(a).server("mmq", "env-check", ["-m", "MODEL", "-c", "512", "-t", "1", "--host", "127.0.0.1",
+                                                "--port", str(port)], model=str(model), env=HEAP51)
+    try:
+        assert s.ok, s.log()[-2000:]
+        (got,) = [x.decode() for x in Path(f"/proc/{s.p.pid}/environ").read_bytes().split(b"\0")
+                  if x.startswith(b"GLIBC_TUNABLES=")]
+        # glibc (2.36 here) parses every tunable at the server's start, then leaves the first alone in the string
+        # (tests/unit/test_ckpt_copy.py checks that both act)
+        first = HEAP51["GLIBC_TUNABLES"].split(":")[0]
+        assert got in (f"GLIBC_TUNABLES={HEAP51['GLIBC_TUNABLES']}", f"GLIBC_TUNABLES={first}")
+    finally:
+        s.stop()

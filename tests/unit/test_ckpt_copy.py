@@ -47,3 +47,55 @@ def test_the_record():
     thp = [g for x in by["thp"] for g in x["copy_ms"]]
     assert (round(min(thp)), round(max(thp))) == (31, 207)  # huge pages when compaction finds them, stalls when not
     assert all(t["median_ms"] > d["median_ms"] for d, t in zip(by["default"], by["thp"]))
+
+
+def test_the_heap_record():
+    """bench/records/ckpt-copy/run2.json: glibc's malloc kept to its heap (gpu_proof.HEAP51) against the default,
+    alternating, 3 servers each: what bench/RESULTS.md and plan51's heap51 quote."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from bench.gpu import gpu_proof
+
+    r = json.loads((Path(__file__).resolve().parents[2] / "bench/records/ckpt-copy/run2.json").read_text())
+    assert r["argv"][1:] == ["--rounds", "8", "--variants", "default,heap", "--out", "bench/records/ckpt-copy/run2.json"]
+    by = {}
+    for run in r["runs"]:
+        assert run["median_ms"] == statistics.median(run["copy_ms"]) and run["copies_alone"] == 32
+        assert run["checkpoint_sizes"] == ["149.626 MiB"] and run["counts"]["created"] == 32
+        by.setdefault(run["variant"], []).append(run)
+    assert [x["variant"] for x in r["runs"]] == ["default", "heap"] * 3
+    assert all(x["env"] == gpu_proof.HEAP51 for x in by["heap"]) and all(x["env"] == {} for x in by["default"])
+    med = {n: statistics.median(x["median_ms"] for x in v) for n, v in by.items()}
+    assert med == r["median_of_reps_ms"] == {"default": 129.25, "heap": 22.2}
+    assert all(h["median_ms"] * 5 < d["median_ms"] for d, h in zip(by["default"], by["heap"]))
+    # the price: freed checkpoints stay resident, the peak up to about one checkpoint (149.6 MiB) more
+    rss = {n: max(x["rss_peak_mib"] for x in v) for n, v in by.items()}
+    assert rss == {"default": 1926.4, "heap": 2090.5} and rss["heap"] - rss["default"] < 1.2 * 149.626
+
+
+def test_heap51_keeps_a_freed_checkpoint_resident_in_a_real_process():
+    """HEAP51's two tunables act in the process that starts with them (glibc reads them at its start): a freed
+    149.6 MiB chunk stays resident for the next allocation to reuse; by default glibc gives it back at once."""
+    import os
+    import subprocess
+    import sys
+
+    from bench.gpu import gpu_proof
+
+    code = ("import ctypes, re\n"
+            "libc = ctypes.CDLL('libc.so.6'); libc.malloc.restype = ctypes.c_void_p\n"
+            "rss = lambda: int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1]) // 1024\n"
+            "n = 149626 * 1024; p = libc.malloc(n); ctypes.memset(p, 1, n); a = rss()\n"
+            "libc.free(ctypes.c_void_p(p)); print(a, rss())\n")
+
+    def run(env):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        return [int(x) for x in out]
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    held, after = run({**env, **gpu_proof.HEAP51})
+    assert after > held - 20 and held > 140  # still resident after free
+    held, after = run(env)
+    assert after < held - 140  # the default: given back to the kernel

@@ -80,7 +80,10 @@ def test_the_full_matrix_is_planned_once():
     cells = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for c in configs() if c["kind"] == "traffic"}
     assert cells == {(n, ck, gib) for n in (1, 2, 4) for ck in (0, 4, 8) for gib in (0, 4, 8, 16)}
     traffic = [c for c in configs() if c["kind"] == "traffic"]
-    assert len(traffic) == 36 + 1 and [c["name"] for c in traffic if not c["idle_slots"]] == ["2x-ck4-cr8-noidle"]
+    assert len(traffic) == 36 + 3 and [c["name"] for c in traffic if not c["idle_slots"]] == ["2x-ck4-cr8-noidle"]
+    # 2x shipped again beside it with HEAP51 (heap51): one run holds both sides of that pair
+    assert [(c["name"], c.get("env")) for c in traffic if c["name"].startswith("2x-ck4-cr0-")] == \
+        [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51)]
     a = [(c["per_slot"], c["ckpt"], c["cache_ram_mib"]) for c in configs("51a")]
     assert a == [(2, 4, 0), (2, 4, 8192)]  # session 1 as it ran: 2x, cache 0 vs 8 GiB
     b = [c["name"] for c in configs("51b")]  # session 2: item 3 first, then 2x without checkpoints
@@ -111,7 +114,7 @@ def test_each_schedule_is_seeded_and_replayable():
 
 def test_each_config_carries_its_host_memory_plan():
     for c in configs():
-        if c["name"] == "thr-seed":
+        if c["name"].startswith("thr-seed"):
             assert "memory_max_mib" not in c  # not a voltafleet argv: no plan to hold it to
             continue
         cfg = g.v32_traffic(c.get("ckpt", 4), c.get("cache_ram_mib", 0))
@@ -129,8 +132,11 @@ def test_plan51a_fits_a_session_and_the_estimates_are_the_simulations():
     a = configs("51a")
     assert sum(c["estimate_s"] for c in a) <= g.SESSION51_S == 22 * 60
     b = configs("51b")
-    upto = [c["name"] for c in b].index("2x-ck4-cr8-noidle") + 1  # what session 2 must hold: the rest may wait
+    upto = [c["name"] for c in b].index("2x-ck0-cr0") + 1  # what session 2 held (it ran them): the rest waits
     assert sum(c["estimate_s"] for c in b[:upto]) <= g.SESSION51_S < sum(c["estimate_s"] for c in b)
+    heap = g.heap51()  # session 3's first: both sides of each heap pair in one session
+    assert [c["name"] for c in b[upto:upto + len(heap)]] == [c["name"] for c in heap]
+    assert sum(c["estimate_s"] for c in heap) <= g.SESSION51_S
     for c in a:
         server = Server(16, c["ckpt"], c["cache_ram_mib"])
         assert c["estimate_s"] == round(config_seconds(params_from(c["traffic"]), server, 3))
@@ -167,7 +173,7 @@ def test_phase_skips_configs_already_complete(monkeypatch):
     class Boom(Exception):
         pass
 
-    def server(build, name, args, model=None, cgroup=None):
+    def server(build, name, args, model=None, cgroup=None, env=None):
         started.append(name)
         raise Boom
     run.server = server

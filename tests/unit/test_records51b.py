@@ -122,10 +122,18 @@ def test_group_vars_and_docs_quote_these_ratios(rounds):
 
 
 def test_session_3_resumes_where_session_2_stopped(results):
-    """The next session's plan skips what sessions 1 and 2 completed and starts at 51b's rest."""
+    """The next session's plan skips what sessions 1 and 2 completed: the heap configs and their baselines first
+    (heap51), then 51b's rest."""
     from bench.gpu import gpu_proof
     from bench.gpu.proof.traffic import done
 
     todo = [c["name"] for c in gpu_proof.plan51()["traffic51"]["configs"] if not done(results["traffic51"], c)]
-    assert todo[:3] == ["2x-ck4-cr8-noidle", "2x-ck8-cr0", "1x-ck4-cr0"]
+    assert todo[:8] == ["thr-ship-again", "thr-seed-again", "thr-ship-heap", "2x-ck4-cr0-again", "2x-ck4-cr0-heap",
+                        "2x-ck4-cr8-noidle", "2x-ck8-cr0", "1x-ck4-cr0"]
+    heap = [c for c in gpu_proof.plan51()["traffic51"]["configs"] if c.get("env")]
+    assert [c["name"] for c in heap] == ["thr-ship-heap", "2x-ck4-cr0-heap"] and all(c["env"] == gpu_proof.HEAP51 for c in heap)
+    # each heap config's argv is its baseline's, run beside it
+    args = {c["name"]: c["args"] for c in gpu_proof.plan51()["traffic51"]["configs"]}
+    assert args["thr-ship-heap"] == args["thr-ship-again"] == args["thr-ship"]
+    assert args["2x-ck4-cr0-heap"] == args["2x-ck4-cr0-again"] == args["2x-ck4-cr0"]
     assert not {"2x-ck4-cr0", "2x-ck4-cr8", "2x-ck0-cr0", "thr-ship", "thr-seed", "thr-ship-ck0"} & set(todo)

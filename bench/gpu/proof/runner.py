@@ -31,11 +31,12 @@ class ProofRun(Record):
             return bins[label]
         return self.a.cublas_bin if label == "cublas" else self.a.bin
 
-    def server(self, label: str, name: str, args: list, model: str | None = None, cgroup: str | None = None) -> Server:
+    def server(self, label: str, name: str, args: list, model: str | None = None, cgroup: str | None = None,
+               env: dict | None = None) -> Server:
         """llama-server of build `label` with `args` (MODEL: the model file), up or failed; its log in /tmp;
-        in the cgroup v2 folder `cgroup` when given."""
+        in the cgroup v2 folder `cgroup` when given, with the variables `env` beside this process's."""
         return Server(f"{self.bindir(label)}/llama-server", args, model or self.model_path, self.port,
-                      f"/tmp/load-{label}-{name}.log", cgroup=cgroup)
+                      f"/tmp/load-{label}-{name}.log", cgroup=cgroup, env=env)
 
     @staticmethod
     def loglines(s: Server) -> list:

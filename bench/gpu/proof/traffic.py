@@ -43,8 +43,9 @@ def watch(run: ProofRun, s: Server):
 
 
 def done(out: list, item: dict) -> bool:
-    """Whether the results hold a complete record of this config (its name and planned argv)."""
-    return any(r.get("complete") and r["name"] == item["name"] and r.get("plan_args") == item["args"] for r in out)
+    """Whether the results hold a complete record of this config (its name, planned argv and environment)."""
+    return any(r.get("complete") and r["name"] == item["name"] and r.get("plan_args") == item["args"]
+               and r.get("env") == item.get("env") for r in out)
 
 
 def replays(run: ProofRun, t: dict, item: dict, r: dict, s: Server, cgroup: str | None) -> None:
@@ -102,8 +103,8 @@ def traffic(run: ProofRun, build: str, key: str = "traffic51") -> None:
             except OSError as e:  # no writable cgroup v2 here: the process's figures alone, and why
                 why = repr(e)
         model = os.path.join(run.a.models, item["model"]) if item.get("model") else None
-        s = run.server(build, item["name"], item["args"], model=model, cgroup=cgroup)
-        r = {"name": item["name"], "part": item.get("part"), "kind": item.get("kind", "traffic"),
+        s = run.server(build, item["name"], item["args"], model=model, cgroup=cgroup, env=item.get("env"))
+        r = {"name": item["name"], "part": item.get("part"), "kind": item.get("kind", "traffic"), "env": item.get("env"),
              "model": item.get("model"), "build": build, "plan_args": item["args"], "args": s.args, "healthy": s.ok,
              "load_s": s.load_s, "complete": False, "reps": [], "started": time.time(),
              **{k: item[k] for k in ("planned_mib", "planned_held_mib", "memory_max_mib", "estimate_s") if k in item},
