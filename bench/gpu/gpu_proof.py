@@ -592,7 +592,7 @@ def plan51b(ref: str = RECORDS_REF) -> list[dict]:
 
 
 def heap51(ref: str = RECORDS_REF) -> list[dict]:
-    """Session 3's first configs (~1,010 s): glibc's malloc with no mmap'd chunks and no trimming (HEAP51), so
+    """Session 3's first configs (~966 s): glibc's malloc with no mmap'd chunks and no trimming (HEAP51), so
     a checkpoint's new 149.6 MiB vector reuses resident heap pages instead of faulting in fresh ones (this
     machine's CPU backend: 22.2 ms a copy against 129.25, bench/records/ckpt-copy/run2.json). Each side of
     each ratio in the same run: item 3's shipped argv and the seed again beside it with HEAP51, then the

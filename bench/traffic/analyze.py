@@ -176,9 +176,7 @@ def rounds(results: dict, seed: str = "thr-seed", key: str = "traffic51") -> dic
     from bench.gpu.proof.runner import wall_rate
 
     out: dict = {}
-    for c in results.get(key, []):
-        if c not in rounds_configs(results, key):
-            continue
+    for c in rounds_configs(results, key):
         shapes = out.setdefault(c["name"], {})
         for rep in c["reps"]:
             f = shapes.setdefault(f"{rep['prompt']}/{rep['tokens']}", {"tps": [], "step_ms": []})

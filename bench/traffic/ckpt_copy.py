@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.gpu import gpu_proof
-from bench.gpu.proof.runner import concurrent
+from bench.gpu.proof.runner import concurrent, proc_mem
 from bench.gpu.qwen35_bench import Server, complete
 from bench.traffic import analyze
 
@@ -72,22 +72,14 @@ def run_variant(binary: str, model: str, env: dict, rounds: int, slots: int, por
         for r in range(rounds):
             one_round(port, prompts(r, slots))
         lines = Path(logf).read_bytes()[start:].decode(errors="replace").splitlines()
-        hwm = status_mib(s.p.pid, "VmHWM")
+        hwm = proc_mem(s.p.pid).get("VmHWM")
     finally:
         s.stop()
     gaps = analyze.checkpoint_copy_ms(lines)
     sizes = sorted({f"{m[3]} MiB" for line in lines if (m := analyze.CREATED.search(line))})
     return {"env": env, "argv": args, "copies_alone": len(gaps), "copy_ms": gaps,
             "median_ms": statistics.median(gaps) if gaps else None, "checkpoint_sizes": sizes,
-            "counts": analyze.server_counts(lines), "rss_peak_mib": hwm}
-
-
-def status_mib(pid: int, key: str) -> float | None:
-    """/proc/PID/status's KEY (kB) in MiB: VmHWM is the process's resident peak."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return None
+            "counts": analyze.server_counts(lines), "rss_peak_mib": round(hwm, 1) if hwm is not None else None}
 
 
 def main(argv=None) -> dict:
