@@ -977,9 +977,12 @@ def build_script_line(pack_dir: str, targets) -> tuple[str, str]:
     return "bash " + " ".join(shlex.quote(a) for a in b["argv"]), b["fingerprint"]
 
 
-def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT, vocabs=("qwen35",)) -> None:
+def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT, vocabs=("qwen35",),
+                 vocab_blobs: bool = False) -> None:
     """llama.cpp at the pin (a one-commit bare repository), gguf-py, the qwen35 vocabulary and
-    voltafleet's build script, into a fresh dest."""
+    voltafleet's build script, into a fresh dest. `vocab_blobs`: a vocabulary the pin's tree holds travels
+    inside llama.cpp.git only (its name and blob in dest/vocab-blobs.txt; gpu_proof.sh writes it out), not
+    twice: 5.7 MiB of a device call's 64."""
     checkout = checkout or sdist_checkout()
     head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -993,8 +996,17 @@ def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT,
         subprocess.run(["git", "-C", str(bare), "config", key, "true"], check=True)
     shutil.rmtree(bare / "hooks", ignore_errors=True)
     shutil.copytree(checkout / "gguf-py", dest / "gguf-py", ignore=shutil.ignore_patterns("tests", "examples"))
+    blobs = []
     for vocab in vocabs:
-        shutil.copy(checkout / f"models/ggml-vocab-{vocab}.gguf", dest)
+        name = f"ggml-vocab-{vocab}.gguf"
+        blob = subprocess.run(["git", "-C", str(bare), "rev-parse", "-q", "--verify", f"{commit}:models/{name}"],
+                              capture_output=True, text=True).stdout.strip()
+        if vocab_blobs and blob:
+            blobs.append(f"{name} {blob}\n")
+        else:
+            shutil.copy(checkout / f"models/{name}", dest)
+    if blobs:
+        (dest / "vocab-blobs.txt").write_text("".join(blobs))
     shutil.copy(checkout / "models/templates/Qwen3.5-4B.jinja", dest)  # qwen35gen's chat template
     shutil.copy(REPO / "roles/llama_cpp/files/vf-build-release.sh", dest)
 
@@ -1013,7 +1025,7 @@ MACHINE_SOURCES = ("bench/__init__.py", "bench/gpu/__init__.py", "bench/gpu/proo
 def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT, overlay: dict | None = None) -> dict:
     """Everything the GPU machine needs, in dest; returns the manifest (also dest/plan.json). `overlay`: plan
     entries that replace those of the same key (plan49v: host49's and tier41's for issue 49's validation run)."""
-    pack_sources(dest, checkout, commit)
+    pack_sources(dest, checkout, commit, vocab_blobs=True)
     for f in ("lab/qwen35gen.py", "bench/gpu/gpu_proof.sh"):
         shutil.copy(REPO / f, dest)
     for f in MACHINE_SOURCES:
@@ -1026,11 +1038,20 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT, overlay
     return {"dest": str(dest), "bytes": carried(dest, files), "files": files, "fingerprint": plan["build"]["fingerprint"]}
 
 
+def tracked_bytes(repo: Path = REPO) -> int:
+    """What the checkout's tracked files weigh: a device call carries them beside the pack."""
+    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True).stdout
+    return sum((repo / f).stat().st_size for f in out.decode().split("\0") if f and (repo / f).is_file())
+
+
 def carried(dest: Path, files: list[str]) -> int:
-    """The pack's bytes (its files, relative to dest); SystemExit above what one device call carries."""
+    """The pack's bytes (its files, relative to dest); SystemExit when they and the checkout's tracked files
+    are more than one device call carries."""
     size = sum((Path(dest) / f).stat().st_size for f in files)
-    if size > LIMIT:
-        raise SystemExit(f"{dest}: {size / 2**20:.1f} MiB, more than a device call carries")
+    tree = tracked_bytes()
+    if size + tree > LIMIT:
+        raise SystemExit(f"{dest}: {size / 2**20:.1f} MiB, and the checkout's tracked files {tree / 2**20:.1f} MiB: "
+                         f"more than the {LIMIT >> 20} MiB a device call carries (leave the extra files out of the pack)")
     return size
 
 

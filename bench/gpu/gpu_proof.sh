@@ -20,6 +20,13 @@ if [ "${1:-}" = __run ]; then
   why=$(PYTHONPATH=$W python3 -c 'import sys; from bench.gpu.proof_bench import refused; print(refused(sys.argv[1].split(",")) or "")' "$PH") ||
     why="bench.gpu.proof_bench does not import"
   if [ -n "$why" ]; then log "phases: $why"; echo failed > "$RES/DONE"; exit 1; fi
+  # a vocabulary the pack left in llama.cpp.git (gpu_proof.pack_sources' vocab-blobs.txt), written out once
+  if [ -e "$W/vocab-blobs.txt" ]; then
+    while read -r name blob; do
+      [ -s "$W/$name" ] || git --git-dir="$W/llama.cpp.git" cat-file blob "$blob" > "$W/$name" ||
+        { log "vocabulary $name: blob $blob is not in llama.cpp.git"; echo failed > "$RES/DONE"; exit 1; }
+    done < "$W/vocab-blobs.txt"
+  fi
   log "facts"
   { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; command -v nvcc
     nvcc --version; g++ --version | head -1; cmake --version | head -1; nproc; command -v ccache; } > "$RES/facts.txt" 2>&1

@@ -47,7 +47,13 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
     bare = dest / "llama.cpp.git"
     assert subprocess.run(["git", "-C", str(bare), "cat-file", "-t", head], capture_output=True,
                           text=True).stdout.strip() == "commit"
-    for f in ("vf-build-release.sh", "gpu_proof.sh", "qwen35gen.py", "ggml-vocab-qwen35.gguf", "Qwen3.5-4B.jinja",
+    # the vocabulary travels once, inside llama.cpp.git: its name and blob, which give back the pin's bytes
+    assert not (dest / "ggml-vocab-qwen35.gguf").exists()
+    name, blob = (dest / "vocab-blobs.txt").read_text().split()
+    assert name == "ggml-vocab-qwen35.gguf"
+    assert subprocess.run(["git", "--git-dir", str(bare), "cat-file", "blob", blob], capture_output=True,
+                          check=True).stdout == (src / "models" / name).read_bytes()
+    for f in ("vf-build-release.sh", "gpu_proof.sh", "qwen35gen.py", "vocab-blobs.txt", "Qwen3.5-4B.jinja",
               "gguf-py/gguf/__init__.py", "bench/gpu/proof_bench.py", "bench/gpu/qwen35_bench.py", "bench/gpu/voltarule.py",
               "voltafleet/hostside/smoke_client.py", "voltafleet/hostside/workload.py"):
         assert (dest / f).is_file(), f
@@ -73,6 +79,40 @@ def test_pack_holds_the_commit_the_build_script_and_every_argv(tmp_path, checkou
     # the device script runs the pinned build script with this argv, shellcheck-clean
     r = subprocess.run([SHELLCHECK, "-x", str(dest / "gpu_proof.sh")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+def test_the_device_script_writes_the_vocabulary_out_of_the_packs_git(tmp_path, checkout):
+    """gpu_proof.sh's own block (between its comment and its `fi`), run by bash on the pack: the file qwen35gen
+    reads appears, byte for byte the pin's; a blob the repository lacks fails the run with a line saying so."""
+    src, head = checkout
+    dest = tmp_path / "pack"
+    gpu_proof.pack(dest, checkout=src, commit=head)
+    lines = (dest / "gpu_proof.sh").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if "a vocabulary the pack left" in ln)
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "fi")
+    block = "\n".join(lines[start:end + 1])
+    res = tmp_path / "res"
+    res.mkdir()
+    script = f'set -u\nW={dest}\nRES={res}\nlog() {{ echo "$*" >> "$RES/progress.txt"; }}\n{block}\necho ok\n'
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert (dest / "ggml-vocab-qwen35.gguf").read_bytes() == (src / "models/ggml-vocab-qwen35.gguf").read_bytes()
+    (dest / "ggml-vocab-qwen35.gguf").unlink()
+    (dest / "vocab-blobs.txt").write_text("ggml-vocab-qwen35.gguf " + "0" * 40 + "\n")
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert r.returncode == 1 and (res / "DONE").read_text().strip() == "failed"
+    assert "is not in llama.cpp.git" in (res / "progress.txt").read_text()
+
+
+def test_a_pack_and_the_checkout_over_a_device_call_are_refused(tmp_path, monkeypatch):
+    """The limit counts what a call carries: the pack and the checkout's tracked files together."""
+    (tmp_path / "f").write_bytes(b"x" * 1024)
+    monkeypatch.setattr(gpu_proof, "tracked_bytes", lambda: gpu_proof.LIMIT - 1000)
+    with pytest.raises(SystemExit, match="tracked files"):
+        gpu_proof.carried(tmp_path, ["f"])
+    monkeypatch.setattr(gpu_proof, "tracked_bytes", lambda: gpu_proof.LIMIT - 1024)
+    assert gpu_proof.carried(tmp_path, ["f"]) == 1024
+    assert 0 < gpu_proof.tracked_bytes() < gpu_proof.LIMIT
 
 
 def test_the_issue49_validation_pack_replaces_host49_and_tier41_alone(tmp_path, checkout):
