@@ -587,7 +587,7 @@ def plan51b(ref: str = RECORDS_REF) -> list[dict]:
              throughput51_config("51b", "thr-seed", SEED_STAGE3, None),
              throughput51_config("51b", "thr-ship-ck0", server_args(ck0, "MODEL", port=PORT, api_key_file=None), ck0)]
     items += [traffic51_config("51b", *c, ref=ref) for c in PLAN51B_TRAFFIC]
-    items += heap51(ref)
+    items += heap51(ref) + heap51b(ref)
     return items + [traffic51_config("51b", n, c, gib, ref=ref, idle_slots=idle) for n, c, gib, idle in PLAN51B_AFTER]
 
 
@@ -603,6 +603,13 @@ def heap51(ref: str = RECORDS_REF) -> list[dict]:
             throughput51_config("51b", "thr-ship-heap", render("v100_32gb"), g, env=HEAP51),
             traffic51_config("51b", 2, 4, 0, ref=ref, suffix="-again"),
             traffic51_config("51b", 2, 4, 0, ref=ref, env=HEAP51, suffix="-heap")]
+
+
+def heap51b(ref: str = RECORDS_REF) -> list[dict]:
+    """Session 4's first config: session 3 (bench/records/proof51/session3, an H100) ran heap51 whole but for
+    2x-ck4-cr0-heap's schedules 2 and 3, and a partial record runs again from its start. So that its pair's two
+    sides share one run again, the shipped argv at 2x runs a third time beside it (~670 s the pair)."""
+    return [traffic51_config("51b", 2, 4, 0, ref=ref, suffix="-base4")]
 
 
 def plan51c(ref: str = RECORDS_REF) -> list[dict]:

@@ -80,10 +80,13 @@ def test_the_full_matrix_is_planned_once():
     cells = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for c in configs() if c["kind"] == "traffic"}
     assert cells == {(n, ck, gib) for n in (1, 2, 4) for ck in (0, 4, 8) for gib in (0, 4, 8, 16)}
     traffic = [c for c in configs() if c["kind"] == "traffic"]
-    assert len(traffic) == 36 + 3 and [c["name"] for c in traffic if not c["idle_slots"]] == ["2x-ck4-cr8-noidle"]
+    assert len(traffic) == 36 + 4 and [c["name"] for c in traffic if not c["idle_slots"]] == ["2x-ck4-cr8-noidle"]
     # 2x shipped again beside it with HEAP51 (heap51): one run holds both sides of that pair
     assert [(c["name"], c.get("env")) for c in traffic if c["name"].startswith("2x-ck4-cr0-")] == \
-        [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51)]
+        [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51), ("2x-ck4-cr0-base4", None)]
+    # session 4's baseline beside the heap config that session 3 cut short (heap51b): the same argv
+    pair = [c for c in traffic if c["name"] in ("2x-ck4-cr0-heap", "2x-ck4-cr0-base4")]
+    assert pair[0]["args"] == pair[1]["args"] and [c["name"] for c in g.heap51b()] == ["2x-ck4-cr0-base4"]
     a = [(c["per_slot"], c["ckpt"], c["cache_ram_mib"]) for c in configs("51a")]
     assert a == [(2, 4, 0), (2, 4, 8192)]  # session 1 as it ran: 2x, cache 0 vs 8 GiB
     b = [c["name"] for c in configs("51b")]  # session 2: item 3 first, then 2x without checkpoints

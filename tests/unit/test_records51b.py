@@ -2,31 +2,17 @@
 (v100_32gb as shipped, the seed's stage-3 flags and v100_32gb without checkpoints, 16 clients) and 2x without
 checkpoints whole; every figure bench/RESULTS.md quotes from it, recomputed by bench.traffic.analyze from the
 raw results.json and the servers' whole logs (logs.tgz)."""
-import json
 import statistics
 from pathlib import Path
 
-import pytest
-
 from bench.traffic import analyze
+from tests.unit.records51 import call_fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 CALL = REPO / "bench/records/proof51/session2/call2"
 
 
-@pytest.fixture(scope="module")
-def results():
-    return json.loads((CALL / "results.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def logs():
-    return analyze.logs_of(str(CALL / "logs.tgz"))
-
-
-@pytest.fixture(scope="module")
-def rounds(results):
-    return analyze.rounds(results)
+results, logs, rounds = call_fixtures(CALL)
 
 
 def by_name(results, name):
@@ -128,8 +114,8 @@ def test_session_3_resumes_where_session_2_stopped(results):
     from bench.gpu.proof.traffic import done
 
     todo = [c["name"] for c in gpu_proof.plan51()["traffic51"]["configs"] if not done(results["traffic51"], c)]
-    assert todo[:8] == ["thr-ship-again", "thr-seed-again", "thr-ship-heap", "2x-ck4-cr0-again", "2x-ck4-cr0-heap",
-                        "2x-ck4-cr8-noidle", "2x-ck8-cr0", "1x-ck4-cr0"]
+    assert todo[:9] == ["thr-ship-again", "thr-seed-again", "thr-ship-heap", "2x-ck4-cr0-again", "2x-ck4-cr0-heap",
+                        "2x-ck4-cr0-base4", "2x-ck4-cr8-noidle", "2x-ck8-cr0", "1x-ck4-cr0"]
     heap = [c for c in gpu_proof.plan51()["traffic51"]["configs"] if c.get("env")]
     assert [c["name"] for c in heap] == ["thr-ship-heap", "2x-ck4-cr0-heap"] and all(c["env"] == gpu_proof.HEAP51 for c in heap)
     # each heap config's argv is its baseline's, run beside it
