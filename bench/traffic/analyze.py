@@ -18,6 +18,7 @@ the host work is assumed to cost what it cost beside the H100 (a 149.6 MiB state
 """
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import statistics
@@ -245,5 +246,12 @@ def report(results: dict, logs: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def load(path: str) -> dict:
+    """A results.json, or its gzip'd copy (results.json.gz: an older call's, kept small so that the checkout and
+    the GPU pack fit one device call)."""
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
+        return json.load(f)
+
+
 if __name__ == "__main__":
-    print(report(json.load(open(sys.argv[1])), logs_of(sys.argv[2]) if len(sys.argv) > 2 else None))
+    print(report(load(sys.argv[1]), logs_of(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -1,7 +1,6 @@
 """The fixtures a test of one issue-51 GPU call's records takes: its results.json, its servers' whole logs
 (logs.tgz) and item 3's rounds against a seed of the same run. `results, logs, rounds = call_fixtures(CALL)` at a
 test module's top makes them that module's fixtures."""
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,8 @@ from bench.traffic import analyze
 def call_fixtures(call: Path, seed: str = "thr-seed"):
     @pytest.fixture(scope="module")
     def results():
-        return json.loads((call / "results.json").read_text())
+        plain = call / "results.json"
+        return analyze.load(str(plain if plain.exists() else call / "results.json.gz"))
 
     @pytest.fixture(scope="module")
     def logs():
