@@ -461,6 +461,18 @@ Name=host0
 Address={address}/24
 LinkLocalAddressing=no
 """
+# A gateway's sshd listens on the address above, which systemd-networkd sets once host0 is up. Debian's ssh.service
+# starts after network.target, which does not wait for it, and does not restart an sshd whose bind failed (exit 255,
+# RestartPreventExitStatus=255): a reboot could leave the gateway without sshd (seen once when test_pair's "host dies"
+# booted vf-lab-gw again). So it retries each second until the address is there and it binds.
+SSH_DROPIN = """\
+[Unit]
+StartLimitIntervalSec=0
+
+[Service]
+RestartPreventExitStatus=
+RestartSec=1
+"""
 
 
 def ensure_bridge() -> None:
@@ -498,6 +510,8 @@ def make_host(i: int, rootfs: Path, key: Path) -> dict:
         if gateway:  # its own address on the lab's bridge, set by systemd-networkd at boot
             (root / "etc/systemd/network").mkdir(parents=True, exist_ok=True)
             (root / "etc/systemd/network/10-lab.network").write_text(NETWORK_FILE.format(address=address))
+            (root / "etc/systemd/system/ssh.service.d").mkdir(parents=True, exist_ok=True)
+            (root / "etc/systemd/system/ssh.service.d/lab.conf").write_text(SSH_DROPIN)
             wants = root / "etc/systemd/system/multi-user.target.wants"
             wants.mkdir(parents=True, exist_ok=True)
             (wants / "systemd-networkd.service").symlink_to("/lib/systemd/system/systemd-networkd.service")

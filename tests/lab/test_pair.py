@@ -23,6 +23,8 @@ def test_the_first_gateway_holds_the_address_both_listen_on_it_and_their_tables_
         conf = ssh(g, "cat /etc/keepalived/keepalived.conf")
         assert f"unicast_src_ip {g['address']}" in conf and f"        {other['address']}\n" in conf + "\n"
         assert f"{GATEWAY_VIP}/24 dev host0" in conf
+        # its sshd retries a bind that failed before host0 had its address (lab/fleet.py SSH_DROPIN)
+        assert ssh(g, "systemctl show -p RestartPreventExitStatus -p RestartUSec --value ssh").split() == ["1s"]
         # the address is bound on both: the one keepalived gives it to serves at once
         assert f"{GATEWAY_VIP}:18800" in ssh(g, "ss -Hltn")
         peers = ssh(g, "echo 'show peers' | socat stdio UNIX-CONNECT:/run/haproxy/admin.sock")
