@@ -1006,9 +1006,9 @@ def pack_sources(dest: Path, checkout: Path | None = None, commit: str = COMMIT,
     blobs = []
     for vocab in vocabs:
         name = f"ggml-vocab-{vocab}.gguf"
-        blob = subprocess.run(["git", "-C", str(bare), "rev-parse", "-q", "--verify", f"{commit}:models/{name}"],
-                              capture_output=True, text=True).stdout.strip()
-        if vocab_blobs and blob:
+        blob = vocab_blobs and subprocess.run(["git", "-C", str(bare), "rev-parse", "-q", "--verify",
+                                               f"{commit}:models/{name}"], capture_output=True, text=True).stdout.strip()
+        if blob:
             blobs.append(f"{name} {blob}\n")
         else:
             shutil.copy(checkout / f"models/{name}", dest)

@@ -98,9 +98,11 @@ def logs_of(tgz: str) -> dict[str, str]:
 def work(config: dict, logs: dict[str, str]) -> dict | None:
     """What the server did in each repetition (server_counts of its log span), the median of them, and the
     checkpoint copies the whole log shows alone; None when the logs lack the config's log or its spans. A config
-    cut short (partial: its record names no log file yet) is read from the file the phase writes for it,
-    load-BUILD-NAME.log."""
-    text = logs.get(config.get("log_file") or f"load-{config.get('build')}-{config.get('name')}.log")
+    cut short (partial: its record names no log file yet) is read from the file the phase writes for it
+    (runner.log_name)."""
+    from bench.gpu.proof.runner import log_name
+
+    text = logs.get(config.get("log_file") or log_name(config.get("build"), config.get("name")))
     spans = [r.get("log_span") for r in config["reps"]]
     if text is None or not all(spans):
         return None

@@ -28,21 +28,27 @@ def test_prompts_are_new_each_round_and_slot():
     assert len({p.split()[0] for p in ckpt_copy.prompts(0, 4)}) > 1  # they differ from the first word
 
 
-def test_the_record():
-    """bench/records/ckpt-copy/run1.json: what bench/RESULTS.md quotes, from each run's raw gaps."""
+def read_record(name: str) -> tuple[dict, dict, dict]:
+    """bench/records/ckpt-copy/NAME.json, each run checked against its raw gaps (32 copies of the 27B's state
+    alone, no machine's path in its argv): the record, its runs by variant and each variant's median of runs."""
     import json
     import statistics
     from pathlib import Path
 
-    r = json.loads((Path(__file__).resolve().parents[2] / "bench/records/ckpt-copy/run1.json").read_text())
+    r = json.loads((Path(__file__).resolve().parents[2] / f"bench/records/ckpt-copy/{name}.json").read_text())
     by = {}
     for run in r["runs"]:
         assert run["median_ms"] == statistics.median(run["copy_ms"]) and run["copies_alone"] == 32
         assert run["checkpoint_sizes"] == ["149.626 MiB"] and run["counts"]["created"] == 32
         assert "MODEL" in run["argv"] and not any(a.startswith("/") for a in run["argv"])  # no machine's path
         by.setdefault(run["variant"], []).append(run)
+    return r, by, {n: statistics.median(x["median_ms"] for x in v) for n, v in by.items()}
+
+
+def test_the_record():
+    """bench/records/ckpt-copy/run1.json: what bench/RESULTS.md quotes, from each run's raw gaps."""
+    r, by, med = read_record("run1")
     assert [len(v) for v in by.values()] == [3, 3] and by["thp"][0]["env"] == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-    med = {n: statistics.median(x["median_ms"] for x in v) for n, v in by.items()}
     assert med == r["median_of_reps_ms"] == {"default": 61.5, "thp": 84.2}
     thp = [g for x in by["thp"] for g in x["copy_ms"]]
     assert (round(min(thp)), round(max(thp))) == (31, 207)  # huge pages when compaction finds them, stalls when not
@@ -52,22 +58,12 @@ def test_the_record():
 def test_the_heap_record():
     """bench/records/ckpt-copy/run2.json: glibc's malloc kept to its heap (gpu_proof.HEAP51) against the default,
     alternating, 3 servers each: what bench/RESULTS.md and plan51's heap51 quote."""
-    import json
-    import statistics
-    from pathlib import Path
-
     from bench.gpu import gpu_proof
 
-    r = json.loads((Path(__file__).resolve().parents[2] / "bench/records/ckpt-copy/run2.json").read_text())
+    r, by, med = read_record("run2")
     assert r["argv"][1:] == ["--rounds", "8", "--variants", "default,heap", "--out", "bench/records/ckpt-copy/run2.json"]
-    by = {}
-    for run in r["runs"]:
-        assert run["median_ms"] == statistics.median(run["copy_ms"]) and run["copies_alone"] == 32
-        assert run["checkpoint_sizes"] == ["149.626 MiB"] and run["counts"]["created"] == 32
-        by.setdefault(run["variant"], []).append(run)
     assert [x["variant"] for x in r["runs"]] == ["default", "heap"] * 3
     assert all(x["env"] == gpu_proof.HEAP51 for x in by["heap"]) and all(x["env"] == {} for x in by["default"])
-    med = {n: statistics.median(x["median_ms"] for x in v) for n, v in by.items()}
     assert med == r["median_of_reps_ms"] == {"default": 129.25, "heap": 22.2}
     assert all(h["median_ms"] * 5 < d["median_ms"] for d, h in zip(by["default"], by["heap"]))
     # the price: freed checkpoints stay resident, the peak up to about one checkpoint (149.6 MiB) more

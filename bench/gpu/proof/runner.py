@@ -16,6 +16,11 @@ from bench.gpu.qwen35_bench import KEEP, Record, Server, gpu_mem
 MIB = 1 << 20
 
 
+def log_name(label: str, name: str) -> str:
+    """The file a config's server writes its log to (in /tmp; gpu_proof.sh packs every load-*.log in logs.tgz)."""
+    return f"load-{label}-{name}.log"
+
+
 class ProofRun(Record):
     """One run of the GPU proof: qwen35_bench's Record (plan, results.json, the GPU's baseline), the
     builds' binaries by label and the model file every phase serves unless it names another."""
@@ -36,7 +41,7 @@ class ProofRun(Record):
         """llama-server of build `label` with `args` (MODEL: the model file), up or failed; its log in /tmp;
         in the cgroup v2 folder `cgroup` when given, with the variables `env` beside this process's."""
         return Server(f"{self.bindir(label)}/llama-server", args, model or self.model_path, self.port,
-                      f"/tmp/load-{label}-{name}.log", cgroup=cgroup, env=env)
+                      f"/tmp/{log_name(label, name)}", cgroup=cgroup, env=env)
 
     @staticmethod
     def loglines(s: Server) -> list:
