@@ -33,7 +33,7 @@ from bench.gpu.groups import RECORDS_REF, group_cfg
 from lab.fleet import SDIST_NAME, SDIST_SHA256, SDIST_VERSION
 from voltafleet.inputs.settings import Settings
 from voltafleet.planning import hostplan
-from voltafleet.planning.flags import server_args
+from voltafleet.planning.flags import MALLOC_HEAP, server_args
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = RECORDS_REF
@@ -551,10 +551,11 @@ def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, 
 # need sessions of their own), item 3's -ub 1024, then every other cell of 0/4/8 checkpoints x 0/4/8/16 GiB x
 # 1x/2x/4x.
 NO_IDLE_SAVES = "--no-cache-idle-slots"
-HEAP51 = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"}  # ckpt_copy's "heap"
+HEAP51 = dict(MALLOC_HEAP)  # ckpt_copy's "heap"; server_malloc_heap ships it (the env file)
 PLAN51A = ((2, 4, 0), (2, 4, 8))
 PLAN51B_TRAFFIC = ((2, 0, 0),)
-PLAN51B_AFTER = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))
+PLAN51B_AFTER = ((2, 4, 8, False),)
+PLAN51D = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))  # with HEAP51, after the shipped config again
 PLAN51C_HEAD = ((4, 4, 0), (4, 0, 0), (4, 4, 8))
 
 
@@ -591,6 +592,18 @@ def plan51b(ref: str = RECORDS_REF) -> list[dict]:
     return items + [traffic51_config("51b", n, c, gib, ref=ref, idle_slots=idle) for n, c, gib, idle in PLAN51B_AFTER]
 
 
+def heap51d(ref: str = RECORDS_REF) -> list[dict]:
+    """Session 5's first configs (51d). Session 4 (bench/records/proof51/session4, an H200) confirmed HEAP51 at 2x
+    beside the shipped argv in one run, and both V100 groups ship it (server_malloc_heap). So what is left of item 2
+    runs with it, beside the shipped config again in the same run (2x-ck4-cr0-ship, HEAP51): first the 8 GiB cache
+    without its idle-slot saves (session 4 without HEAP51: the most follow-up prompt cached, 0.66, and 21-38K
+    prompt tokens spared a replay, but its cache updates, 23-32 s a replay, held every slot), then 8 checkpoints and 1x.
+    About 370 s each at 2x."""
+    head = [traffic51_config("51d", 2, 4, 0, ref=ref, env=HEAP51, suffix="-ship")]
+    return head + [traffic51_config("51d", n, c, gib, ref=ref, idle_slots=idle, env=HEAP51, suffix="-heap")
+                   for n, c, gib, idle in PLAN51D]
+
+
 def heap51(ref: str = RECORDS_REF) -> list[dict]:
     """Session 3's first configs (~966 s): glibc's malloc with no mmap'd chunks and no trimming (HEAP51), so
     a checkpoint's new 149.6 MiB vector reuses resident heap pages instead of faulting in fresh ones (this
@@ -613,27 +626,29 @@ def heap51b(ref: str = RECORDS_REF) -> list[dict]:
 
 
 def plan51c(ref: str = RECORDS_REF) -> list[dict]:
-    """Later sessions (51c): 4x shipped, without checkpoints and with the 8 GiB cache (~943 s, ~900 and ~989 s:
-    one pair to a session), item 3's -ub 1024, then the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x:
-    2x then 4x then 1x, the cache's size at the shipped 4 checkpoints first."""
+    """Later sessions (51c), with HEAP51 as both V100 groups now ship it (name suffix -heap): 4x shipped, without
+    checkpoints and with the 8 GiB cache (~943 s, ~900 and ~989 s: one pair to a session), item 3's -ub 1024, then
+    the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x: 2x then 4x then 1x, the cache's size at the shipped 4
+    checkpoints first."""
     g = group_cfg("v100_32gb", ref).replace(server_ubatch=1024)
-    head = [traffic51_config("51c", *c, ref=ref) for c in PLAN51C_HEAD]
+    head = [traffic51_config("51c", *c, ref=ref, env=HEAP51, suffix="-heap") for c in PLAN51C_HEAD]
     head.append(throughput51_config("51c", "thr-ship-ub1024", server_args(g, "MODEL", port=PORT, api_key_file=None),
-                                    g))
-    done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {c[:3] for c in PLAN51B_AFTER if c[3]} | set(PLAN51C_HEAD)
+                                    g, env=HEAP51))
+    done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {c[:3] for c in PLAN51D if c[3]} | set(PLAN51C_HEAD)
     cells = [(n, c, gib) for n in (2, 4, 1) for c in (4, 8, 0) for gib in (4, 16, 8, 0)]
-    return head + [traffic51_config("51c", *c, ref=ref) for c in cells if c not in done]
+    return head + [traffic51_config("51c", *c, ref=ref, env=HEAP51, suffix="-heap") for c in cells if c not in done]
 
 
 def plan51(ref: str = RECORDS_REF) -> dict:
     """Issue 51 items 2 and 3 as the `traffic51:mmq` phase runs them (bench/gpu/proof/traffic.py): the
-    shipped build (FORCE_MMQ, Volta's kernel choice), every config in the order of plan51a, plan51b and
-    plan51c, 3 repetitions each. The phase saves each config's record as it ends and skips a config whose
+    shipped build (FORCE_MMQ, Volta's kernel choice), every config in the order of plan51a, plan51b, heap51d
+    and plan51c, 3 repetitions each. The phase saves each config's record as it ends and skips a config whose
     complete record RES/results.json already holds (same name and argv): a later call, or a later session
     given the earlier results.json in RES, goes on where the last one stopped (bench/traffic/README.md).
     `ref`: the llama.cpp commit the run builds (the host plans follow its compute graph): pin_proof.pack51
     packs b11434, the shipped pin."""
-    return {"traffic51": {"build": "mmq", "runs": 3, "configs": plan51a(ref) + plan51b(ref) + plan51c(ref)}}
+    return {"traffic51": {"build": "mmq", "runs": 3,
+                          "configs": plan51a(ref) + plan51b(ref) + heap51d(ref) + plan51c(ref)}}
 
 
 THINK_FIGURES = ("ttfr_ms", "answer_ms", "n_reasoning", "n_content", "think_tps", "answer_tps", "decode_tps")

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from voltafleet.planning.flags import check_against_help, env_file, parse_help, server_args
@@ -101,3 +103,18 @@ def test_ubatch_is_rendered_only_when_set_and_passes_the_pinned_binary(cfg, help
     cfg = cfg.replace(server_ubatch=1024)
     args = server_args(cfg, "/m/q.gguf", port=1, api_key_file=None)
     assert args[args.index("-ub") + 1] == "1024" and check_against_help(args, help_text) == []
+
+
+def test_malloc_heap_puts_glibc_s_tunables_in_the_env_file_and_only_there():
+    """server_malloc_heap: the env file (EnvironmentFile= of the unit) carries GLIBC_TUNABLES, never the argv;
+    off, no line. The V100 groups ship it on, all.yml off (bench/RESULTS.md issue 51, session 4)."""
+    line = "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+    on, off = env_file(0, ["-np", "16"], cuda=True, malloc_heap=True), env_file(0, ["-np", "16"], cuda=True)
+    assert on.splitlines()[1:] == ["CUDA_VISIBLE_DEVICES=0", line, "LLAMA_SERVER_ARGS=-np 16"]
+    assert off.splitlines()[1:] == ["CUDA_VISIBLE_DEVICES=0", "LLAMA_SERVER_ARGS=-np 16"]
+    from bench.gpu.groups import group_cfg
+    assert {g: group_cfg(g).server.malloc_heap for g in ("v100_32gb", "v100_16gb")} == {"v100_32gb": True, "v100_16gb": True}
+    import yaml
+    assert yaml.safe_load((Path(__file__).parents[2] / "group_vars/all.yml").read_text())["server_malloc_heap"] is False
+    from bench.gpu.gpu_proof import HEAP51
+    assert HEAP51 == dict([line.split("=", 1)])  # what the GPU sessions measured is what ships

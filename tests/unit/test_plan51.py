@@ -41,7 +41,8 @@ def flag_diff(a: list, b: list) -> dict:
 
 def test_build_runs_and_phase():
     assert plan()["build"] == "mmq" and plan()["runs"] == 3
-    assert [c["part"] for c in configs()] == sorted(c["part"] for c in configs())  # 51a, then 51b, then 51c
+    parts = [c["part"] for c in configs()]  # 51a, 51b, then 51d (session 5, HEAP51 shipped), then 51c
+    assert [p for i, p in enumerate(parts) if i == 0 or parts[i - 1] != p] == ["51a", "51b", "51d", "51c"]
     assert len({c["name"] for c in configs()}) == len(configs())
 
 
@@ -59,7 +60,7 @@ def test_shipped_argv_with_only_checkpoints_and_cache_changed():
             want["--cache-ram"] = ("0", str(c["cache_ram_mib"]))
         if not c["idle_slots"]:
             want[g.NO_IDLE_SAVES] = (None, True)
-            assert c["name"].endswith("-noidle") and c["cache_ram_mib"]  # it changes nothing without a cache
+            assert "-noidle" in c["name"] and c["cache_ram_mib"]  # it changes nothing without a cache
         assert flag_diff(shipped, c["args"]) == want, c["name"]
     ship = next(c for c in configs() if c["name"] == "2x-ck4-cr0")
     assert ship["args"] == shipped and ship["part"] == "51a"
@@ -80,13 +81,23 @@ def test_the_full_matrix_is_planned_once():
     cells = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for c in configs() if c["kind"] == "traffic"}
     assert cells == {(n, ck, gib) for n in (1, 2, 4) for ck in (0, 4, 8) for gib in (0, 4, 8, 16)}
     traffic = [c for c in configs() if c["kind"] == "traffic"]
-    assert len(traffic) == 36 + 4 and [c["name"] for c in traffic if not c["idle_slots"]] == ["2x-ck4-cr8-noidle"]
+    assert len(traffic) == 36 + 6
+    assert [c["name"] for c in traffic if not c["idle_slots"]] == ["2x-ck4-cr8-noidle", "2x-ck4-cr8-noidle-heap"]
     # 2x shipped again beside it with HEAP51 (heap51): one run holds both sides of that pair
     assert [(c["name"], c.get("env")) for c in traffic if c["name"].startswith("2x-ck4-cr0-")] == \
-        [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51), ("2x-ck4-cr0-base4", None)]
+        [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51), ("2x-ck4-cr0-base4", None),
+         ("2x-ck4-cr0-ship", g.HEAP51)]
     # session 4's baseline beside the heap config that session 3 cut short (heap51b): the same argv
     pair = [c for c in traffic if c["name"] in ("2x-ck4-cr0-heap", "2x-ck4-cr0-base4")]
     assert pair[0]["args"] == pair[1]["args"] and [c["name"] for c in g.heap51b()] == ["2x-ck4-cr0-base4"]
+    # session 5 (heap51d): HEAP51 ships (server_malloc_heap), so the shipped config runs again with it beside the
+    # rest of item 2, every later config with it too; the argv is the shipped one, only the environment differs
+    d = [c["name"] for c in configs("51d")]
+    assert d == ["2x-ck4-cr0-ship", "2x-ck4-cr8-noidle-heap", "2x-ck8-cr0-heap", "1x-ck4-cr0-heap"]
+    ship = configs("51d")[0]
+    assert ship["args"] == g.render("v100_32gb") and ship["env"] == g.HEAP51 == g.MALLOC_HEAP
+    assert all(c.get("env") == g.HEAP51 for c in configs("51c"))
+    assert all(c["name"].endswith("-heap") for c in configs("51c") if c["kind"] == "traffic")
     a = [(c["per_slot"], c["ckpt"], c["cache_ram_mib"]) for c in configs("51a")]
     assert a == [(2, 4, 0), (2, 4, 8192)]  # session 1 as it ran: 2x, cache 0 vs 8 GiB
     b = [c["name"] for c in configs("51b")]  # session 2: item 3 first, then 2x without checkpoints

@@ -114,9 +114,10 @@ def test_session_3_resumes_where_session_2_stopped(results):
     from bench.gpu.proof.traffic import done
 
     todo = [c["name"] for c in gpu_proof.plan51()["traffic51"]["configs"] if not done(results["traffic51"], c)]
-    assert todo[:9] == ["thr-ship-again", "thr-seed-again", "thr-ship-heap", "2x-ck4-cr0-again", "2x-ck4-cr0-heap",
-                        "2x-ck4-cr0-base4", "2x-ck4-cr8-noidle", "2x-ck8-cr0", "1x-ck4-cr0"]
-    heap = [c for c in gpu_proof.plan51()["traffic51"]["configs"] if c.get("env")]
+    # (what follows them changed once HEAP51 shipped: test_records51d)
+    assert todo[:7] == ["thr-ship-again", "thr-seed-again", "thr-ship-heap", "2x-ck4-cr0-again", "2x-ck4-cr0-heap",
+                        "2x-ck4-cr0-base4", "2x-ck4-cr8-noidle"]
+    heap = [c for c in gpu_proof.plan51()["traffic51"]["configs"] if c.get("env") and c["part"] == "51b"]
     assert [c["name"] for c in heap] == ["thr-ship-heap", "2x-ck4-cr0-heap"] and all(c["env"] == gpu_proof.HEAP51 for c in heap)
     # each heap config's argv is its baseline's, run beside it
     args = {c["name"]: c["args"] for c in gpu_proof.plan51()["traffic51"]["configs"]}

@@ -134,10 +134,11 @@ def test_what_a_v100_trades_with_heap51_copies(results, logs):
 
 def test_session_4_resumes_where_session_3_stopped(results):
     """The next session starts with 2x-ck4-cr0-heap from its start beside a third 2x baseline (heap51b), then
-    51b's rest."""
+    51b's rest (the 8 GiB cache without its idle-slot saves), then session 5's configs with HEAP51 (heap51d)."""
     from bench.gpu import gpu_proof
     from bench.gpu.proof.traffic import done
 
     todo = [c["name"] for c in gpu_proof.plan51()["traffic51"]["configs"] if not done(results["traffic51"], c)]
-    assert todo[:5] == ["2x-ck4-cr0-heap", "2x-ck4-cr0-base4", "2x-ck4-cr8-noidle", "2x-ck8-cr0", "1x-ck4-cr0"]
+    assert todo[:5] == ["2x-ck4-cr0-heap", "2x-ck4-cr0-base4", "2x-ck4-cr8-noidle", "2x-ck4-cr0-ship",
+                        "2x-ck4-cr8-noidle-heap"]
     assert not {"thr-ship-again", "thr-seed-again", "thr-ship-heap", "2x-ck4-cr0-again"} & set(todo)

@@ -130,6 +130,7 @@ SCHEMA: dict[str, Var] = {
     "server_ctx_checkpoints": Var(int, nullable=True, min=0, max=1024),
     "server_backend_sampling": Var(bool),
     "server_cache_ram": Var(int, nullable=True, min=-1, max=1 << 20),
+    "server_malloc_heap": Var(bool),
     "server_spec_mtp": Var(bool),
     "server_spec_draft_max": Var(int, min=1, max=16),
     "server_spec_ngram": Var(str, nullable=True, choices=NGRAM_TYPES),

@@ -103,6 +103,7 @@ class ServerSettings:
     ctx_checkpoints: int | None  # server_ctx_checkpoints
     backend_sampling: bool  # server_backend_sampling
     cache_ram: int | None  # server_cache_ram
+    malloc_heap: bool  # server_malloc_heap
     spec_mtp: bool  # server_spec_mtp
     spec_draft_max: int  # server_spec_draft_max
     spec_ngram: str | None  # server_spec_ngram
@@ -331,7 +332,7 @@ _SECTION_KEYS: dict[str, tuple[str, ...]] = {
         'server_slots_endpoint', 'server_ctx', 'server_parallel', 'server_ubatch', 'vram_headroom_mib',
         'vram_cuda_overhead_mib', 'vram_plan_required', 'server_cache_type_k', 'server_cache_type_v',
         'server_flash_attn', 'server_ctx_checkpoints', 'server_backend_sampling', 'server_cache_ram',
-        'server_spec_mtp', 'server_spec_draft_max', 'server_spec_ngram', 'server_gpu_layers',
+        'server_malloc_heap', 'server_spec_mtp', 'server_spec_draft_max', 'server_spec_ngram', 'server_gpu_layers',
         'server_allow_partial_offload', 'server_threads', 'server_threads_batch', 'server_mmap',
         'hostmem_process_mib', 'hostmem_slot_mib', 'hostmem_program_mib', 'hostmem_kernel_mib',
         'hostmem_reserve_mib', 'hostmem_ceiling_margin', 'hostmem_plan_required', 'hostcpu_reserve',

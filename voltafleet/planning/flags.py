@@ -142,14 +142,26 @@ def check_against_help(args: list[str], help_text: str) -> list[str]:
     return errors
 
 
-def env_file(instance: int, args: list[str], cuda: bool) -> str:
-    """The per-instance environment file read by llama-server@.service."""
+# server_malloc_heap: glibc's malloc serves every chunk from its heap (no mmap'd chunk) and never trims it, so a
+# freed 149.6 MiB context checkpoint's pages stay resident and the next checkpoint reuses them instead of faulting
+# in and zeroing fresh ones (a copy 27.7 ms against 78.3, H200, bench/records/proof51/session4). The resident peak
+# is the live peak's, which the host-memory plan bounds (voltafleet/planning/hostmem.py).
+MALLOC_HEAP = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"}
+
+
+def env_file(instance: int, args: list[str], cuda: bool, malloc_heap: bool = False) -> str:
+    """The per-instance environment file read by llama-server@.service; `malloc_heap` adds MALLOC_HEAP's line.
+
+        >>> env_file(0, ["-np", "16"], True, malloc_heap=True).splitlines()[2]
+        'GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736'
+    """
     for a in args:
         if any(c.isspace() for c in a) or '"' in a or "\\" in a:
             raise ValueError(f"llama-server argument {a!r} has whitespace or quotes; "
                              "systemd splits $LLAMA_SERVER_ARGS on whitespace")
     lines = ["# written by voltafleet: one llama-server instance"]
     lines.append(f"CUDA_VISIBLE_DEVICES={instance}" if cuda else "CUDA_VISIBLE_DEVICES=")
+    lines += [f"{k}={v}" for k, v in MALLOC_HEAP.items()] if malloc_heap else []
     lines.append("LLAMA_SERVER_ARGS=" + " ".join(args))
     return "\n".join(lines) + "\n"
 

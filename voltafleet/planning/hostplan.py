@@ -130,7 +130,7 @@ class HostPlan:
 
     def env_file(self, index: int) -> str:
         inst = next(i for i in self.instances if i.index == index)
-        text = flagmod.env_file(index, self.argv[index], self.cuda)
+        text = flagmod.env_file(index, self.argv[index], self.cuda, self.settings.server.malloc_heap)
         return text + f"LLAMA_HEALTH_URL={health_url(self.settings, inst.port)}\n"
 
 
