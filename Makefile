@@ -51,11 +51,12 @@ unit: setup
 # Every test: unit, fake-connector, and the lab fleet from fresh hosts (GPU figures: bench/gpu/gpu_proof.py,
 # their raw records checked by tests/unit/test_proof*.py).
 # The fast tests first, each suite in its own process (the in-process pyinfra harness of
-# tests/ops keeps nothing from the lab tests' session), while the lab's fresh hosts are made beside
-# them (copies and boots: disk, not the CPU the tests use; its output follows theirs), then the lab
-# fleet, then usage per team through this machine's HAProxy in front of the llama-server the lab
-# built (tests/gateway_local), then that llama-server in a memory cgroup of this machine's kernel with
-# its unit's ceiling (tests/kernel, as root: fails, never skips, without a writable memory controller).
+# tests/ops keeps nothing from the lab tests' session), while beside them the lab's fresh hosts are made
+# (copies and boots), the first rollout builds the pinned llama-server, and that llama-server then serves
+# usage per team through this machine's HAProxy (tests/gateway_local) and runs in a memory cgroup of this
+# machine's kernel with its unit's ceiling (tests/kernel, as root: fails, never skips, without a writable
+# memory controller); none of these touch the lab hosts after the first rollout, and their output follows
+# the unit tests'. Then the lab fleet's tests.
 # First of all the linter (ruff, pinned in requirements.txt, configured in ruff.toml): a finding fails
 # the target in a second, before any lab host is made.
 # The lab session's release cache starts empty (a test that counts compiles must not find what `make demo`
@@ -67,17 +68,17 @@ FIRST_ROLLOUT := $(CURDIR)/.voltafleet/first-rollout.json
 test: setup
 	$(PY) -m ruff check .
 	@mkdir -p .voltafleet; rm -rf $(TEST_RELEASES) $(FIRST_ROLLOUT); mkdir -p $(TEST_RELEASES); \
-	echo "$(PY) -m lab up --fresh --hosts 3 --gateway, then the first rollout  (beside the unit tests)"; \
+	echo "$(PY) -m lab up --fresh --hosts 3 --gateway, the first rollout, then tests/gateway_local and tests/kernel  (beside the unit tests)"; \
 	( $(PY) -m lab up --fresh --hosts 3 --gateway && \
-	  VOLTAFLEET_RELEASE_CACHE=$(TEST_RELEASES) $(PY) -m tests.lab.first $(FIRST_ROLLOUT) ) > .voltafleet/lab-up.log 2>&1 & up=$$!; \
+	  VOLTAFLEET_RELEASE_CACHE=$(TEST_RELEASES) $(PY) -m tests.lab.first $(FIRST_ROLLOUT) && \
+	  { $(PY) -m pytest -v -rs tests/gateway_local; gw=$$?; $(PY) -m pytest -v -rs tests/kernel; k=$$?; \
+	    [ $$gw -eq 0 ] && [ $$k -eq 0 ]; } ) > .voltafleet/lab-up.log 2>&1 & up=$$!; \
 	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops; unit=$$?; \
 	wait $$up; lab=$$?; cat .voltafleet/lab-up.log; \
-	if [ $$lab -ne 0 ]; then echo "make test: lab up failed (exit $$lab), see above" >&2; fi; \
+	if [ $$lab -ne 0 ]; then echo "make test: lab up, the first rollout, tests/gateway_local or tests/kernel failed (exit $$lab), see above" >&2; fi; \
 	[ $$unit -eq 0 ] && [ $$lab -eq 0 ]
 	VOLTAFLEET_REQUIRE_LAB=1 VOLTAFLEET_RELEASE_CACHE=$(TEST_RELEASES) VOLTAFLEET_LAB_FIRST_ROLLOUT=$(FIRST_ROLLOUT) \
 	  $(PY) -m pytest -v -rs --durations=50 tests/lab
-	$(PY) -m pytest -v -rs tests/gateway_local
-	$(PY) -m pytest -v -rs tests/kernel
 
 bench: lab-up
 	$(PY) -m bench.lab.rollout

@@ -57,8 +57,9 @@ def test_api_key_is_passed_through_to_the_servers(gw, tmp_path):
 def test_fleet_keeps_serving_through_a_rolling_rollout_of_every_instance(gw, tmp_path):
     hosts = lab()["hosts"]
     before = {(h["name"], i): main_pid(h, i) for h in hosts for i in (0, 1)}
-    # pooled keep-alive clients (one httpx pool), streamed and non-streamed requests in turn
-    load = Load(URL, clients=8, tokens=8, seconds=600, max_requests=20000).start()
+    # pooled keep-alive clients (one httpx pool), streamed and non-streamed requests in turn, each client pausing
+    # 0.1 s between requests as users do (a client that never pauses only slows, on two cores, the rollout it tests)
+    load = Load(URL, clients=8, tokens=8, seconds=600, max_requests=20000, pause_s=0.1).start()
     try:
         # the load shares the lab's two cores with the smoke test: judge serving, not speed, here
         # one host a batch: the other two keep 16 slots for the 8 clients (no deliberate 503 either)
@@ -84,7 +85,7 @@ def test_a_rollback_under_pooled_keepalive_clients_loses_no_request(gw, tmp_path
     hosts = lab()["hosts"]
     canary = hosts[0]
     before = {i: main_pid(canary, i) for i in (0, 1)}
-    load = Load(URL, clients=8, tokens=8, seconds=600, max_requests=20000).start()
+    load = Load(URL, clients=8, tokens=8, seconds=600, max_requests=20000, pause_s=0.1).start()
     try:
         run, report = rollout(["--canary", canary["name"], "--batch", "1"],
                               host_vars={canary["name"]: {"server_extra_flags": ["--rope-scaling nonsense"]}},
@@ -115,7 +116,7 @@ def test_a_signal_mid_canary_stops_cleanly_under_pooled_keepalive_clients(gw, tm
                   None, tmp_path)
     latest = REPO / "reports" / "rollout-latest.json"
     latest.unlink(missing_ok=True)
-    load = Load(URL, clients=8, tokens=8, seconds=600, max_requests=20000).start()
+    load = Load(URL, clients=8, tokens=8, seconds=600, max_requests=20000, pause_s=0.1).start()
     out = []
     try:
         proc = subprocess.Popen([sys.executable, "-m", "rollout", "inventory/lab.py", "--batch", "1"], cwd=REPO,

@@ -78,7 +78,7 @@ def test_two_teams_on_two_tiers_overflow_and_a_rollout_of_the_latency_tier(gw, t
         assert moved["llama_latency"] > 0 and moved["llama"] > 0 and sum(moved.values()) == 240, moved
         # a rollout of the latency tier (a flag changed on its host only) under the ide team's load
         pids = {i: main_pid(hosts[2], i) for i in (0, 1)}
-        ld = Load(URL, clients=2, tokens=8, seconds=600, max_requests=20000, key=KEY["ide"]).start()
+        ld = Load(URL, clients=2, tokens=8, seconds=600, max_requests=20000, key=KEY["ide"], pause_s=0.1).start()
         try:
             run, report = rollout(["--canary", fast, "--batch", "1"], vars=teams("throughput"),
                                   host_vars={fast: {**LATENCY, "server_ctx_checkpoints": 16}}, tmp=tmp_path)

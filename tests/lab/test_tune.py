@@ -41,7 +41,7 @@ def in_rotation(host: str) -> bool:
 def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(converged, no_tuned_file, tmp_path):
     canary = lab()["hosts"][0]
     before = [env_file(canary, i) for i in (0, 1)]
-    load = Load(URL, clients=2, tokens=16, seconds=900, max_requests=100000).start()  # the fleet serves meanwhile; more clients only slow the trials on two cores
+    load = Load(URL, clients=2, tokens=16, seconds=900, max_requests=100000, pause_s=0.1).start()  # the fleet serves meanwhile; more clients only slow the trials on two cores
     run, _ = rollout(["--tune", "--canary", canary["name"]], tmp=tmp_path)
     served = load.stop()
     assert run.rc == 0, run
@@ -106,7 +106,7 @@ def test_the_tune_measures_every_setting_and_the_next_rollout_uses_the_winner(co
 def test_an_interrupted_tune_leaves_the_canary_as_it_was_and_loses_no_request(converged, no_tuned_file, tmp_path):
     canary = lab()["hosts"][0]
     before = [env_file(canary, i) for i in (0, 1)]
-    load = Load(URL, clients=2, tokens=16, seconds=900, max_requests=100000).start()  # the fleet serves meanwhile; more clients only slow the trials on two cores
+    load = Load(URL, clients=2, tokens=16, seconds=900, max_requests=100000, pause_s=0.1).start()  # the fleet serves meanwhile; more clients only slow the trials on two cores
     proc = subprocess.Popen([sys.executable, "-m", "rollout", "inventory/lab.py", "--tune", "--canary", canary["name"]],
                             cwd=REPO, env=run_env(None, None, tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
