@@ -56,7 +56,8 @@ unit: setup
 # usage per team through this machine's HAProxy (tests/gateway_local) and runs in a memory cgroup of this
 # machine's kernel with its unit's ceiling (tests/kernel, as root: fails, never skips, without a writable
 # memory controller); none of these touch the lab hosts after the first rollout, and their output follows
-# the unit tests'. Then the lab fleet's tests.
+# the unit tests'. Then the lab fleet's tests, and last the two local suites' exit codes (a failure there
+# fails the target without keeping the lab tests from running).
 # First of all the linter (ruff, pinned in requirements.txt, configured in ruff.toml): a finding fails
 # the target in a second, before any lab host is made.
 # The lab session's release cache starts empty (a test that counts compiles must not find what `make demo`
@@ -64,21 +65,25 @@ unit: setup
 # (tests/lab/first.py; tests/lab/conftest.py first_rollout).
 TEST_RELEASES := $(CURDIR)/.voltafleet/test-releases
 FIRST_ROLLOUT := $(CURDIR)/.voltafleet/first-rollout.json
+LOCAL_RC := $(CURDIR)/.voltafleet/local-tests.rc
 
 test: setup
 	$(PY) -m ruff check .
-	@mkdir -p .voltafleet; rm -rf $(TEST_RELEASES) $(FIRST_ROLLOUT); mkdir -p $(TEST_RELEASES); \
+	@mkdir -p .voltafleet; rm -rf $(TEST_RELEASES) $(FIRST_ROLLOUT) $(LOCAL_RC); mkdir -p $(TEST_RELEASES); \
 	echo "$(PY) -m lab up --fresh --hosts 3 --gateway, the first rollout, then tests/gateway_local and tests/kernel  (beside the unit tests)"; \
 	( $(PY) -m lab up --fresh --hosts 3 --gateway && \
-	  VOLTAFLEET_RELEASE_CACHE=$(TEST_RELEASES) $(PY) -m tests.lab.first $(FIRST_ROLLOUT) && \
-	  { $(PY) -m pytest -v -rs tests/gateway_local; gw=$$?; $(PY) -m pytest -v -rs tests/kernel; k=$$?; \
-	    [ $$gw -eq 0 ] && [ $$k -eq 0 ]; } ) > .voltafleet/lab-up.log 2>&1 & up=$$!; \
+	  VOLTAFLEET_RELEASE_CACHE=$(TEST_RELEASES) $(PY) -m tests.lab.first $(FIRST_ROLLOUT) || exit $$?; \
+	  $(PY) -m pytest -v -rs tests/gateway_local; gw=$$?; $(PY) -m pytest -v -rs tests/kernel; k=$$?; \
+	  echo "tests/gateway_local exit $$gw, tests/kernel exit $$k"; echo "$$gw $$k" > $(LOCAL_RC) ) \
+	  > .voltafleet/lab-up.log 2>&1 & up=$$!; \
 	$(PY) -m pytest -q -rs --durations=10 tests/unit tests/ops; unit=$$?; \
 	wait $$up; lab=$$?; cat .voltafleet/lab-up.log; \
-	if [ $$lab -ne 0 ]; then echo "make test: lab up, the first rollout, tests/gateway_local or tests/kernel failed (exit $$lab), see above" >&2; fi; \
+	if [ $$lab -ne 0 ]; then echo "make test: lab up or the first rollout failed (exit $$lab), see above" >&2; fi; \
 	[ $$unit -eq 0 ] && [ $$lab -eq 0 ]
 	VOLTAFLEET_REQUIRE_LAB=1 VOLTAFLEET_RELEASE_CACHE=$(TEST_RELEASES) VOLTAFLEET_LAB_FIRST_ROLLOUT=$(FIRST_ROLLOUT) \
 	  $(PY) -m pytest -v -rs --durations=50 tests/lab
+	@read gw k < $(LOCAL_RC) && [ "$$gw" = 0 ] && [ "$$k" = 0 ] || \
+	  { echo "make test: tests/gateway_local exit $$gw, tests/kernel exit $$k (their output follows the unit tests')" >&2; exit 1; }
 
 bench: lab-up
 	$(PY) -m bench.lab.rollout

@@ -36,7 +36,7 @@ def one(kind: str, tmp: Path, p, harness) -> dict:
     over = {"server_ctx_checkpoints": harness.PAST_PLAN_CHECKPOINTS} if kind == "past-plan" else {}
     argv = p.argv(harness.pinned_server(), **over)
     cg = harness.Cgroup(f"voltafleet-bench-{kind}")
-    server = harness.Server(argv, cg, tmp / f"{kind}.log", p.cfg.server.oom_score_adjust)
+    server = harness.Server(argv, cg, tmp / f"{kind}.log", p.cfg.server.oom_score_adjust, env=p.env())
     out: dict = {"kind": kind}
     try:
         if kind != "unlimited":

@@ -77,6 +77,13 @@ class Planned:
 
         return [binary, *flags.server_args(self.cfg.replace(**over), model(), port, None)]
 
+    def env(self) -> dict:
+        """What the host's env file adds to the server's environment besides its argv: glibc's heap tunables
+        where server_malloc_heap is on (the lab's, the V100 groups')."""
+        from voltafleet.planning import flags
+
+        return dict(flags.MALLOC_HEAP) if self.cfg.server.malloc_heap else {}
+
 
 def planned(cfg: dict | None = None) -> Planned:
     """The host-memory plan of one instance of `cfg` for this model and machine, its unit and MemoryMax."""
@@ -240,6 +247,7 @@ class Server:
     log: Path
     oom_score_adjust: int
     port: int = PORT
+    env: dict = field(default_factory=dict)  # the env file's variables besides the argv (Planned.env)
     proc: subprocess.Popen | None = None
     started: float = 0.0
     load_s: float | None = None
@@ -254,7 +262,7 @@ class Server:
             if s.connect_ex(("127.0.0.1", self.port)) == 0:
                 raise RuntimeError(f"port {self.port} is in use (VOLTAFLEET_KERNEL_PORT: another one)")
         lib = str(Path(self.argv[0]).parents[1] / "lib")
-        env = {**os.environ, "LD_LIBRARY_PATH": lib + ":" + os.environ.get("LD_LIBRARY_PATH", ""),
+        env = {**os.environ, **self.env, "LD_LIBRARY_PATH": lib + ":" + os.environ.get("LD_LIBRARY_PATH", ""),
                "VF_PROCS": str(self.cgroup.path / "cgroup.procs"), "VF_OOM_ADJ": str(self.oom_score_adjust)}
         wrapper = 'echo $$ > "$VF_PROCS" && echo "$VF_OOM_ADJ" > /proc/$$/oom_score_adj && exec "$@"'
         self.started = time.monotonic()

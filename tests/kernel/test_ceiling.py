@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,12 +54,13 @@ def test_a_healthy_server_loads_a_model_larger_than_its_headroom_and_serves_unde
     size = os.path.getsize(model)
     argv = p.argv(harness.pinned_server())
     cg = harness.Cgroup("voltafleet-kernel-a")
-    server = harness.Server(argv, cg, tmp_path / "llama-server.log", p.cfg.server.oom_score_adjust)
+    server = harness.Server(argv, cg, tmp_path / "llama-server.log", p.cfg.server.oom_score_adjust, env=p.env())
     try:
         cg.limit(p.limit)
         harness.drop_cached(model)  # a cold load: the file's pages are read now, and charged to this cgroup
         load_s = server.start().wait_ready(60)
         loaded = cg.read()
+        environ = Path(f"/proc/{server.proc.pid}/environ").read_bytes().split(b"\0")  # sh exec'd the server
         answer = server.complete(harness.FIRST_PROMPT, tokens=8)
         turns = server.converse(4, harness.FIRST_PROMPT + answer["content"])
         end = cg.read()
@@ -74,6 +76,8 @@ def test_a_healthy_server_loads_a_model_larger_than_its_headroom_and_serves_unde
                "checkpoints": server.checkpoints(), "turns": len(turns)}
     record("a_healthy_load", figures)
     assert alive, f"the server died: {server.exit_status()}: {server.tail()}"
+    # it ran with its env file's heap tunables, as its unit runs it (glibc may cut the string at ':' in place)
+    assert p.env() and any(x.decode().startswith("GLIBC_TUNABLES=glibc.malloc.mmap_max=0") for x in environ)
     assert answer["content"].strip() and answer["tokens_predicted"] > 0, answer
     assert all("error" not in t for t in turns), turns
     # the file is larger than what the limit leaves beside the loaded server: its pages had to be reclaimed
@@ -96,7 +100,7 @@ def test_driven_past_its_plan_it_is_oom_killed_inside_its_cgroup_and_nothing_out
     argv = p.argv(harness.pinned_server(), server_ctx_checkpoints=harness.PAST_PLAN_CHECKPOINTS)
     assert "--ctx-checkpoints" in argv and argv[argv.index("--ctx-checkpoints") + 1] == str(harness.PAST_PLAN_CHECKPOINTS)
     cg = harness.Cgroup("voltafleet-kernel-b")
-    server = harness.Server(argv, cg, tmp_path / "llama-server.log", p.cfg.server.oom_score_adjust)
+    server = harness.Server(argv, cg, tmp_path / "llama-server.log", p.cfg.server.oom_score_adjust, env=p.env())
     try:
         outsider = harness.Outsider(64)
     except BaseException:

@@ -69,7 +69,7 @@ def statuses(key: str, n: int) -> list[int]:
 
 def under_load(change) -> dict:
     """Run change() while a pooled keep-alive load of the web team goes on: its summary."""
-    load = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web"]).start()
+    load = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web"], pause_s=0.1).start()
     try:
         change()
         time.sleep(1)
@@ -210,11 +210,11 @@ def test_rotating_a_key_under_load_loses_no_request_and_a_revoked_key_fails_at_o
     # the team's clients keep one pooled keep-alive connection each while the keys change under them
     old = httpx.Client(base_url=URL, headers={"Authorization": f"Bearer {KEY['web']}"}, timeout=60)
     assert old.post("/completion", json={"prompt": "hi", "n_predict": 2}).status_code == 200
-    load = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web"]).start()
+    load = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web"], pause_s=0.1).start()
     gateway_only(team_vars(("web", "web2")), tmp)  # step 1: the new key added beside the old one
     time.sleep(1)
     on_old = load.stop()
-    load2 = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web2"]).start()
+    load2 = Load(URL, clients=4, tokens=16, seconds=300, max_requests=100000, key=KEY["web2"], pause_s=0.1).start()
     gateway_only(team_vars(("web2",)), tmp)  # step 2: the old key revoked, the clients on the new one
     time.sleep(1)
     on_new = load2.stop()
