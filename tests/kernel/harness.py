@@ -82,7 +82,7 @@ class Planned:
         where server_malloc_heap is on (the lab's, the V100 groups')."""
         from voltafleet.planning import flags
 
-        return dict(flags.MALLOC_HEAP) if self.cfg.server.malloc_heap else {}
+        return flags.env_vars(self.cfg.server.malloc_heap)
 
 
 def planned(cfg: dict | None = None) -> Planned:

@@ -49,12 +49,12 @@ def test_every_server_runs_with_malloc_kept_to_its_heap(hosts):
     """server_malloc_heap (the V100 groups', the lab's): each instance's env file carries glibc's heap tunables and
     its running server got them. glibc 2.36 parses the variable in place, so /proc's copy of the server's
     environment may show it cut at the ':' (tests/unit/test_ckpt_copy.py checks that both tunables act)."""
+    whole = "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
     for h in hosts:
         for i in (0, 1):
             env = ssh(h, f"cat /etc/voltafleet/llama-server/{i}.env").splitlines()
-            assert "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736" in env, env
+            assert whole in env, env
             got = ssh(h, f"tr '\\0' '\\n' < /proc/{main_pid(h, i)}/environ").splitlines()
-            whole = "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
             assert whole in got or ("GLIBC_TUNABLES=glibc.malloc.mmap_max=0" in got
                                     and "glibc.malloc.trim_threshold=68719476736" in got), got
 

@@ -8,11 +8,16 @@ import pytest
 from bench.traffic import analyze
 
 
+def results_of(call: Path) -> dict:
+    """A call's results.json, or its gzip'd copy once a later session's records are in."""
+    plain = call / "results.json"
+    return analyze.load(str(plain if plain.exists() else call / "results.json.gz"))
+
+
 def call_fixtures(call: Path, seed: str = "thr-seed"):
     @pytest.fixture(scope="module")
     def results():
-        plain = call / "results.json"
-        return analyze.load(str(plain if plain.exists() else call / "results.json.gz"))
+        return results_of(call)
 
     @pytest.fixture(scope="module")
     def logs():

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from bench.traffic import analyze
-from tests.unit.records51 import call_fixtures
+from tests.unit.records51 import call_fixtures, results_of
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,8 +102,7 @@ def test_heap51_s_resident_peak_stays_under_its_plan_and_ceiling(results):
     assert events == [(10573, 52855), (0, 4023)]
     first = {}
     for session, name in (("session1/call3", "2x-ck4-cr0"), ("session3/call2", "2x-ck4-cr0-again")):
-        path = REPO / "bench/records/proof51" / session / "results.json"
-        c = by_name(analyze.load(str(path if path.exists() else path.with_suffix(".json.gz"))), name)
+        c = by_name(results_of(REPO / "bench/records/proof51" / session), name)
         assert not c.get("env")  # without HEAP51
         first[name] = (c["cgroup_load"]["cg_events"]["max"], c["cgroup_end"]["cg_events"]["max"])
     assert first == {"2x-ck4-cr0": (10543, 52691), "2x-ck4-cr0-again": (10561, 52102)}
@@ -151,14 +150,13 @@ def test_the_group_vars_and_docs_quote_these_records(results, logs):
                      rf"{rows[HEAP]['planned_mib']:,.0f} \({rows[BASE]['rss_peak_mib']:,.0f} without\)", host)
 
 
-def test_session_5_resumes_with_the_shipped_heap_config_beside_the_rest():
+def test_session_5_resumes_with_the_shipped_heap_config_beside_the_rest(results):
     """What session 4 holds is skipped; session 5 starts with the shipped config again (HEAP51 now ships)
     beside the cache without idle saves with HEAP51, then 8 checkpoints and 1x (heap51d)."""
     from bench.gpu import gpu_proof
     from bench.gpu.proof.traffic import done
 
-    res = analyze.load(str(CALL / "results.json.gz"))
-    todo = [c["name"] for c in gpu_proof.plan51()["traffic51"]["configs"] if not done(res["traffic51"], c)]
+    todo = [c["name"] for c in gpu_proof.plan51()["traffic51"]["configs"] if not done(results["traffic51"], c)]
     assert todo[:4] == ["2x-ck4-cr0-ship", "2x-ck4-cr8-noidle-heap", "2x-ck8-cr0-heap", "1x-ck4-cr0-heap"]
     assert not {HEAP, BASE, NOIDLE} & set(todo)
 

@@ -149,6 +149,11 @@ def check_against_help(args: list[str], help_text: str) -> list[str]:
 MALLOC_HEAP = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"}
 
 
+def env_vars(malloc_heap: bool) -> dict:
+    """The variables a server's env file sets besides its GPU and its argv (the kernel test starts its server so)."""
+    return dict(MALLOC_HEAP) if malloc_heap else {}
+
+
 def env_file(instance: int, args: list[str], cuda: bool, malloc_heap: bool = False) -> str:
     """The per-instance environment file read by llama-server@.service; `malloc_heap` adds MALLOC_HEAP's line.
 
@@ -161,7 +166,7 @@ def env_file(instance: int, args: list[str], cuda: bool, malloc_heap: bool = Fal
                              "systemd splits $LLAMA_SERVER_ARGS on whitespace")
     lines = ["# written by voltafleet: one llama-server instance"]
     lines.append(f"CUDA_VISIBLE_DEVICES={instance}" if cuda else "CUDA_VISIBLE_DEVICES=")
-    lines += [f"{k}={v}" for k, v in MALLOC_HEAP.items()] if malloc_heap else []
+    lines += [f"{k}={v}" for k, v in env_vars(malloc_heap).items()]
     lines.append("LLAMA_SERVER_ARGS=" + " ".join(args))
     return "\n".join(lines) + "\n"
 
