@@ -176,8 +176,9 @@ LONG_PROBE = REPO / "voltafleet" / "data" / "probe-long.txt"
 
 
 def v32_cfg(n: int, **over) -> Settings:
-    """v100_32gb's variables with n slots of 8K each (the group's per-slot context), changes in `over`."""
-    return group_cfg("v100_32gb").replace(server_ctx=8192 * n, server_parallel=n, **over)
+    """v100_32gb's variables with n slots of 8K each (the group's per-slot context), changes in `over`; glibc's
+    malloc as it was (server_malloc_heap off: the runs of issues 27-49 ran without HEAP51, planned as they ran)."""
+    return group_cfg("v100_32gb").replace(server_ctx=8192 * n, server_parallel=n, **{"server_malloc_heap": False, **over})
 
 
 def v32_at(n: int, **over) -> list[str]:
@@ -512,7 +513,8 @@ def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: 
     from bench.traffic.estimate import Server, config_seconds
     from bench.traffic.model import params_from
 
-    cfg = v32_traffic(ckpt, cache_gib * 1024, ref, **({} if idle_slots else {"server_extra_flags": [NO_IDLE_SAVES]}))
+    cfg = v32_traffic(ckpt, cache_gib * 1024, ref, server_malloc_heap=env == HEAP51,  # planned as it runs
+                      **({} if idle_slots else {"server_extra_flags": [NO_IDLE_SAVES]}))
     hp = host_plan_of(cfg)
     traffic = traffic51_params(per_slot)
     est = config_seconds(params_from(traffic), Server(cfg.server.parallel, ckpt, cache_gib * 1024), runs)
@@ -534,7 +536,7 @@ def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, 
     item = {"name": name, "part": part, "kind": "rounds", "model": "q4ks.gguf", "args": args, "streams": 16,
             "shapes": [list(x) for x in THROUGHPUT51], "estimate_s": round(est), **({"env": env} if env else {})}
     if cfg is not None:
-        hp = host_plan_of(cfg)
+        hp = host_plan_of(cfg.replace(server_malloc_heap=env == HEAP51))  # planned as it runs
         item.update(planned_mib=round(hp.instance.total / 2**20, 1), planned_held_mib=round(hp.instance.held / 2**20, 1),
                     memory_max_mib=-(-hp.memory_max // 2**20))
     return item
@@ -556,7 +558,7 @@ PLAN51A = ((2, 4, 0), (2, 4, 8))
 PLAN51B_TRAFFIC = ((2, 0, 0),)
 PLAN51B_AFTER = ((2, 4, 8, False),)
 PLAN51D = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))  # with HEAP51, after the shipped config again
-PLAN51C_HEAD = ((4, 4, 0), (4, 0, 0), (4, 4, 8))
+PLAN51C_HEAD = ((4, 4, 0, True), (4, 4, 8, False), (4, 0, 0, True))  # session 5: the cache without idle saves first
 
 
 def plan51a(ref: str = RECORDS_REF) -> list[dict]:
@@ -626,17 +628,22 @@ def heap51b(ref: str = RECORDS_REF) -> list[dict]:
 
 
 def plan51c(ref: str = RECORDS_REF) -> list[dict]:
-    """Later sessions (51c), with HEAP51 as both V100 groups now ship it (name suffix -heap): 4x shipped, without
-    checkpoints and with the 8 GiB cache (~943 s, ~900 and ~989 s: one pair to a session), item 3's -ub 1024, then
-    the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x: 2x then 4x then 1x, the cache's size at the shipped 4
-    checkpoints first."""
+    """Later sessions (51c), with HEAP51 as both V100 groups now ship it (name suffix -heap): 4x shipped, then the 8
+    GiB cache without its idle-slot saves and 4x without checkpoints (~900-990 s each: one pair to a session), item
+    3's -ub 1024, then the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x: 2x then 4x then 1x, the cache's size
+    at the shipped 4 checkpoints first. Every cache runs without its idle-slot saves (-noidle): at 2x they cost
+    23-32 s a replay with every slot held (session 4), and the cache without them is the one contender left
+    (session 5: bench/RESULTS.md)."""
     g = group_cfg("v100_32gb", ref).replace(server_ubatch=1024)
-    head = [traffic51_config("51c", *c, ref=ref, env=HEAP51, suffix="-heap") for c in PLAN51C_HEAD]
+
+    def cell(n, c, gib, idle):
+        return traffic51_config("51c", n, c, gib, ref=ref, idle_slots=idle, env=HEAP51, suffix="-heap")
+    head = [cell(*c) for c in PLAN51C_HEAD]
     head.append(throughput51_config("51c", "thr-ship-ub1024", server_args(g, "MODEL", port=PORT, api_key_file=None),
                                     g, env=HEAP51))
-    done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {c[:3] for c in PLAN51D if c[3]} | set(PLAN51C_HEAD)
+    done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {c[:3] for c in PLAN51D if c[3]} | {c[:3] for c in PLAN51C_HEAD}
     cells = [(n, c, gib) for n in (2, 4, 1) for c in (4, 8, 0) for gib in (4, 16, 8, 0)]
-    return head + [traffic51_config("51c", *c, ref=ref, env=HEAP51, suffix="-heap") for c in cells if c not in done]
+    return head + [cell(n, c, gib, gib == 0) for n, c, gib in cells if (n, c, gib) not in done]
 
 
 def plan51(ref: str = RECORDS_REF) -> dict:
@@ -889,7 +896,7 @@ def validate49_tier(r: dict) -> dict:
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks-mtp.json").read_text()))
     depth = _tier_depth(r["args"])
     cfg = latency_cfg(voltafleet_backend="cuda", model_url="MODEL", server_spec_mtp=bool(depth),
-                      **({"server_spec_draft_max": depth} if depth else {}))
+                      server_malloc_heap=False, **({"server_spec_draft_max": depth} if depth else {}))  # as tier41 ran
     planned = vram.decide(cfg, 32768, header, archs=[70]).plan.needed / 2**20
     inst = hostmem.plan(cfg, vram.ModelShape.from_header(header), 1).instance
     peak, gpu = r.get("host_peak") or {}, r.get("gpu_peak_mib")

@@ -82,7 +82,13 @@ def test_the_full_matrix_is_planned_once():
     assert cells == {(n, ck, gib) for n in (1, 2, 4) for ck in (0, 4, 8) for gib in (0, 4, 8, 16)}
     traffic = [c for c in configs() if c["kind"] == "traffic"]
     assert len(traffic) == 36 + 6
-    assert [c["name"] for c in traffic if not c["idle_slots"]] == ["2x-ck4-cr8-noidle", "2x-ck4-cr8-noidle-heap"]
+    noidle = [c for c in traffic if not c["idle_slots"]]
+    assert [c["name"] for c in noidle][:2] == ["2x-ck4-cr8-noidle", "2x-ck4-cr8-noidle-heap"]
+    # from session 6 (51c) every cache runs without its idle-slot saves, and no config without a cache is -noidle
+    assert all(c["cache_ram_mib"] for c in noidle)
+    assert all(not c["idle_slots"] for c in configs("51c") if c["kind"] == "traffic" and c["cache_ram_mib"])
+    assert [c["name"] for c in configs("51c")][:4] == ["4x-ck4-cr0-heap", "4x-ck4-cr8-noidle-heap", "4x-ck0-cr0-heap",
+                                                       "thr-ship-ub1024"]
     # 2x shipped again beside it with HEAP51 (heap51): one run holds both sides of that pair
     assert [(c["name"], c.get("env")) for c in traffic if c["name"].startswith("2x-ck4-cr0-")] == \
         [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51), ("2x-ck4-cr0-base4", None),
@@ -131,7 +137,7 @@ def test_each_config_carries_its_host_memory_plan():
         if c["name"].startswith("thr-seed"):
             assert "memory_max_mib" not in c  # not a voltafleet argv: no plan to hold it to
             continue
-        cfg = g.v32_traffic(c.get("ckpt", 4), c.get("cache_ram_mib", 0))
+        cfg = g.v32_traffic(c.get("ckpt", 4), c.get("cache_ram_mib", 0), server_malloc_heap=c.get("env") == g.HEAP51)
         if c["kind"] == "traffic":
             hp = g.host_plan_of(cfg)
             assert c["planned_mib"] == round(hp.instance.total / 2**20, 1)

@@ -37,7 +37,7 @@ def progress() -> tuple[dict, dict]:
 def planned(**over) -> hostmem.Instance:
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
     cfg = group_cfg("v100_32gb").replace(**{"voltafleet_backend": "cuda", "server_ctx": 8192 * SLOTS,
-           "server_parallel": SLOTS, "server_ctx_checkpoints": N, **over})
+           "server_parallel": SLOTS, "server_ctx_checkpoints": N, "server_malloc_heap": False, **over})  # as it ran
     return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1).instance
 
 

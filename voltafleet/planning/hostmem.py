@@ -27,6 +27,13 @@ Per instance (one llama-server), every term in bytes:
                    saved states and their checkpoints, room made before each allocation
                    (server-task.cpp server_prompt_cache::alloc), so it never overshoots; -1 has no
                    limit and cannot be planned
+    heap           with server_malloc_heap (glibc's malloc kept to its heap, never trimmed): what its
+                   holes keep resident beyond the live checkpoints and cache, hostmem_heap_share of
+                   those two terms. A freed checkpoint's or saved state's chunk stays resident, and
+                   a smaller allocation split from it leaves the next one too little room, so the heap
+                   grows past what is live. Fitted on the GPU (bench/records/proof51/session5: 5.6 % of
+                   the two with an 8 GiB cache, the most measured), validated on the configs it was
+                   not fitted on (bench/RESULTS.md, tests/unit/test_records51e.py)
     kernel         the page tables, 8 bytes for each 4 KiB page of anonymous memory (1/512 of it:
                    145 MiB at 16 x 31 checkpoints of 149.6 MiB), and hostmem_kernel_mib of the rest
                    (slab, sockets), which grows while the kernel reclaims the cgroup's page cache at
@@ -50,7 +57,7 @@ MemoryMax reclaims: it only slows the server while /health still answers.
 
     >>> p = plan(cfg, vram.ModelShape.from_header(header), instances=4, mem_total=256 * GIB)  # v100_32gb at 32 checkpoints
     >>> p.text()
-    'host memory: 4 x 77.0 GiB + 8.0 GiB reserve = 316.0 GiB of 256.0 GiB (MemTotal): short by 60.0 GiB'
+    'host memory: 4 x 81.5 GiB + 8.0 GiB reserve = 334.0 GiB of 256.0 GiB (MemTotal): short by 78.0 GiB'
 """
 from __future__ import annotations
 
@@ -84,15 +91,21 @@ class Instance:
     cache_ram: int
     program: int = 0                  # the binary's and its libraries' file pages (hostmem_program_mib)
     kernel: int = 0                   # kernel memory beside the page tables (hostmem_kernel_mib): slab, sockets
+    heap_share: float = 0.0           # hostmem_heap_share where server_malloc_heap is on, else 0
 
     @property
     def checkpoints(self) -> int:
         return self.slots * self.checkpoints_per_slot * self.checkpoint_bytes
 
     @property
+    def heap(self) -> int:
+        """What a never-trimmed heap keeps resident beyond the live checkpoints and prompt cache (its holes)."""
+        return math.ceil(self.heap_share * (self.checkpoints + self.cache_ram))
+
+    @property
     def anonymous(self) -> int:
         """What the process allocates: nothing the kernel can give back without swap."""
-        return (self.process + self.host_buffers + self.checkpoints + self.cache_ram
+        return (self.process + self.host_buffers + self.checkpoints + self.cache_ram + self.heap
                 + (0 if self.model_mapped else self.model))
 
     @property
@@ -114,7 +127,7 @@ class Instance:
                 f"{size(self.checkpoints)}" if self.checkpoints else "checkpoints 0")
         return (f"process {size(self.process)} + program {size(self.program)} + model {size(self.model)} ({'mmap' if self.model_mapped else 'read'}) "
                 f"+ host buffers {size(self.host_buffers)} + {ckpt} + prompt cache {size(self.cache_ram)} "
-                f"+ kernel {size(self.page_tables + self.kernel)} = {size(self.total)}")
+                + (f"+ heap {size(self.heap)} " if self.heap else "") + f"+ kernel {size(self.page_tables + self.kernel)} = {size(self.total)}")
 
 
 @dataclass(frozen=True)
@@ -269,15 +282,16 @@ def instance(cfg: Settings, shape, slots: int | None = None, checkpoints: int | 
     program = int(cfg.server.hostmem_program_mib) * MIB
     kernel = int(cfg.server.hostmem_kernel_mib) * MIB
     mapped = bool(cfg.server.mmap)
+    heap = float(cfg.server.hostmem_heap_share) if cfg.server.malloc_heap else 0.0
     if shape is None:
-        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel)
+        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel, heap)
     host = output_bytes(cfg, shape, slots, ctx)
     if cfg.preflight.backend == "cuda":
         host += host_compute_bytes(shape, ctx, slots, ubatch, cfg.build.ref)
     per_slot = checkpoints_per_slot(cfg, shape) if checkpoints is None else checkpoints
     return Instance(process, model_bytes(cfg, shape, slots, ctx, ubatch), mapped, host, slots, per_slot,
                     checkpoint_bytes(shape, ctx, slots, cfg.server.cache_type_k, cfg.server.cache_type_v, ubatch)
-                    if per_slot else 0, cache, program, kernel)
+                    if per_slot else 0, cache, program, kernel, heap)
 
 
 # ---------------------------------------------------------------- the plan
