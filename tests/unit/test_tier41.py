@@ -100,7 +100,8 @@ def test_the_latency_groups_plans_never_fall_under_a_measured_peak(results, dept
     host memory above the peak RSS."""
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks-mtp.json").read_text()))
     cfg = group_cfg("v100_32gb").replace(**{**LATENCY, "voltafleet_backend": "cuda", "model_url": "MODEL",
-           "server_spec_mtp": bool(depth), "server_spec_draft_max": depth or LATENCY["server_spec_draft_max"]})
+           "server_spec_mtp": bool(depth), "server_spec_draft_max": depth or LATENCY["server_spec_draft_max"],
+           "server_malloc_heap": False})  # as tier41 ran: glibc's malloc as it was
     decision = vram.decide(cfg, 32768, header, archs=[70])
     r = runs(results)[f"lat-d{depth}"]
     planned = decision.plan.needed / MIB

@@ -32,15 +32,16 @@ Per instance (one llama-server), every term in bytes:
                    those two terms. A freed checkpoint's or saved state's chunk stays resident, and
                    a smaller allocation split from it leaves the next one too little room, so the heap
                    grows past what is live. Fitted on the GPU (bench/records/proof51/session5: 5.6 % of
-                   the two with an 8 GiB cache, the most measured), validated on the configs it was
-                   not fitted on (bench/RESULTS.md, tests/unit/test_records51e.py)
+                   the two with an 8 GiB cache, the most measured; 1.1 % at 1x), one run a config: its
+                   second run is issue 51's next configs (4x, the cache's sizes), each checked against it
+                   by tests/unit/test_records51e.py as it lands (bench/RESULTS.md)
     kernel         the page tables, 8 bytes for each 4 KiB page of anonymous memory (1/512 of it:
                    145 MiB at 16 x 31 checkpoints of 149.6 MiB), and hostmem_kernel_mib of the rest
                    (slab, sockets), which grows while the kernel reclaims the cgroup's page cache at
                    its ceiling: kernel memory is charged to the cgroup like the rest
 
 What the kernel cannot reclaim at the ceiling is the instance's `held`: the anonymous terms (process,
-host buffers, checkpoints, prompt cache, the model read with -lm none) and the kernel term. The file
+host buffers, checkpoints, prompt cache, heap, the model read with -lm none) and the kernel term. The file
 pages read at every step (the program, a mapped model) come on top in its `total`. The process terms are
 fitted by bench/gpu/gpu_proof.fit49 on the H200 runs bench/records/proof49/run3 and run4, and validated on
 run5 (not fitted on: within 5 % and never under at 16 slots, 0 to 512 checkpoints; bench/RESULTS.md).
