@@ -57,6 +57,23 @@ def test_calls_1_and_2_are_kept_as_their_sha256_and_call3_goes_on_from_them():
         assert last.startswith((SESSION / call / "progress.txt").read_text().rstrip("\n").rsplit("\n", 1)[0])
 
 
+def test_an_earlier_call_held_whole_by_the_next_is_kept_as_its_sha256():
+    """Sessions 3, 4 and 5 keep only the last call's results.json and logs.tgz (the checkout and the GPU pack must fit
+    one device call's 64 MiB); an earlier call's are its sha256, and every config its progress ran is in the last
+    call's results, whole."""
+    base = REPO / "bench/records/proof51"
+    for call, last in (("session3/call1", "session3/call2"), ("session4/call2", "session4/call3"),
+                       ("session5/call1", "session5/call3"), ("session5/call2", "session5/call3")):
+        for name in ("results.json", "logs.tgz"):
+            digest, kept = (base / call / f"{name}.sha256").read_text().split()
+            assert kept == name and re.fullmatch(r"[0-9a-f]{64}", digest) and not (base / call / name).exists()
+        assert not (base / call / "results.json.gz").exists()
+        ran = set(re.findall(r"\] traffic51 (\S+) \d", (base / call / "progress.txt").read_text()))  # a repetition's line
+        complete = {c["name"] for c in analyze.load(str(base / last / "results.json.gz"))["traffic51"]
+                    if c.get("complete")}
+        assert ran and ran <= complete, (call, ran - complete)
+
+
 def test_heap51d_at_2x_and_1x(results):
     rows = {r["name"]: r for r in analyze.table(results)}
     got = {n: (rows[n]["complete"], rows[n]["reps"], rows[n]["followup_cached_share"],
