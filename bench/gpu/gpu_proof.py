@@ -885,6 +885,13 @@ def _tier_depth(args: list[str]) -> int:
     return int(args[args.index("--spec-draft-n-max") + 1]) if "--spec-draft-n-max" in args else 0
 
 
+def tier41_cfg(depth: int) -> Settings:
+    """The latency tier as tier41 ran it at MTP draft depth `depth` (0: no MTP), planned as it ran: a CUDA host,
+    glibc's malloc as it was (server_malloc_heap off: tier41 ran without HEAP51)."""
+    return latency_cfg(voltafleet_backend="cuda", model_url="MODEL", server_spec_mtp=bool(depth),
+                       server_malloc_heap=False, **({"server_spec_draft_max": depth} if depth else {}))
+
+
 def validate49_tier(r: dict) -> dict:
     """A tier41 record of the latency tier (lat-d*) against the plan of group_vars/latency.yml at the depth its argv
     ran: VRAM (voltafleet.planning.vram.decide at V100-32GB's 32,768 MiB, Volta's arch, the MTP-carrying header:
@@ -895,8 +902,7 @@ def validate49_tier(r: dict) -> dict:
 
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks-mtp.json").read_text()))
     depth = _tier_depth(r["args"])
-    cfg = latency_cfg(voltafleet_backend="cuda", model_url="MODEL", server_spec_mtp=bool(depth),
-                      server_malloc_heap=False, **({"server_spec_draft_max": depth} if depth else {}))  # as tier41 ran
+    cfg = tier41_cfg(depth)
     planned = vram.decide(cfg, 32768, header, archs=[70]).plan.needed / 2**20
     inst = hostmem.plan(cfg, vram.ModelShape.from_header(header), 1).instance
     peak, gpu = r.get("host_peak") or {}, r.get("gpu_peak_mib")

@@ -14,6 +14,12 @@ def results_of(call: Path) -> dict:
     return analyze.load(str(plain if plain.exists() else call / "results.json.gz"))
 
 
+def config_named(results: dict, name: str) -> dict:
+    """The traffic config's record that stands for `name`: a config run again from its start beside an earlier
+    partial record of it is its complete one (analyze.configs keeps that)."""
+    return next(c for c in analyze.configs(results) if c["name"] == name)
+
+
 def call_fixtures(call: Path, seed: str = "thr-seed"):
     @pytest.fixture(scope="module")
     def results():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu.gpu_proof import FILL38, plan38
+from bench.gpu.gpu_proof import FILL38, plan38, v32_cfg
 from bench.gpu.groups import group_cfg
 from voltafleet.planning import hostmem, vram
 from voltafleet.models.gguf_header import from_json
@@ -34,10 +34,9 @@ def progress() -> tuple[dict, dict]:
     return turns, peaks
 
 
-def planned(**over) -> hostmem.Instance:
+def planned(slots: int = SLOTS, **over) -> hostmem.Instance:
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
-    cfg = group_cfg("v100_32gb").replace(**{"voltafleet_backend": "cuda", "server_ctx": 8192 * SLOTS,
-           "server_parallel": SLOTS, "server_ctx_checkpoints": N, "server_malloc_heap": False, **over})  # as it ran
+    cfg = v32_cfg(slots, **{"voltafleet_backend": "cuda", "server_ctx_checkpoints": N, **over})  # as it ran
     return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1).instance
 
 
@@ -138,7 +137,7 @@ def run2() -> list[dict]:
 
 
 def plan_of(r: dict) -> hostmem.Instance:
-    return planned(server_ctx=8192 * r["slots"], server_parallel=r["slots"], server_ctx_checkpoints=r["ckpt"])
+    return planned(r["slots"], server_ctx_checkpoints=r["ckpt"])
 
 
 def test_run2_served_plan38s_configs_as_rendered_today_three_repetitions_each_without_an_error():

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from bench.traffic import analyze
-from tests.unit.records51 import call_fixtures, results_of
+from tests.unit.records51 import call_fixtures, config_named, results_of
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,10 +20,6 @@ HEAP, BASE, NOIDLE = "2x-ck4-cr0-heap", "2x-ck4-cr0-base4", "2x-ck4-cr8-noidle"
 results, logs, rounds = call_fixtures(CALL, seed="thr-seed-again")
 
 
-def by_name(results, name):
-    """The config's record that stands for it: session 4 ran 2x-ck4-cr0-heap whole again from its start, beside
-    session 3's partial record of it (analyze.configs keeps the complete one)."""
-    return next(c for c in analyze.configs(results) if c["name"] == name)
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h200(results, logs):
@@ -34,11 +30,11 @@ def test_the_session_built_b11434_with_volta_s_choice_on_an_h200(results, logs):
     assert "volta rc=0 seconds=60" in (CALL / "build-volta.txt").read_text()
     assert "mmq rc=0 seconds=15" in (CALL / "build-mmq.txt").read_text()
     for name in (HEAP, BASE, NOIDLE):
-        assert "FORCE_MMQ = 1" in logs[f"load-mmq-{name}.log"] and by_name(results, name)["build"] == "mmq"
+        assert "FORCE_MMQ = 1" in logs[f"load-mmq-{name}.log"] and config_named(results, name)["build"] == "mmq"
     # HEAP51 is the only difference of the pair: the same argv, the server's environment
-    assert by_name(results, HEAP)["args"] == by_name(results, BASE)["args"]
-    assert by_name(results, HEAP)["env"] == flags.MALLOC_HEAP  # what was measured is what ships (the env file)
-    assert not by_name(results, BASE).get("env") and not by_name(results, NOIDLE).get("env")
+    assert config_named(results, HEAP)["args"] == config_named(results, BASE)["args"]
+    assert config_named(results, HEAP)["env"] == flags.MALLOC_HEAP  # what was measured is what ships (the env file)
+    assert not config_named(results, BASE).get("env") and not config_named(results, NOIDLE).get("env")
 
 
 def test_call1_ended_no_config_and_its_results_are_session_3_s():
@@ -79,7 +75,7 @@ def test_heap51_is_faster_on_every_schedule(results):
 
 
 def test_heap51_copies_a_checkpoint_in_a_third_of_the_time(results, logs):
-    w = {n: analyze.work(by_name(results, n), logs) for n in (BASE, HEAP)}
+    w = {n: analyze.work(config_named(results, n), logs) for n in (BASE, HEAP)}
     assert [r["created"] for r in w[BASE]["per_rep"]] == [275, 250, 278]
     assert [r["created"] for r in w[HEAP]["per_rep"]] == [274, 247, 272]
     assert [(x["copies_alone"], round(x["copy_ms_median"], 1)) for x in w.values()] == [(753, 78.3), (766, 27.7)]
@@ -90,10 +86,10 @@ def test_heap51_s_resident_peak_stays_under_its_plan_and_ceiling(results):
     the plan (which counts every checkpoint at once) on every repetition, the cgroup never OOM. HEAP51's cgroup met
     its memory.max far more often, but so does the first config of every session, with or without HEAP51: the one
     that loads the model file cold is charged its page cache (HEAP51's config ran first in this one)."""
-    heap, base = by_name(results, HEAP), by_name(results, BASE)
+    heap, base = config_named(results, HEAP), config_named(results, BASE)
     assert [round(r["peak"]["VmRSS"]) for r in heap["reps"]] == [10514, 10516, 10816]
     assert [round(r["peak"]["VmRSS"]) for r in base["reps"]] == [10487, 10487, 10642]
-    for c in (heap, base, by_name(results, NOIDLE)):
+    for c in (heap, base, config_named(results, NOIDLE)):
         assert max(r["peak"]["VmRSS"] for r in c["reps"]) < c["planned_mib"] < c["memory_max_mib"]
         assert c["alive_at_end"] is True
         assert c["cgroup_end"]["cg_events"]["oom"] == 0 and c["cgroup_end"]["cg_events"]["oom_kill"] == 0
@@ -102,7 +98,7 @@ def test_heap51_s_resident_peak_stays_under_its_plan_and_ceiling(results):
     assert events == [(10573, 52855), (0, 4023)]
     first = {}
     for session, name in (("session1/call3", "2x-ck4-cr0"), ("session3/call2", "2x-ck4-cr0-again")):
-        c = by_name(results_of(REPO / "bench/records/proof51" / session), name)
+        c = config_named(results_of(REPO / "bench/records/proof51" / session), name)
         assert not c.get("env")  # without HEAP51
         first[name] = (c["cgroup_load"]["cg_events"]["max"], c["cgroup_end"]["cg_events"]["max"])
     assert first == {"2x-ck4-cr0": (10543, 52691), "2x-ck4-cr0-again": (10561, 52102)}
@@ -116,16 +112,16 @@ def test_the_cache_without_idle_saves_spares_prefill_and_costs_host_work(results
     spared = [a - b for _, a, b in analyze.paired(results, BASE, NOIDLE, "processed")]
     assert spared == [20858, 38387, 31351]
     assert [tuple(round(x) for x in analyze.v100_prefill_s(s)) for s in spared] == [(54, 57), (100, 106), (82, 86)]
-    w = analyze.work(by_name(results, NOIDLE), logs)
+    w = analyze.work(config_named(results, NOIDLE), logs)
     assert [round(r["cache_update_ms"] / 1e3, 1) for r in w["per_rep"]] == [23.2, 31.9, 27.8]
     assert [r["cache_updates"] for r in w["per_rep"]] == [75, 83, 74]
     wall = [(a, b) for _, a, b in analyze.paired(results, BASE, NOIDLE, "wall_s")]
     assert wall == [(117.22, 136.84), (93.34, 105.05), (140.61, 153.33)] and all(b > a for a, b in wall)
-    openings = {n: [round(r["summary"]["opening_ttft_p50_ms"]) for r in by_name(results, n)["reps"]]
+    openings = {n: [round(r["summary"]["opening_ttft_p50_ms"]) for r in config_named(results, n)["reps"]]
                 for n in (BASE, NOIDLE)}
     assert openings == {BASE: [2361, 1961, 1639], NOIDLE: [5731, 7170, 3835]}
-    assert by_name(results, NOIDLE)["memory_max_mib"] == 21903
-    more = 8 * (by_name(results, NOIDLE)["planned_mib"] - by_name(results, BASE)["planned_mib"]) / 1024
+    assert config_named(results, NOIDLE)["memory_max_mib"] == 21903
+    more = 8 * (config_named(results, NOIDLE)["planned_mib"] - config_named(results, BASE)["planned_mib"]) / 1024
     assert round(more, 1) == 64.1  # 8 V100-32GB instances: the cache's host memory
     net = [(lo - c, hi - c) for (lo, hi), c in zip((analyze.v100_prefill_s(s) for s in spared),
                                                     (r["cache_update_ms"] / 1e3 for r in w["per_rep"]))]
@@ -134,7 +130,7 @@ def test_the_cache_without_idle_saves_spares_prefill_and_costs_host_work(results
 
 def test_the_group_vars_and_docs_quote_these_records(results, logs):
     rows = {r["name"]: r for r in analyze.table(results)}
-    copy = {n: round(analyze.work(by_name(results, n), logs)["copy_ms_median"], 1) for n in (HEAP, BASE)}
+    copy = {n: round(analyze.work(config_named(results, n), logs)["copy_ms_median"], 1) for n in (HEAP, BASE)}
     want = (f"a checkpoint copy {copy[HEAP]} vs {copy[BASE]} ms, follow-up TTFT p50 "
             f"{rows[HEAP]['followup_ttft_p50_ms']:,.0f} vs {rows[BASE]['followup_ttft_p50_ms']:,.0f} ms, "
             f"{rows[HEAP]['aggregate_tps']:.1f} vs {rows[BASE]['aggregate_tps']:.1f} tok/s, shorter replays and higher "

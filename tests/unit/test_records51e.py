@@ -6,9 +6,11 @@ group_vars quote from it, recomputed by bench.traffic.analyze from the raw resul
 import re
 from pathlib import Path
 
+import pytest
+
 from bench.gpu import gpu_proof, pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import call_fixtures
+from tests.unit.records51 import call_fixtures, config_named
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,8 +23,10 @@ HEAP_CONFIGS = ("2x-ck4-cr0-heap", SHIP, NOIDLE, CK8, ONE)  # every HEAP51 traff
 results, logs, rounds = call_fixtures(CALL, seed="thr-seed-again")
 
 
-def by_name(results, name):
-    return next(c for c in analyze.configs(results) if c["name"] == name)
+@pytest.fixture(scope="module")
+def plan_now():
+    """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code."""
+    return pin_proof.plan51_new()["traffic51"]["configs"]
 
 
 def unreclaimable(c):
@@ -37,13 +41,13 @@ def test_the_session_built_b11434_with_volta_s_choice_on_an_h100(results, logs):
         assert "build rc=0 seconds=224" in (SESSION / call / "build.txt").read_text()
     assert "volta rc=0 seconds=51" in (CALL / "build-volta.txt").read_text()
     assert "mmq rc=0 seconds=10" in (CALL / "build-mmq.txt").read_text()
-    shipped = by_name(results, SHIP)["args"]
+    shipped = config_named(results, SHIP)["args"]
     for name in (SHIP, NOIDLE, CK8, ONE):
-        c = by_name(results, name)
+        c = config_named(results, name)
         assert "FORCE_MMQ = 1" in logs[f"load-mmq-{name}.log"] and c["build"] == "mmq" and c["complete"]
         assert c["env"] == flags.MALLOC_HEAP  # every config with the heap tunables the groups ship
     # the same argv as session 4's baseline, which ran without HEAP51: only the environment differs
-    assert shipped == by_name(results, "2x-ck4-cr0-base4")["args"]
+    assert shipped == config_named(results, "2x-ck4-cr0-base4")["args"]
 
 
 def test_calls_1_and_2_are_kept_as_their_sha256_and_call3_goes_on_from_them():
@@ -98,7 +102,7 @@ def test_the_cache_without_idle_saves_against_the_shipped_config_of_the_same_run
     spared = [a - b for a, b in pair["processed"]]
     assert spared == [22576, 27207, 19897]
     assert [tuple(round(x) for x in analyze.v100_prefill_s(s)) for s in spared] == [(59, 62), (71, 75), (52, 55)]
-    w = analyze.work(by_name(results, NOIDLE), logs)
+    w = analyze.work(config_named(results, NOIDLE), logs)
     assert [round(r["cache_update_ms"] / 1e3, 1) for r in w["per_rep"]] == [8.7, 6.1, 5.7]
     assert [r["cache_updates"] for r in w["per_rep"]] == [69, 64, 60]
     assert [round(b - a, 1) for a, b in pair["wall_s"]] == [2.1, 3.0, 0.8]
@@ -119,55 +123,53 @@ def test_eight_checkpoints_spare_nothing_at_2x(results):
     (within 0.9K tokens a replay) and cost host memory: no case for 8."""
     processed = [(a, b) for _, a, b in analyze.paired(results, SHIP, CK8, "processed")]
     assert processed == [(79423, 79423), (82514, 81675), (72449, 72267)]
-    assert by_name(results, CK8)["planned_mib"] - by_name(results, SHIP)["planned_mib"] > 9000
+    assert config_named(results, CK8)["planned_mib"] - config_named(results, SHIP)["planned_mib"] > 9000
 
 
-def test_the_plan_counts_the_heap_and_is_never_under_a_heap51_config():
+def test_the_plan_counts_the_heap_and_is_never_under_a_heap51_config(results, plan_now):
     """hostmem_heap_share (0.06 of the checkpoints and prompt cache where server_malloc_heap is on): the plan of then
     was under two HEAP51 configs (1x and the cache); fitted on the cache config, it is validated on the 1x config
     (not fitted on: within 5 %, never under) and on every other HEAP51 config of sessions 3-5; the configs without
     HEAP51 keep the plan they ran with."""
-    res = analyze.load(str(CALL / "results.json.gz"))
-    now = {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
-    then = {n: by_name(res, n)["planned_held_mib"] for n in (NOIDLE, ONE)}
-    assert {n: round(unreclaimable(by_name(res, n)) - then[n]) for n in then} == {NOIDLE: 1002, ONE: 101}
+    now = {c["name"]: c for c in plan_now}
+    then = {n: config_named(results, n)["planned_held_mib"] for n in (NOIDLE, ONE)}
+    assert {n: round(unreclaimable(config_named(results, n)) - then[n]) for n in then} == {NOIDLE: 1002, ONE: 101}
     # what the heap kept beyond the old plan, as a share of the checkpoints and cache: what 0.06 must cover
     share = {}
     for n, ckpt, cache in ((NOIDLE, 4, 8192), (ONE, 4, 0)):
         inst = gpu_proof.host_plan_of(gpu_proof.v32_traffic(ckpt, cache, pin_proof.NEW_COMMIT,
                                                             server_malloc_heap=False)).instance
         assert round(inst.held / 2**20, 1) == then[n]  # the plan the config ran with
-        share[n] = round(100 * (unreclaimable(by_name(res, n)) - then[n]) / ((inst.checkpoints + inst.cache_ram) / 2**20), 1)
+        share[n] = round(100 * (unreclaimable(config_named(results, n)) - then[n]) / ((inst.checkpoints + inst.cache_ram) / 2**20), 1)
     assert share == {NOIDLE: 5.6, ONE: 1.1} and max(share.values()) / 100 <= 0.06
-    over = {n: round(now[n]["planned_held_mib"] / unreclaimable(by_name(res, n)) - 1, 4) for n in HEAP_CONFIGS}
+    over = {n: round(now[n]["planned_held_mib"] / unreclaimable(config_named(results, n)) - 1, 4) for n in HEAP_CONFIGS}
     assert over == {"2x-ck4-cr0-heap": 0.074, SHIP: 0.0747, NOIDLE: 0.0034, CK8: 0.5074, ONE: 0.0462}
     assert all(x >= 0 for x in over.values()) and over[ONE] < 0.05
     for n in HEAP_CONFIGS:  # the file pages on top: RSS under the total, the ceiling above it
-        c = by_name(res, n)
+        c = config_named(results, n)
         assert max(r["peak"]["VmRSS"] for r in c["reps"]) < now[n]["planned_mib"] < now[n]["memory_max_mib"]
         assert c["alive_at_end"] is True and c["cgroup_end"]["cg_events"]["oom_kill"] == 0
-    for c in analyze.configs(res):  # without HEAP51 the plan is the one each ran with
+    for c in analyze.configs(results):  # without HEAP51 the plan is the one each ran with
         if c.get("kind") == "traffic" and not c.get("env"):
             assert now[c["name"]]["planned_held_mib"] == c["planned_held_mib"]
             assert unreclaimable(c) <= c["planned_held_mib"]
     assert (now[SHIP]["planned_mib"], now[SHIP]["memory_max_mib"]) == (12279.5, 13508)
-    assert round(now[SHIP]["planned_mib"] - by_name(res, SHIP)["planned_mib"]) == 576  # the heap's term, page tables in
+    assert round(now[SHIP]["planned_mib"] - config_named(results, SHIP)["planned_mib"]) == 576  # the heap's term, page tables in
     more = {n: now[n]["planned_mib"] - now[SHIP]["planned_mib"] for n in (NOIDLE, CK8)}
     assert {n: round(m / 1024, 1) for n, m in more.items()} == {NOIDLE: 8.5, CK8: 9.9}  # GiB an instance
     assert round(8 * more[NOIDLE] / 1024) == 68  # 8 V100-32GB
 
 
-def test_the_docs_quote_these_records():
-    res = analyze.load(str(CALL / "results.json.gz"))
-    now = {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
+def test_the_docs_quote_these_records(results, plan_now):
+    now = {c["name"]: c for c in plan_now}
     host = " ".join((REPO / "docs/host.md").read_text().split())
-    a, b = (round(unreclaimable(by_name(res, n))) for n in (ONE, NOIDLE))
-    then = [round(by_name(res, n)["planned_held_mib"]) for n in (ONE, NOIDLE)]
+    a, b = (round(unreclaimable(config_named(results, n))) for n in (ONE, NOIDLE))
+    then = [round(config_named(results, n)["planned_held_mib"]) for n in (ONE, NOIDLE)]
     assert f"peaked at {a:,} MiB against the {then[0]:,} the plan held" in host
     assert f"at {b:,} against {then[1]:,}" in host
     assert f"MemoryMax {now[SHIP]['memory_max_mib']:,} MiB" in host
     results_md = " ".join((REPO / "bench/RESULTS.md").read_text().split())
-    rows = {r["name"]: r for r in analyze.table(res)}
+    rows = {r["name"]: r for r in analyze.table(results)}
     for n in (SHIP, NOIDLE, CK8, ONE):  # the table's row of each config, bold marks aside
         r = rows[n]
         row = results_md[results_md.index(f"(`{n}`) |"):].split(" | |")[0].replace("**", "")
@@ -178,8 +180,8 @@ def test_the_docs_quote_these_records():
     plan_table = results_md[results_md.index("| HEAP51 config | peak held MiB |"):]
     for n in HEAP_CONFIGS:  # the plan table's row of each config
         held = round(now[n]["planned_held_mib"])
-        peak = round(unreclaimable(by_name(res, n)))
-        above = now[n]["planned_held_mib"] / unreclaimable(by_name(res, n)) - 1
+        peak = round(unreclaimable(config_named(results, n)))
+        above = now[n]["planned_held_mib"] / unreclaimable(config_named(results, n)) - 1
         row = plan_table[plan_table.index(f"| `{n}`"):].split(" | |")[0]
         assert f"| {peak:,} | {held:,} | {above:.1%}".replace("%", " %") in row, (n, row)
     wide = (round(now[NOIDLE]["planned_mib"]), round(now[SHIP]["planned_mib"]))
@@ -194,9 +196,9 @@ def test_the_docs_quote_these_records():
     assert re.search(r"^hostmem_heap_share: 0\.06 .*proof51/session5: 5\.6 % at most", all_yml, re.M)
 
 
-def test_session_6_resumes_at_4x_with_the_cache_without_idle_saves_beside_it(results):
+def test_session_6_resumes_at_4x_with_the_cache_without_idle_saves_beside_it(results, plan_now):
     from bench.gpu.proof.traffic import done
 
-    todo = [c["name"] for c in pin_proof.plan51_new()["traffic51"]["configs"] if not done(results["traffic51"], c)]
+    todo = [c["name"] for c in plan_now if not done(results["traffic51"], c)]
     assert todo[:4] == ["4x-ck4-cr0-heap", "4x-ck4-cr8-noidle-heap", "4x-ck0-cr0-heap", "thr-ship-ub1024"]
     assert not {SHIP, NOIDLE, CK8, ONE} & set(todo)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.gpu.gpu_proof import latency41, plan41
+from bench.gpu.gpu_proof import latency41, plan41, tier41_cfg
 from bench.gpu.groups import group_cfg
 from bench.gpu.tier41 import ACCEPTANCES, best_depth, report, table
 from voltafleet.planning import hostmem, vram
@@ -99,9 +99,7 @@ def test_the_latency_groups_plans_never_fall_under_a_measured_peak(results, dept
     """VRAM (the V100-32GB plan at the latency group's values, Volta's archs) within 0.2 % above every depth's peak;
     host memory above the peak RSS."""
     header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks-mtp.json").read_text()))
-    cfg = group_cfg("v100_32gb").replace(**{**LATENCY, "voltafleet_backend": "cuda", "model_url": "MODEL",
-           "server_spec_mtp": bool(depth), "server_spec_draft_max": depth or LATENCY["server_spec_draft_max"],
-           "server_malloc_heap": False})  # as tier41 ran: glibc's malloc as it was
+    cfg = tier41_cfg(depth)  # the latency group as tier41 ran it at this depth
     decision = vram.decide(cfg, 32768, header, archs=[70])
     r = runs(results)[f"lat-d{depth}"]
     planned = decision.plan.needed / MIB

@@ -283,16 +283,16 @@ def instance(cfg: Settings, shape, slots: int | None = None, checkpoints: int | 
     program = int(cfg.server.hostmem_program_mib) * MIB
     kernel = int(cfg.server.hostmem_kernel_mib) * MIB
     mapped = bool(cfg.server.mmap)
-    heap = float(cfg.server.hostmem_heap_share) if cfg.server.malloc_heap else 0.0
+    heap_share = float(cfg.server.hostmem_heap_share) if cfg.server.malloc_heap else 0.0
     if shape is None:
-        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel, heap)
+        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel, heap_share)
     host = output_bytes(cfg, shape, slots, ctx)
     if cfg.preflight.backend == "cuda":
         host += host_compute_bytes(shape, ctx, slots, ubatch, cfg.build.ref)
     per_slot = checkpoints_per_slot(cfg, shape) if checkpoints is None else checkpoints
     return Instance(process, model_bytes(cfg, shape, slots, ctx, ubatch), mapped, host, slots, per_slot,
                     checkpoint_bytes(shape, ctx, slots, cfg.server.cache_type_k, cfg.server.cache_type_v, ubatch)
-                    if per_slot else 0, cache, program, kernel, heap)
+                    if per_slot else 0, cache, program, kernel, heap_share)
 
 
 # ---------------------------------------------------------------- the plan
