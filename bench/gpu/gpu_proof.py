@@ -1090,6 +1090,13 @@ def carried(dest: Path, files: list[str]) -> int:
     return size
 
 
+def _results(path: str) -> dict:
+    """A run's results.json, or its gzip'd copy (an older record, kept small so the checkout and the GPU pack fit one
+    device call)."""
+    from bench.traffic import analyze
+    return analyze.load(path)
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0] if argv else "pack"
     if cmd in ("pack", "pack49v"):
@@ -1103,16 +1110,16 @@ def main(argv: list[str]) -> int:
         return 0
     if cmd == "report":
         from bench.gpu import proof_report
-        print(proof_report.report(json.loads(Path(argv[1]).read_text())))
+        print(proof_report.report(_results(argv[1])))
         return 0
     if cmd == "report49":
-        print(host49_report(json.loads(Path(argv[1]).read_text())))
+        print(host49_report(_results(argv[1])))
         return 0
     if cmd == "report38":
-        print(host38_report(json.loads(Path(argv[1]).read_text())))
+        print(host38_report(_results(argv[1])))
         return 0
     if cmd == "report32":
-        print(think_report(json.loads(Path(argv[1]).read_text())))
+        print(think_report(_results(argv[1])))
         return 0
     if cmd == "all":
         dest = REPO / ".gpuproof"

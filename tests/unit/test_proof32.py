@@ -1,6 +1,5 @@
 """Issue 32's H200 record (bench/records/proof32/run1: the thinking budget on the Volta-rule build, raw): every
 figure bench/RESULTS.md quotes, recomputed from each request's chunk arrivals."""
-import json
 import statistics
 from pathlib import Path
 
@@ -8,10 +7,11 @@ import pytest
 
 from bench.gpu import gpu_proof
 from bench.gpu.proof import thinking
+from bench.traffic import analyze
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN1 = ROOT / "bench/records/proof32/run1"
-RESULTS = json.loads((RUN1 / "results.json").read_text())
+RESULTS = analyze.load(str(RUN1 / "results.json.gz"))  # gzip'd: the checkout and the GPU pack fit one call
 (T,) = RESULTS["think32"]
 MODES = ("off", "b0", "b256", "b1024", "unbounded")
 BUDGET = {"b0": 0, "b256": 256, "b1024": 1024}
