@@ -468,7 +468,8 @@ PER_SLOT51 = (1, 2, 4)    # conversations open at once: 16, 32, 64 on v100_32gb'
 THROUGHPUT51 = ((128, 128), (160, 256))                       # item 3: prompt / answer tokens, 16 clients
 # item 3's rates for the estimate: 16 clients, wall tok/s (bench/records/proof19b: 270 shipped, 114 the seed)
 ROUNDS51_TPS = {"thr-ship": 270.0, "thr-seed": 114.0, "thr-ship-ck0": 366.0, "thr-ship-ub1024": 273.0,
-                "thr-ship-again": 320.0, "thr-seed-again": 130.0, "thr-ship-heap": 360.0}  # (session 2: 294-402, 123-140)
+                "thr-ship-again": 320.0, "thr-seed-again": 130.0, "thr-ship-heap": 360.0, "thr-seed-51c": 130.0,
+                "thr-ship-51c": 360.0}  # (session 2: 294-402, 123-140)
 
 
 def traffic51_params(per_slot: float) -> dict:
@@ -550,15 +551,29 @@ def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, 
 # what session 1 showed matters at 2x (bench/traffic/README.md): the 8 GiB cache without its save of every idle
 # slot at each request, 8 checkpoints; then 1x shipped.
 # 51c, later: 4x (its conversations live 5 x their busy time; ~900-1,000 s a config, so both sides of a 4x pair
-# need sessions of their own), item 3's -ub 1024, then every other cell of 0/4/8 checkpoints x 0/4/8/16 GiB x
-# 1x/2x/4x.
+# need sessions of their own), item 3's -ub 1024 beside the seed, then the cells of 0/4/8 checkpoints x
+# 0/4/8/16 GiB x 1x/2x/4x that the records do not prune (PRUNED51).
 NO_IDLE_SAVES = "--no-cache-idle-slots"
 HEAP51 = dict(MALLOC_HEAP)  # ckpt_copy's "heap"; server_malloc_heap ships it (the env file)
 PLAN51A = ((2, 4, 0), (2, 4, 8))
 PLAN51B_TRAFFIC = ((2, 0, 0),)
 PLAN51B_AFTER = ((2, 4, 8, False),)
 PLAN51D = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))  # with HEAP51, after the shipped config again
-PLAN51C_HEAD = ((4, 4, 0, True), (4, 4, 8, False), (4, 0, 0, True))  # session 5: the cache without idle saves first
+PLAN51C_HEAD = ((4, 4, 0, True),)  # session 6 ran it whole
+PLAN51C_NEXT = ((4, 4, 8, False), (4, 0, 0, True))  # session 6 cut the cache short: it runs again from its start
+# What is left of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x once the cells below are pruned (PRUNED51)
+PLAN51C_REST = ((4, 8, 0), (4, 4, 4), (4, 4, 16), (2, 4, 4), (2, 4, 16), (2, 0, 8), (1, 0, 0), (1, 8, 0))
+# Cells not run, each with the records' reason (tests/unit/test_plan51.py checks each reason against them)
+PRUNED51 = {
+    **{(1, c, gib): "1x: no follow-up lost its slot (1x-ck4-cr0-heap, 0 of 105), so a host cache of slots that "
+       "lost their conversation holds nothing a follow-up uses" for c in (0, 4, 8) for gib in (4, 8, 16)},
+    **{(n, 8, gib): "8 checkpoints with a cache: at 2x 8 lost the same follow-ups' slots as 4 (2x-ck8-cr0-heap), and "
+       "a follow-up resumes only from its last turn's checkpoint, so a cached 8 holds nothing more than a cached 4"
+       for n in (2, 4) for gib in (4, 8, 16)},
+    **{(n, 0, gib): "no checkpoints with a cache: without them every follow-up reprocessed its whole prompt "
+       "(2x-ck0-cr0, 190 of 190), as a cached state past the dropped reasoning cannot be rolled back; 2x-ck0-cr8 "
+       "runs once to check it" for n, gib in ((2, 4), (2, 16), (4, 4), (4, 8), (4, 16))},
+}
 
 
 def plan51a(ref: str = RECORDS_REF) -> list[dict]:
@@ -628,22 +643,25 @@ def heap51b(ref: str = RECORDS_REF) -> list[dict]:
 
 
 def plan51c(ref: str = RECORDS_REF) -> list[dict]:
-    """Later sessions (51c), with HEAP51 as both V100 groups now ship it (name suffix -heap): 4x shipped, then the 8
-    GiB cache without its idle-slot saves and 4x without checkpoints (~900-990 s each: one pair to a session), item
-    3's -ub 1024, then the rest of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x: 2x then 4x then 1x, the cache's size
-    at the shipped 4 checkpoints first. Every cache runs without its idle-slot saves (-noidle): with them the 8 GiB
-    cache ran at 21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache without them is the one
-    contender left (session 5: bench/RESULTS.md)."""
-    g = group_cfg("v100_32gb", ref).replace(server_ubatch=1024)
+    """Later sessions (51c), with HEAP51 as both V100 groups now ship it (name suffix -heap): 4x shipped (session 6),
+    the 8 GiB cache without its idle-slot saves at 4x again from its start (session 6 ran one of its schedules),
+    item 3's -ub 1024 beside the seed and the shipped argv again (one run holds each ratio's two sides), 4x without
+    checkpoints, then the cells of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x the records do not prune (PRUNED51):
+    8 checkpoints at 4x and 1x, the cache's 4 and 16 GiB at 4x and 2x, 2x without checkpoints with the cache, 1x
+    without checkpoints. Every cache runs without its idle-slot saves (-noidle): with them the 8 GiB cache ran at
+    21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache without them is the one contender left
+    (sessions 5-6: bench/RESULTS.md). About 950 s a 4x config, 350 s a 2x one, 130 s a 1x one."""
+    g = group_cfg("v100_32gb", ref)
+    ub = g.replace(server_ubatch=1024)
 
     def cell(n, c, gib, idle):
         return traffic51_config("51c", n, c, gib, ref=ref, idle_slots=idle, env=HEAP51, suffix="-heap")
-    head = [cell(*c) for c in PLAN51C_HEAD]
-    head.append(throughput51_config("51c", "thr-ship-ub1024", server_args(g, "MODEL", port=PORT, api_key_file=None),
-                                    g, env=HEAP51))
-    done = set(PLAN51A) | set(PLAN51B_TRAFFIC) | {c[:3] for c in PLAN51D if c[3]} | {c[:3] for c in PLAN51C_HEAD}
-    cells = [(n, c, gib) for n in (2, 4, 1) for c in (4, 8, 0) for gib in (4, 16, 8, 0)]
-    return head + [cell(n, c, gib, gib == 0) for n, c, gib in cells if (n, c, gib) not in done]
+    return ([cell(*c) for c in PLAN51C_HEAD + PLAN51C_NEXT[:1]]
+            + [throughput51_config("51c", "thr-seed-51c", SEED_STAGE3, None),
+               throughput51_config("51c", "thr-ship-ub1024", server_args(ub, "MODEL", port=PORT, api_key_file=None),
+                                   ub, env=HEAP51),
+               throughput51_config("51c", "thr-ship-51c", render("v100_32gb"), g, env=HEAP51)]
+            + [cell(*c) for c in PLAN51C_NEXT[1:]] + [cell(n, c, gib, gib == 0) for n, c, gib in PLAN51C_REST])
 
 
 def plan51(ref: str = RECORDS_REF) -> dict:

@@ -120,6 +120,17 @@ def tokens(rep: dict) -> dict:
             "generated": sum(r.get("tokens") or 0 for r in recs)}
 
 
+def reprocessed(config: dict) -> list[tuple[int, int]]:
+    """Per repetition: (follow-ups, follow-ups whose prompt found nothing cached): each of the latter reprocessed its
+    whole history (its conversation lost its slot, or no checkpoint let the slot roll back past the dropped
+    reasoning)."""
+    out = []
+    for rep in config["reps"]:
+        follow = [r for r in rep["records"] if r["followup"]]
+        out.append((len(follow), sum(1 for r in follow if r["cache_n"] == 0)))
+    return out
+
+
 def median(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None

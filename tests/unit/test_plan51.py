@@ -73,22 +73,34 @@ def test_item3_pairs_the_shipped_argv_and_the_seed_in_one_session():
     for c in (b["thr-ship"], b["thr-seed"]):
         assert c["kind"] == "rounds" and c["streams"] == 16 and c["shapes"] == [[128, 128], [160, 256]]
     assert flag_diff(g.render("v100_32gb"), b["thr-ship-ck0"]["args"]) == {"--ctx-checkpoints": ("4", "0")}
-    ub = next(c for c in configs("51c") if c["name"] == "thr-ship-ub1024")
+    c = {x["name"]: x for x in configs("51c")}
+    ub = c["thr-ship-ub1024"]
     assert flag_diff(g.render("v100_32gb"), ub["args"]) == {"-ub": (None, "1024")}
+    # -ub 1024 in one run with the seed before it and the shipped argv after it: both its ratios in one run
+    names = [x["name"] for x in configs("51c")]
+    assert names[names.index("thr-ship-ub1024") - 1:][:3] == ["thr-seed-51c", "thr-ship-ub1024", "thr-ship-51c"]
+    assert c["thr-seed-51c"]["args"] == g.SEED_STAGE3 and c["thr-ship-51c"]["args"] == g.render("v100_32gb")
+    assert ub["env"] == c["thr-ship-51c"]["env"] == g.HEAP51
 
 
-def test_the_full_matrix_is_planned_once():
+def test_the_full_matrix_is_planned_once_or_pruned_with_a_reason():
+    """Every cell of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x is planned or pruned (gpu_proof.PRUNED51, each
+    reason checked against the records by tests/unit/test_records51f.py), never both."""
     cells = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for c in configs() if c["kind"] == "traffic"}
-    assert cells == {(n, ck, gib) for n in (1, 2, 4) for ck in (0, 4, 8) for gib in (0, 4, 8, 16)}
+    full = {(n, ck, gib) for n in (1, 2, 4) for ck in (0, 4, 8) for gib in (0, 4, 8, 16)}
+    assert cells | set(g.PRUNED51) == full and not cells & set(g.PRUNED51)
+    assert len(cells) == 16 and len(g.PRUNED51) == 20 and all(why.strip() for why in g.PRUNED51.values())
+    assert not any(gib == 0 for _, _, gib in g.PRUNED51)  # every checkpoint count runs without a cache somewhere
+    assert {(n, ck) for n, ck, gib in cells if gib == 0} == {(n, ck) for n in (1, 2, 4) for ck in (0, 4, 8)}
     traffic = [c for c in configs() if c["kind"] == "traffic"]
-    assert len(traffic) == 36 + 6
+    assert len(traffic) == 16 + 6
     noidle = [c for c in traffic if not c["idle_slots"]]
     assert [c["name"] for c in noidle][:2] == ["2x-ck4-cr8-noidle", "2x-ck4-cr8-noidle-heap"]
     # from session 6 (51c) every cache runs without its idle-slot saves, and no config without a cache is -noidle
     assert all(c["cache_ram_mib"] for c in noidle)
     assert all(not c["idle_slots"] for c in configs("51c") if c["kind"] == "traffic" and c["cache_ram_mib"])
-    assert [c["name"] for c in configs("51c")][:4] == ["4x-ck4-cr0-heap", "4x-ck4-cr8-noidle-heap", "4x-ck0-cr0-heap",
-                                                       "thr-ship-ub1024"]
+    assert [c["name"] for c in configs("51c")][:6] == ["4x-ck4-cr0-heap", "4x-ck4-cr8-noidle-heap", "thr-seed-51c",
+                                                       "thr-ship-ub1024", "thr-ship-51c", "4x-ck0-cr0-heap"]
     # 2x shipped again beside it with HEAP51 (heap51): one run holds both sides of that pair
     assert [(c["name"], c.get("env")) for c in traffic if c["name"].startswith("2x-ck4-cr0-")] == \
         [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51), ("2x-ck4-cr0-base4", None),
@@ -102,7 +114,8 @@ def test_the_full_matrix_is_planned_once():
     assert d == ["2x-ck4-cr0-ship", "2x-ck4-cr8-noidle-heap", "2x-ck8-cr0-heap", "1x-ck4-cr0-heap"]
     ship = configs("51d")[0]
     assert ship["args"] == g.render("v100_32gb") and ship["env"] == g.HEAP51
-    assert all(c.get("env") == g.HEAP51 for c in configs("51c"))
+    assert all(c.get("env") == g.HEAP51 for c in configs("51c") if c["name"] != "thr-seed-51c")
+    assert "env" not in next(c for c in configs("51c") if c["name"] == "thr-seed-51c")  # the seed's, as it ran before
     assert all(c["name"].endswith("-heap") for c in configs("51c") if c["kind"] == "traffic")
     a = [(c["per_slot"], c["ckpt"], c["cache_ram_mib"]) for c in configs("51a")]
     assert a == [(2, 4, 0), (2, 4, 8192)]  # session 1 as it ran: 2x, cache 0 vs 8 GiB

@@ -147,7 +147,9 @@ def test_the_docs_quote_these_records(results):
         assert all(c in row for c in cells), (n, row)
     for words in ("spared **18,826** prompt tokens", "49-52 s", "172 cache updates took **18.3 s**", "by 31-34 s",
                   "2,006 → 4,227", "7,138 → 11,739", "1,639 → 2,738", "36.46 against 36.54",
-                  "| `4x-ck4-cr0-heap` | 10,158 | 10,749 | 5.8 % |", "| `4x-ck4-cr8-noidle-heap` | 19,132 | 19,450 | 1.7 % |"):
+                  "| `4x-ck4-cr0-heap` | 10,158 | 10,749 | 5.8 % |", "| `4x-ck4-cr8-noidle-heap` | 19,132 | 19,450 | 1.7 % |",
+                  "0 of 105 in `1x-ck4-cr0-heap`", "36, 34 and 25 a schedule", "190 of 190 in `2x-ck0-cr0`",
+                  "6 have run, 2 are next, and 8 follow (6,502 s"):
         assert words in section, words
     host = " ".join((REPO / "docs/host.md").read_text().split())
     assert ("4x shipped peaked at 10,158 MiB against 10,749 (5.8 % above), 4x with the 8 GiB cache at 19,132 against "
@@ -157,11 +159,32 @@ def test_the_docs_quote_these_records(results):
                      r"1\.7 % above its 4x configs", all_yml, re.M)
 
 
-def test_session_7_runs_the_4x_cache_again_from_its_start_then_4x_without_checkpoints(results, plan_now):
+def test_the_pruned_cells_rest_on_these_records(results):
+    """gpu_proof.PRUNED51's reasons, from the follow-ups that found nothing of their prompt cached (each reprocessed
+    its whole history): none at 1x, so a host cache of lost slots has nothing to give there; 8 checkpoints lost the
+    same follow-ups as 4 at 2x; without checkpoints every follow-up at 2x reprocessed its whole prompt."""
+    from bench.gpu import gpu_proof
+
+    lost = {n: analyze.reprocessed(config_named(results, n))
+            for n in ("1x-ck4-cr0-heap", SHIP2, "2x-ck8-cr0-heap", "2x-ck0-cr0", SHIP)}
+    assert lost == {"1x-ck4-cr0-heap": [(43, 0), (29, 0), (33, 0)],
+                    SHIP2: [(66, 36), (57, 34), (67, 25)], "2x-ck8-cr0-heap": [(66, 36), (57, 34), (67, 25)],
+                    "2x-ck0-cr0": [(66, 66), (57, 57), (67, 67)], SHIP: [(130, 104), (116, 86), (123, 101)]}
+    assert sum(f for f, _ in lost["1x-ck4-cr0-heap"]) == 105 and sum(f for f, _ in lost["2x-ck0-cr0"]) == 190
+    why = gpu_proof.PRUNED51
+    assert all("0 of 105" in why[(1, c, gib)] for c in (0, 4, 8) for gib in (4, 8, 16))
+    assert all("190 of 190" in why[(n, 0, gib)] for n, gib in ((2, 4), (2, 16), (4, 4), (4, 8), (4, 16)))
+    assert all("2x-ck8-cr0-heap" in why[(n, 8, gib)] for n in (2, 4) for gib in (4, 8, 16))
+    assert (2, 0, 8) not in why  # the one cell left to check the no-checkpoint reason on the GPU
+
+
+def test_session_7_runs_the_4x_cache_again_then_item_3_beside_the_seed(results, plan_now):
     """A config cut short is run again from its first schedule (traffic.done wants a complete record): its schedule
-    0 then has a second run beside this one's."""
+    0 then has a second run beside this one's. Item 3's -ub 1024 follows with the seed and the shipped argv in the
+    same run; about 1,295 s in all, a session's phase."""
     from bench.gpu.proof.traffic import done
 
     todo = [n for n, c in plan_now.items() if not done(results["traffic51"], c)]
-    assert todo[:3] == [NOIDLE, "4x-ck0-cr0-heap", "thr-ship-ub1024"]
-    assert SHIP not in todo
+    assert todo[:5] == [NOIDLE, "thr-seed-51c", "thr-ship-ub1024", "thr-ship-51c", "4x-ck0-cr0-heap"]
+    assert SHIP not in todo and sum(plan_now[n]["estimate_s"] for n in todo[:4]) == 1295
+    assert sum(plan_now[n]["estimate_s"] for n in todo) == 6502 and len(todo) == 13
