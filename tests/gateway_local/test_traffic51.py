@@ -26,13 +26,21 @@ def vocab() -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def models(tmp_path_factory) -> Path:
+    """The module's one model file (vary.gguf, qwen35gen's varying kind), written once: every server here loads it."""
     binary = harness.pinned_server()
     if not binary or not vocab().exists():
         pytest.fail(f"needs a llama-server of the pinned commit ({binary or 'none'}) and {vocab()} (the lab's sdist)")
+    tmp = tmp_path_factory.mktemp("traffic51-models")
+    gen.write_sparse(str(vocab()), str(tmp / "vary.gguf"), SHAPE, "q4_k_s", vary=51)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory):
+    binary = harness.pinned_server()
     tmp = tmp_path_factory.mktemp("traffic51")
-    model = tmp / "vary.gguf"
-    gen.write_sparse(str(vocab()), str(model), SHAPE, "q4_k_s", vary=51)
+    model = models / "vary.gguf"
     log = open(tmp / "llama-server.log", "wb")
     p = subprocess.Popen([binary, "-m", str(model), "-c", "8192", "-np", "2", "-t", "1", "--host", "127.0.0.1",
                           "--port", str(PORT)], stdout=log, stderr=subprocess.STDOUT)
@@ -80,7 +88,7 @@ def test_driver_records_are_complete_and_follow_ups_found_their_prompt_cached(se
     assert r["fingerprint"] == s.fingerprint()
 
 
-def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, tmp_path):
+def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, models, tmp_path):
     """bench/gpu/proof/traffic.py, the phase the GPU sessions run, on the pinned CPU server (a second one,
     started by the phase itself with checkpoints on): each repetition keeps /metrics before and after and
     its span of the server's log, and those agree with the driver's own records: the server's counter of
@@ -95,8 +103,6 @@ def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, tmp_p
     from bench.traffic import analyze
 
     port = PORT + 1
-    model = tmp_path / "vary.gguf"
-    gen.write_sparse(str(vocab()), str(model), SHAPE, "q4_k_s", vary=51)
     small = dict(opening=Lognormal(60, 0.5, 16, 200), followup=Lognormal(20, 0.5, 8, 80),
                  thinking=Lognormal(8, 0.3, 4, 16), answer=Lognormal(16, 0.3, 8, 32))
     params = Params(seed=5, slots=2, per_slot=1, busy=0.8, turn_s=0.6, conversations=3, max_turns=3,
@@ -107,7 +113,7 @@ def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, tmp_p
         {"name": "t51-local", "kind": "traffic", "model": "vary.gguf", "args": args, "traffic": asdict(params),
          "env": HEAP51}]}}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    a = argparse.Namespace(plan=str(tmp_path / "plan.json"), res=str(tmp_path), models=str(tmp_path),
+    a = argparse.Namespace(plan=str(tmp_path / "plan.json"), res=str(tmp_path), models=str(models),
                            bin=str(Path(harness.pinned_server()).parent), bins="", cublas_bin=None)
     run = ProofRun(a)
     phase.traffic(run, "mmq")
@@ -128,7 +134,7 @@ def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, tmp_p
         assert counts["save_attempts"] >= 1 and counts["cache_updates"] >= 1 and counts["cache_update_ms"] > 0
 
 
-def test_a_config_s_environment_reaches_its_server(tmp_path):
+def test_a_config_s_environment_reaches_its_server(models, tmp_path):
     """The phase starts a config's server with its env beside the phase's own (gpu_proof.HEAP51: glibc's
     malloc tunables, which the server reads at its start): the running process's environment holds it."""
     import argparse
@@ -137,8 +143,7 @@ def test_a_config_s_environment_reaches_its_server(tmp_path):
     from bench.gpu.proof.runner import ProofRun
 
     port = PORT + 2
-    model = tmp_path / "m.gguf"
-    gen.write_sparse(str(vocab()), str(model), SHAPE, "q4_k_s")
+    model = models / "vary.gguf"
     (tmp_path / "plan.json").write_text(json.dumps({"port": port}))
     a = argparse.Namespace(plan=str(tmp_path / "plan.json"), res=str(tmp_path), models=str(tmp_path),
                            bin=str(Path(harness.pinned_server()).parent), bins="", cublas_bin=None)
