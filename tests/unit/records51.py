@@ -34,3 +34,40 @@ def call_fixtures(call: Path, seed: str = "thr-seed"):
         return analyze.rounds(results, seed=seed)
 
     return results, logs, rounds
+
+
+def assert_built(session: Path, gpu: str, build_s: int, volta_s: int, mmq_s: int,
+                 calls: tuple = ("call1", "call2", "call3")) -> None:
+    """One machine, one build, for every call of a session: the GPU and driver its facts name, the pin's build, Volta's
+    kernel choice and FORCE_MMQ in the seconds each took."""
+    for call in calls:
+        facts = (session / call / "facts.txt").read_text()
+        assert gpu in facts and "580.159.04" in facts, call
+        assert f"build rc=0 seconds={build_s}" in (session / call / "build.txt").read_text(), call
+    last = session / calls[-1]
+    assert f"volta rc=0 seconds={volta_s}" in (last / "build-volta.txt").read_text()
+    assert f"mmq rc=0 seconds={mmq_s}" in (last / "build-mmq.txt").read_text()
+
+
+def figures(results: dict, names) -> dict:
+    """{config: (complete, repetitions, follow-ups' cached share, follow-up TTFT p50 and p99 ms, opening TTFT p50 ms,
+    tok/s, prompt tokens processed, host RSS peak MiB)}, rounded as bench/RESULTS.md quotes them."""
+    rows = {r["name"]: r for r in analyze.table(results)}
+    return {n: (rows[n]["complete"], rows[n]["reps"], rows[n]["followup_cached_share"],
+                round(rows[n]["followup_ttft_p50_ms"]), round(rows[n]["followup_ttft_p99_ms"]),
+                round(rows[n]["opening_ttft_p50_ms"]), round(rows[n]["aggregate_tps"], 1), rows[n]["processed"],
+                round(rows[n]["rss_peak_mib"]))
+            for n in names}
+
+
+def assert_rows_quoted(text: str, results: dict, names) -> None:
+    """Each config's row of a RESULTS table (found by its `(`name`) |` cell, bold marks aside) holds its figures."""
+    rows = {r["name"]: r for r in analyze.table(results)}
+    for n in names:
+        r = rows[n]
+        row = text[text.index(f"(`{n}`) |"):].split(" | |")[0].replace("**", "")
+        cells = (f"| {r['followup_cached_share']:.2f} |",
+                 f"{r['followup_ttft_p50_ms']:,.0f} / {r['followup_ttft_p99_ms']:,.0f} |",
+                 f"| {r['opening_ttft_p50_ms']:,.0f} |", f"| {r['aggregate_tps']:.1f} |", f"| {r['processed']:,} |",
+                 f"| {r['rss_peak_mib']:,.0f}")
+        assert all(c in row for c in cells), (n, row)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from bench.traffic import analyze
-from tests.unit.records51 import call_fixtures, config_named, results_of
+from tests.unit.records51 import assert_built, call_fixtures, config_named, results_of
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,12 +23,7 @@ results, logs, rounds = call_fixtures(CALL, seed="thr-seed-again")
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h200(results, logs):
-    for call in ("call1", "call2", "call3"):  # one machine, one build, for the three calls
-        facts = (SESSION / call / "facts.txt").read_text()
-        assert "NVIDIA H200" in facts and "580.159.04" in facts
-        assert "build rc=0 seconds=357" in (SESSION / call / "build.txt").read_text()
-    assert "volta rc=0 seconds=60" in (CALL / "build-volta.txt").read_text()
-    assert "mmq rc=0 seconds=15" in (CALL / "build-mmq.txt").read_text()
+    assert_built(SESSION, "NVIDIA H200", 357, 60, 15)
     for name in (HEAP, BASE, NOIDLE):
         assert "FORCE_MMQ = 1" in logs[f"load-mmq-{name}.log"] and config_named(results, name)["build"] == "mmq"
     # HEAP51 is the only difference of the pair: the same argv, the server's environment

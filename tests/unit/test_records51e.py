@@ -10,7 +10,7 @@ import pytest
 
 from bench.gpu import gpu_proof, pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import call_fixtures, config_named
+from tests.unit.records51 import assert_built, assert_rows_quoted, call_fixtures, config_named, figures
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,12 +35,7 @@ def unreclaimable(c):
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h100(results, logs):
-    for call in ("call1", "call2", "call3"):  # one machine, one build, for the three calls
-        assert "NVIDIA H100 80GB HBM3" in (SESSION / call / "facts.txt").read_text()
-        assert "580.159.04" in (SESSION / call / "facts.txt").read_text()
-        assert "build rc=0 seconds=224" in (SESSION / call / "build.txt").read_text()
-    assert "volta rc=0 seconds=51" in (CALL / "build-volta.txt").read_text()
-    assert "mmq rc=0 seconds=10" in (CALL / "build-mmq.txt").read_text()
+    assert_built(SESSION, "NVIDIA H100 80GB HBM3", 224, 51, 10)
     shipped = config_named(results, SHIP)["args"]
     for name in (SHIP, NOIDLE, CK8, ONE):
         c = config_named(results, name)
@@ -79,13 +74,7 @@ def test_an_earlier_call_held_whole_by_the_next_is_kept_as_its_sha256():
 
 
 def test_heap51d_at_2x_and_1x(results):
-    rows = {r["name"]: r for r in analyze.table(results)}
-    got = {n: (rows[n]["complete"], rows[n]["reps"], rows[n]["followup_cached_share"],
-               round(rows[n]["followup_ttft_p50_ms"]), round(rows[n]["followup_ttft_p99_ms"]),
-               round(rows[n]["opening_ttft_p50_ms"]), round(rows[n]["aggregate_tps"], 1), rows[n]["processed"],
-               round(rows[n]["rss_peak_mib"]))
-           for n in (SHIP, NOIDLE, CK8, ONE)}
-    assert got == {SHIP: (True, 3, 0.4208, 795, 5897, 1185, 43.0, 79423, 10809),
+    assert figures(results, (SHIP, NOIDLE, CK8, ONE)) == {SHIP: (True, 3, 0.4208, 795, 5897, 1185, 43.0, 79423, 10809),
                    NOIDLE: (True, 3, 0.6788, 995, 3268, 1506, 42.2, 55307, 20183),
                    CK8: (True, 3, 0.4208, 975, 3860, 1214, 42.9, 79423, 14689),
                    ONE: (True, 3, 0.8371, 507, 2199, 1164, 59.4, 23562, 11096)}
@@ -169,14 +158,7 @@ def test_the_docs_quote_these_records(results, plan_now):
     assert f"at {b:,} against {then[1]:,}" in host
     assert f"MemoryMax {now[SHIP]['memory_max_mib']:,} MiB" in host
     results_md = " ".join((REPO / "bench/RESULTS.md").read_text().split())
-    rows = {r["name"]: r for r in analyze.table(results)}
-    for n in (SHIP, NOIDLE, CK8, ONE):  # the table's row of each config, bold marks aside
-        r = rows[n]
-        row = results_md[results_md.index(f"(`{n}`) |"):].split(" | |")[0].replace("**", "")
-        cells = (f"| {r['followup_cached_share']:.2f} |", f"{r['followup_ttft_p50_ms']:,.0f} / {r['followup_ttft_p99_ms']:,.0f} |",
-                 f"| {r['opening_ttft_p50_ms']:,.0f} |", f"| {r['aggregate_tps']:.1f} |", f"| {r['processed']:,} |",
-                 f"| {r['rss_peak_mib']:,.0f}")
-        assert all(c in row for c in cells), (n, row)
+    assert_rows_quoted(results_md, results, (SHIP, NOIDLE, CK8, ONE))
     plan_table = results_md[results_md.index("| HEAP51 config | peak held MiB |"):]
     for n in HEAP_CONFIGS:  # the plan table's row of each config
         held = round(now[n]["planned_held_mib"])

@@ -11,7 +11,7 @@ import pytest
 
 from bench.gpu import pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import call_fixtures, config_named
+from tests.unit.records51 import assert_built, assert_rows_quoted, call_fixtures, config_named, figures
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,12 +36,7 @@ def unreclaimable(c):
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h100(results, logs):
-    for call in ("call1", "call2", "call3"):  # one machine, one build, for the three calls
-        facts = (SESSION / call / "facts.txt").read_text()
-        assert "NVIDIA H100 80GB HBM3" in facts and "580.159.04" in facts
-        assert "build rc=0 seconds=240" in (SESSION / call / "build.txt").read_text()
-    assert "volta rc=0 seconds=54" in (CALL / "build-volta.txt").read_text()
-    assert "mmq rc=0 seconds=11" in (CALL / "build-mmq.txt").read_text()
+    assert_built(SESSION, "NVIDIA H100 80GB HBM3", 240, 54, 11)
     for name in (SHIP, NOIDLE):
         c = config_named(results, name)
         assert "FORCE_MMQ = 1" in logs[f"load-mmq-{name}.log"] and c["build"] == "mmq"
@@ -77,12 +72,7 @@ def test_calls_1_and_2_are_kept_as_their_sha256_and_call3_goes_on_from_them(resu
 
 def test_4x_shipped_whole_and_the_cache_one_schedule(results):
     rows = {r["name"]: r for r in analyze.table(results)}
-    got = {n: (rows[n]["complete"], rows[n]["reps"], rows[n]["followup_cached_share"],
-               round(rows[n]["followup_ttft_p50_ms"]), round(rows[n]["followup_ttft_p99_ms"]),
-               round(rows[n]["opening_ttft_p50_ms"]), round(rows[n]["aggregate_tps"], 1), rows[n]["processed"],
-               round(rows[n]["rss_peak_mib"]))
-           for n in (SHIP, NOIDLE)}
-    assert got == {SHIP: (True, 3, 0.1877, 2048, 10219, 1448, 33.6, 206491, 10965),
+    assert figures(results, (SHIP, NOIDLE)) == {SHIP: (True, 3, 0.1877, 2048, 10219, 1448, 33.6, 206491, 10965),
                    NOIDLE: (False, 1, 0.2941, 4227, 11739, 2738, 36.5, 187665, 19922)}
     # 4x against 2x, both shipped: a slot is lost far more often, so far less of a follow-up is found
     assert (rows[SHIP2]["followup_cached_share"], rows[SHIP2]["processed"]) == (0.4208, 79423)
@@ -135,16 +125,9 @@ def test_the_heap_share_chosen_on_session_5_holds_on_its_second_run(results, pla
 
 
 def test_the_docs_quote_these_records(results):
-    rows = {r["name"]: r for r in analyze.table(results)}
     results_md = " ".join((REPO / "bench/RESULTS.md").read_text().split())
     section = results_md[results_md.index("### Session 6"):]
-    for n in (SHIP, NOIDLE):  # the table's row of each config, bold marks aside
-        r = rows[n]
-        row = section[section.index(f"(`{n}`) |"):].split(" | |")[0].replace("**", "")
-        cells = (f"| {r['followup_cached_share']:.2f} |", f"{r['followup_ttft_p50_ms']:,.0f} / {r['followup_ttft_p99_ms']:,.0f} |",
-                 f"| {r['opening_ttft_p50_ms']:,.0f} |", f"| {r['aggregate_tps']:.1f} |", f"| {r['processed']:,} |",
-                 f"| {r['rss_peak_mib']:,.0f}")
-        assert all(c in row for c in cells), (n, row)
+    assert_rows_quoted(section, results, (SHIP, NOIDLE))
     for words in ("spared **18,826** prompt tokens", "49-52 s", "172 cache updates took **18.3 s**", "by 31-34 s",
                   "2,006 → 4,227", "7,138 → 11,739", "1,639 → 2,738", "36.46 against 36.54",
                   "| `4x-ck4-cr0-heap` | 10,158 | 10,749 | 5.8 % |", "| `4x-ck4-cr8-noidle-heap` | 19,132 | 19,450 | 1.7 % |",
