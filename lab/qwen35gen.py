@@ -218,7 +218,7 @@ IDS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.
 
 
 def _vocab(vocab_path: str) -> tuple:
-    """The vocabulary file's tokenizer: (tokens, types, merges, pre, {id key: id}, its chat template or None).
+    """The vocabulary file's tokenizer: (tokens, types, merges, pre, ((id key, id), ...), its chat template or None).
     Parsed once a process for each version of the file (gguf's reader takes ~12 s over its 455K fields)."""
     st = os.stat(vocab_path)
     return _vocab_parsed(os.path.realpath(vocab_path), st.st_mtime_ns, st.st_size)
@@ -230,13 +230,14 @@ def _vocab_parsed(vocab_path: str, mtime_ns: int, size: int) -> tuple:
     tokens = tuple(bytes(f["tokenizer.ggml.tokens"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.tokens"].data)
     types = tuple(int(f["tokenizer.ggml.token_type"].parts[i][0]) for i in f["tokenizer.ggml.token_type"].data)
     merges = tuple(bytes(f["tokenizer.ggml.merges"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.merges"].data)
-    ids = {key: int(f[key].parts[-1][0]) for key in IDS if key in f}
+    ids = tuple((key, int(f[key].parts[-1][0])) for key in IDS if key in f)  # immutable: every caller shares it
     template = bytes(f["tokenizer.chat_template"].parts[-1]).decode() if "tokenizer.chat_template" in f else None
     return tokens, types, merges, bytes(f["tokenizer.ggml.pre"].parts[-1]).decode(), ids, template
 
 
 def _tokenizer(vocab_path: str, w: gguf.GGUFWriter, n_vocab: int) -> list[str]:
     tokens, types, merges, pre, ids, own_template = _vocab(vocab_path)
+    ids = dict(ids)
     tokens, types, merges = list(tokens), list(types), list(merges)
     for i, (text, kind) in enumerate(ADDED, start=ADDED_FIRST):  # slots the vocabulary file leaves as [PADn]
         if i < len(tokens) and tokens[i] == f"[PAD{i}]":

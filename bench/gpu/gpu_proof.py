@@ -560,19 +560,21 @@ PLAN51B_TRAFFIC = ((2, 0, 0),)
 PLAN51B_AFTER = ((2, 4, 8, False),)
 PLAN51D = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))  # with HEAP51, after the shipped config again
 PLAN51C_HEAD = ((4, 4, 0, True),)  # session 6 ran it whole
-PLAN51C_NEXT = ((4, 4, 8, False), (4, 0, 0, True))  # session 6 cut the cache short: it runs again from its start
-# What is left of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x once the cells below are pruned (PRUNED51)
-PLAN51C_REST = ((4, 8, 0), (4, 4, 4), (4, 4, 16), (2, 4, 4), (2, 4, 16), (2, 0, 8), (1, 0, 0), (1, 8, 0))
-# Cells not run, each with the records' reason (tests/unit/test_plan51.py checks each reason against them)
+PLAN51C_NEXT = ((4, 4, 8, False),)  # session 6 cut the cache short: it runs again from its start
+# What is left of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x once the cells below are pruned (PRUNED51), after item 3:
+# first 2x-ck0-cr8, the one cell that checks the no-checkpoint prune's reason on the GPU
+PLAN51C_REST = ((2, 0, 8), (4, 0, 0), (4, 8, 0), (4, 4, 4), (4, 4, 16), (2, 4, 4), (2, 4, 16), (1, 0, 0), (1, 8, 0))
+# Cells not run, each with the records' reason (tests/unit/test_records51f.py checks each against them)
 PRUNED51 = {
     **{(1, c, gib): "1x: no follow-up lost its slot (1x-ck4-cr0-heap, 0 of 105), so a host cache of slots that "
        "lost their conversation holds nothing a follow-up uses" for c in (0, 4, 8) for gib in (4, 8, 16)},
-    **{(n, 8, gib): "8 checkpoints with a cache: at 2x 8 lost the same follow-ups' slots as 4 (2x-ck8-cr0-heap), and "
-       "a follow-up resumes only from its last turn's checkpoint, so a cached 8 holds nothing more than a cached 4"
+    **{(n, 8, gib): "8 checkpoints with a cache: at 2x 8 made as many follow-ups reprocess their whole prompt as 4 "
+       "(2x-ck8-cr0-heap: 36, 34, 25 a schedule), and each follow-up that found a cached prefix under both found the "
+       "same one: 8 held nothing a follow-up used that 4 did not (assumed to hold at 4x, where slots are lost sooner)"
        for n in (2, 4) for gib in (4, 8, 16)},
-    **{(n, 0, gib): "no checkpoints with a cache: without them every follow-up reprocessed its whole prompt "
-       "(2x-ck0-cr0, 190 of 190), as a cached state past the dropped reasoning cannot be rolled back; 2x-ck0-cr8 "
-       "runs once to check it" for n, gib in ((2, 4), (2, 16), (4, 4), (4, 8), (4, 16))},
+    **{(n, 0, gib): "no checkpoints with a cache (provisional until 2x-ck0-cr8 runs): without them every follow-up "
+       "reprocessed its whole prompt (2x-ck0-cr0, 190 of 190), as a slot's state past the dropped reasoning cannot "
+       "be rolled back, and a cached state is assumed to be no different" for n, gib in ((2, 4), (2, 16), (4, 4), (4, 8), (4, 16))},
 }
 
 
@@ -645,10 +647,10 @@ def heap51b(ref: str = RECORDS_REF) -> list[dict]:
 def plan51c(ref: str = RECORDS_REF) -> list[dict]:
     """Later sessions (51c), with HEAP51 as both V100 groups now ship it (name suffix -heap): 4x shipped (session 6),
     the 8 GiB cache without its idle-slot saves at 4x again from its start (session 6 ran one of its schedules),
-    item 3's -ub 1024 beside the seed and the shipped argv again (one run holds each ratio's two sides), 4x without
-    checkpoints, then the cells of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x the records do not prune (PRUNED51):
-    8 checkpoints at 4x and 1x, the cache's 4 and 16 GiB at 4x and 2x, 2x without checkpoints with the cache, 1x
-    without checkpoints. Every cache runs without its idle-slot saves (-noidle): with them the 8 GiB cache ran at
+    item 3's -ub 1024 beside the seed and the shipped argv again (one run holds each ratio's two sides), 2x without
+    checkpoints with the cache (the check of a prune's reason), 4x without checkpoints, then the other cells of 0/4/8
+    checkpoints x 0/4/8/16 GiB x 1x/2x/4x the records do not prune (PRUNED51): 8 checkpoints at 4x and 1x, the
+    cache's 4 and 16 GiB at 4x and 2x, 1x without checkpoints. Every cache runs without its idle-slot saves (-noidle): with them the 8 GiB cache ran at
     21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache without them is the one contender left
     (sessions 5-6: bench/RESULTS.md). About 950 s a 4x config, 350 s a 2x one, 130 s a 1x one."""
     g = group_cfg("v100_32gb", ref)
@@ -656,12 +658,12 @@ def plan51c(ref: str = RECORDS_REF) -> list[dict]:
 
     def cell(n, c, gib, idle):
         return traffic51_config("51c", n, c, gib, ref=ref, idle_slots=idle, env=HEAP51, suffix="-heap")
-    return ([cell(*c) for c in PLAN51C_HEAD + PLAN51C_NEXT[:1]]
+    return ([cell(*c) for c in PLAN51C_HEAD + PLAN51C_NEXT]
             + [throughput51_config("51c", "thr-seed-51c", SEED_STAGE3, None),
                throughput51_config("51c", "thr-ship-ub1024", server_args(ub, "MODEL", port=PORT, api_key_file=None),
                                    ub, env=HEAP51),
                throughput51_config("51c", "thr-ship-51c", render("v100_32gb"), g, env=HEAP51)]
-            + [cell(*c) for c in PLAN51C_NEXT[1:]] + [cell(n, c, gib, gib == 0) for n, c, gib in PLAN51C_REST])
+            + [cell(n, c, gib, gib == 0) for n, c, gib in PLAN51C_REST])
 
 
 def plan51(ref: str = RECORDS_REF) -> dict:

@@ -3,12 +3,9 @@ bench/gpu/tune29.py): all.yml, then group_vars/<group>.yml, at the llama.cpp com
 (RECORDS_REF: every record in bench/records was measured on it; pin_proof's second side passes its own)."""
 from __future__ import annotations
 
-import copy
-import functools
 from pathlib import Path
 
-import yaml
-
+from voltafleet.inputs.groupvars import read_yaml
 from voltafleet.inputs.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,19 +15,7 @@ RECORDS_REF = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # b11312: the commit g
 def group_cfg(group: str, ref: str = RECORDS_REF) -> Settings:
     """all.yml + the group's file, bound to 127.0.0.1 (what a host of the group gets), with llama_cpp_ref
     `ref` (the plans follow the ref's compute graph: voltafleet.planning.vram.graph_extra_bytes)."""
-    cfg = _yaml(REPO / "group_vars/all.yml")
-    cfg.update(_yaml(REPO / f"group_vars/{group}.yml") or {})
+    cfg = read_yaml(REPO / "group_vars/all.yml")  # parsed once a process for each version of the file, a copy
+    cfg.update(read_yaml(REPO / f"group_vars/{group}.yml") or {})
     cfg.update(server_host="127.0.0.1", llama_cpp_ref=ref)
     return Settings.of(cfg)
-
-
-def _yaml(path: Path):
-    """A group_vars file's variables, parsed once a process for each version of the file (a GPU pack's plans ask
-    for hundreds of groups); a copy, so the caller may change it."""
-    st = path.stat()
-    return copy.deepcopy(_parsed(str(path), st.st_mtime_ns, st.st_size))
-
-
-@functools.lru_cache(maxsize=16)
-def _parsed(path: str, mtime_ns: int, size: int):
-    return yaml.safe_load(Path(path).read_text())

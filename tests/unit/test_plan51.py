@@ -100,7 +100,7 @@ def test_the_full_matrix_is_planned_once_or_pruned_with_a_reason():
     assert all(c["cache_ram_mib"] for c in noidle)
     assert all(not c["idle_slots"] for c in configs("51c") if c["kind"] == "traffic" and c["cache_ram_mib"])
     assert [c["name"] for c in configs("51c")][:6] == ["4x-ck4-cr0-heap", "4x-ck4-cr8-noidle-heap", "thr-seed-51c",
-                                                       "thr-ship-ub1024", "thr-ship-51c", "4x-ck0-cr0-heap"]
+                                                       "thr-ship-ub1024", "thr-ship-51c", "2x-ck0-cr8-noidle-heap"]
     # 2x shipped again beside it with HEAP51 (heap51): one run holds both sides of that pair
     assert [(c["name"], c.get("env")) for c in traffic if c["name"].startswith("2x-ck4-cr0-")] == \
         [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51), ("2x-ck4-cr0-base4", None),
