@@ -650,9 +650,10 @@ def plan51c(ref: str = RECORDS_REF) -> list[dict]:
     item 3's -ub 1024 beside the seed and the shipped argv again (one run holds each ratio's two sides), 2x without
     checkpoints with the cache (the check of a prune's reason), 4x without checkpoints, then the other cells of 0/4/8
     checkpoints x 0/4/8/16 GiB x 1x/2x/4x the records do not prune (PRUNED51): 8 checkpoints at 4x and 1x, the
-    cache's 4 and 16 GiB at 4x and 2x, 1x without checkpoints. Every cache runs without its idle-slot saves (-noidle): with them the 8 GiB cache ran at
-    21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache without them is the one contender left
-    (sessions 5-6: bench/RESULTS.md). About 950 s a 4x config, 350 s a 2x one, 130 s a 1x one."""
+    cache's 4 and 16 GiB at 4x and 2x, 1x without checkpoints. Every cache runs without its idle-slot saves
+    (-noidle): with them the 8 GiB cache ran at 21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache
+    without them is the one contender left (sessions 5-6: bench/RESULTS.md). About 950 s a 4x config, 350 s a 2x
+    one, 130 s a 1x one."""
     g = group_cfg("v100_32gb", ref)
     ub = g.replace(server_ubatch=1024)
 

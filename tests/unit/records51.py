@@ -20,6 +20,11 @@ def config_named(results: dict, name: str) -> dict:
     return next(c for c in analyze.configs(results) if c["name"] == name)
 
 
+def unreclaimable(c: dict) -> float:
+    """The highest of the repetitions' peaks: the cgroup's charge less its page cache (what the plan's held counts)."""
+    return max(r["peak"]["cgroup"]["cg_unreclaimable"] for r in c["reps"])
+
+
 def call_fixtures(call: Path, seed: str = "thr-seed"):
     @pytest.fixture(scope="module")
     def results():

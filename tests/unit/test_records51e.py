@@ -10,7 +10,7 @@ import pytest
 
 from bench.gpu import gpu_proof, pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import assert_built, assert_rows_quoted, call_fixtures, config_named, figures
+from tests.unit.records51 import assert_built, assert_rows_quoted, call_fixtures, config_named, figures, unreclaimable
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,11 +27,6 @@ results, logs, rounds = call_fixtures(CALL, seed="thr-seed-again")
 def plan_now():
     """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code."""
     return pin_proof.plan51_new()["traffic51"]["configs"]
-
-
-def unreclaimable(c):
-    """The highest of the repetitions' peaks: the cgroup's charge less its page cache (what the plan's held counts)."""
-    return max(r["peak"]["cgroup"]["cg_unreclaimable"] for r in c["reps"])
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h100(results, logs):
