@@ -79,6 +79,9 @@ def move(kind: str, clients: int = 4) -> dict:
     load = Load(st["gateway_url"], clients=clients, tokens=128, seconds=300, max_requests=100000, pause_s=0.05).start()
     try:
         time.sleep(1)  # every client's pool holds a connection
+        # then the moment a request has just begun (the clients' identical requests, batched together, end
+        # together: all four can be between two requests at one instant, and a move then breaks nothing in flight)
+        load.wait_in_flight(began_within_s=0.05)
         began = time.time()
         if kind == "haproxy":
             r = ssh(first, "systemctl stop haproxy")

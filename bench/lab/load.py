@@ -68,6 +68,7 @@ class Load:
         self.n = 0
         self.local = threading.local()
         self.pools: list[httpx.Client] = []
+        self.running: dict[int, float] = {}  # the requests in flight: id -> when each began (time.time())
 
     # a pool a client thread, as each worker of an application holds its client: its keep-alive
     # connection is reused request after request. Not one pool shared by the threads: httpcore
@@ -101,6 +102,8 @@ class Load:
         t0 = time.monotonic()
         rec = {"start": time.time(), "ok": False, "ttft_ms": None, "tokens": 0, "error": None, "outcome": "failed",
                "stream": stream}
+        with self.lock:
+            self.running[id(rec)] = rec["start"]
         try:
             (self._sdk if self.sdk else self._httpx)(rec, t0, stream)
         except Exception as e:  # counted: failed, cut or busy
@@ -109,7 +112,24 @@ class Load:
                 rec["outcome"] = "cut" if rec.get("started") else "failed"
         finally:
             rec["end"] = time.time()
+            with self.lock:
+                self.running.pop(id(rec), None)
         return rec
+
+    def in_flight(self, began_within_s: float) -> int:
+        """How many requests are in flight that began at most `began_within_s` ago: ones far from their end."""
+        now = time.time()
+        with self.lock:
+            return sum(now - t <= began_within_s for t in self.running.values())
+
+    def wait_in_flight(self, began_within_s: float, seconds: float = 10) -> None:
+        """Until a request that began at most `began_within_s` ago is in flight (a moment to break something under
+        load: identical requests batched together end together, and the clients can all be between two at once)."""
+        deadline = time.monotonic() + seconds
+        while self.in_flight(began_within_s) == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no request began in flight within {began_within_s} s for {seconds:.0f} s")
+            time.sleep(0.002)
 
     def _httpx(self, rec: dict, t0: float, stream: bool) -> None:
         body = {"prompt": PROMPT, "n_predict": self.tokens, "stream": stream, "ignore_eos": True,

@@ -14,6 +14,7 @@ class Completions(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive
     peers: set = set()
     lock = threading.Lock()
+    delay_s = 0.0  # how long each answer takes
 
     def log_message(self, *a):
         pass
@@ -23,6 +24,7 @@ class Completions(BaseHTTPRequestHandler):
             self.peers.add(self.client_address[1])
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = body.get("n_predict") or body.get("max_tokens")
+        time.sleep(self.delay_s)
         if self.path == "/completion":
             chunks = [{"content": "x", "stop": False}] * n + [{"content": "", "stop": True}]
             whole = {"content": "x" * n, "tokens_predicted": n}
@@ -48,7 +50,7 @@ class Completions(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    Completions.peers = set()
+    Completions.peers, Completions.delay_s = set(), 0.0
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Completions)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
@@ -79,3 +81,23 @@ def test_a_pause_spaces_a_clients_requests_on_its_one_pooled_connection(server):
     s = load.stop()
     assert s["requests"] == 6 and s["failed"] == 0 and len(Completions.peers) == 1, (s, Completions.peers)
     assert time.monotonic() - t0 >= 5 * 0.2  # five pauses between six requests
+
+
+def test_the_moment_to_break_something_has_a_request_in_flight_by_the_loads_own_records(server):
+    """bench/lab/failover.py breaks a gateway only once a request has just begun: the clients can all be
+    between two requests at one instant (a long pause here), and a move then would cut nothing."""
+    Completions.delay_s = 0.2
+    load = Load(server, clients=2, tokens=2, seconds=60, max_requests=1000, pause_s=0.3).start()
+    moments = []
+    try:
+        for _ in range(5):
+            load.wait_in_flight(began_within_s=0.05, seconds=5)
+            moments.append(time.time())
+            time.sleep(0.25)
+    finally:
+        load.stop()
+    for m in moments:  # each moment, judged as failover.judge does: a request began before it and ended after it
+        assert any(r["start"] < m < r["end"] for r in load.results), (m, load.results)
+    assert load.in_flight(began_within_s=60) == 0 and not load.running  # every request's entry went at its end
+    with pytest.raises(TimeoutError, match="no request began in flight within 0.05 s"):
+        load.wait_in_flight(began_within_s=0.05, seconds=0.1)
