@@ -64,6 +64,7 @@ class Load:
         self.results: list[dict] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.aborting = threading.Event()  # abort(): each stream is closed by its own thread at its next chunk
         self.threads: list[threading.Thread] = []
         self.n = 0
         self.local = threading.local()
@@ -147,6 +148,7 @@ class Load:
             self._status(rec, r)
             rec["started"], done = True, False
             for line in r.iter_lines():
+                self._aborted()
                 if not line.startswith("data:"):
                     continue
                 chunk = json.loads(line[5:])
@@ -172,17 +174,23 @@ class Load:
                 rec["tokens"] = out.usage.completion_tokens if out.usage else 0
             else:
                 rec["started"], finished = True, False
-                for chunk in out:
-                    if chunk.choices and chunk.choices[0].text:
-                        rec["ttft_ms"] = rec["ttft_ms"] or (time.monotonic() - t0) * 1000
-                        rec["tokens"] += 1
-                    finished = finished or bool(chunk.choices and chunk.choices[0].finish_reason)
+                with out:  # closed here, by this thread, however the loop ends
+                    for chunk in out:
+                        self._aborted()
+                        if chunk.choices and chunk.choices[0].text:
+                            rec["ttft_ms"] = rec["ttft_ms"] or (time.monotonic() - t0) * 1000
+                            rec["tokens"] += 1
+                        finished = finished or bool(chunk.choices and chunk.choices[0].finish_reason)
                 if not finished:
                     raise RuntimeError("stream ended before its last chunk")
         except APIStatusError as e:
             refused(rec, e.status_code, e.response.headers)
             raise
         rec["ok"], rec["outcome"] = True, "ok"
+
+    def _aborted(self) -> None:
+        if self.aborting.is_set():
+            raise RuntimeError("stream closed by the client (Load.abort)")
 
     def _status(self, rec: dict, r) -> None:
         refused(rec, r.status_code, r.headers)
@@ -226,16 +234,21 @@ class Load:
             pool.close()
         return summary(self.results)
 
-    def abort(self) -> None:
-        """Stop now, for a load that only kept the fleet busy: the pools close under the requests
-        in flight (the gateway and the servers see their clients go, and stop generating), nothing
-        is counted. Not for a load whose figures a test judges: that is stop()."""
+    def abort(self, seconds: float = 30) -> None:
+        """Stop now, for a load that only kept the fleet busy: each client thread closes its stream at its next
+        chunk (the gateway and the servers see their clients go, and stop generating); a whole answer in flight
+        ends as it would. Nothing is counted. Not for a load whose figures a test judges: that is stop().
+
+        Each thread closes its own stream: closing a pool under another thread's request (as this did) is a race
+        on the socket's descriptor, and once left a thread reading a connection nothing would answer on for 60 s."""
+        self.aborting.set()
         self.stopping.set()
-        with self.lock:
-            pools = list(self.pools)
-        for pool in pools:
-            pool.close()
-        self.wait(timeout=30)
+        deadline = time.monotonic() + seconds
+        for t in self.threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        if not any(t.is_alive() for t in self.threads):  # never under a request still in flight
+            for pool in self.pools:
+                pool.close()
 
 
 def summary(results: list[dict]) -> dict:

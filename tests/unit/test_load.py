@@ -15,6 +15,8 @@ class Completions(BaseHTTPRequestHandler):
     peers: set = set()
     lock = threading.Lock()
     delay_s = 0.0  # how long each answer takes
+    chunk_s = 0.0  # a streamed answer's time between two chunks (each written on its own)
+    sent: list = []  # a streamed answer each, how many chunks it wrote before it ended or its client went
 
     def log_message(self, *a):
         pass
@@ -36,6 +38,8 @@ class Completions(BaseHTTPRequestHandler):
             whole = {"id": "1", "object": "text_completion", "created": 0, "model": "m",
                      "choices": [{**choice, "text": "x" * n, "finish_reason": "length"}],
                      "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}}
+        if body.get("stream") and self.chunk_s:
+            return self.slow_stream(chunks)
         if body.get("stream"):
             data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
             ctype = "text/event-stream"
@@ -47,10 +51,29 @@ class Completions(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def slow_stream(self, chunks):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        n = 0
+        try:
+            for c in chunks:
+                data = b"data: " + json.dumps(c).encode() + b"\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+                n += 1
+                time.sleep(self.chunk_s)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        with self.lock:
+            self.sent.append(n)
+
 
 @pytest.fixture
 def server():
-    Completions.peers, Completions.delay_s = set(), 0.0
+    Completions.peers, Completions.delay_s, Completions.chunk_s, Completions.sent = set(), 0.0, 0.0, []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Completions)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
@@ -101,3 +124,23 @@ def test_the_moment_to_break_something_has_a_request_in_flight_by_the_loads_own_
     assert load.in_flight(began_within_s=60) == 0 and not load.running  # every request's entry went at its end
     with pytest.raises(TimeoutError, match="no request began in flight within 0.05 s"):
         load.wait_in_flight(began_within_s=0.05, seconds=0.1)
+
+
+@pytest.mark.parametrize("client", ["httpx", "openai"])
+def test_abort_closes_each_stream_in_its_own_thread_and_the_server_sees_its_client_go(server, client):
+    """Load.abort (a load that only kept the fleet busy): every client's stream is closed by the thread reading it,
+    at its next chunk; the server's writes then fail and it stops (as llama-server stops generating). 200 chunks
+    of 20 ms each would take 4 s a stream; every pool is closed once no thread is left reading."""
+    Completions.chunk_s = 0.02
+    load = Load(server, clients=3, tokens=200, seconds=60, max_requests=100, client=client, streams_only=True).start()
+    load.wait_in_flight(began_within_s=60, seconds=10)
+    time.sleep(0.3)
+    load.abort(seconds=10)
+    assert not any(t.is_alive() for t in load.threads)
+    deadline = time.monotonic() + 10
+    while len(Completions.sent) < 3 and time.monotonic() < deadline:  # the server notices at its next write
+        time.sleep(0.05)
+    assert len(Completions.sent) == 3 and all(n < 200 for n in Completions.sent), Completions.sent
+    assert all(p.is_closed for p in load.pools)
+    cut = [r for r in load.results if not r["ok"]]  # each one ended by its own thread, none by a closed socket
+    assert len(cut) == 3 and all("stream closed by the client (Load.abort)" in r["error"] for r in cut), cut
