@@ -2,6 +2,7 @@
 does not start is rolled back; an unreachable gateway stops a batch before any restart; a
 new model under the same file name is rolled back to the old one; one rollout at a time;
 a --limit run keeps every host's backends; each host's verdict is its own record."""
+import hashlib
 import http.server
 import json
 import re
@@ -61,7 +62,9 @@ def test_an_unreachable_gateway_stops_the_rollout_before_any_restart(three, tmp_
 
 
 class SameName(http.server.BaseHTTPRequestHandler):
-    """Serves another model's bytes under the lab model's file name, with Range (resume)."""
+    """Serves another model's bytes under the lab model's file name, with Range (resume). The other model is
+    the lab's own with another name in its metadata (another file, another sha256, 12 MB: not the 253 MB gemma,
+    which cost 15 s more and nothing this test needs)."""
     data: bytes = b""
 
     def do_GET(self):
@@ -82,21 +85,24 @@ class SameName(http.server.BaseHTTPRequestHandler):
 
 def test_a_new_model_under_the_same_file_name_is_rolled_back_to_the_old_one(three, tmp_path):
     st, h = lab(), three[0]
-    gemma = st["gemma"]
     name = Path(st["model_url"]).name
-    SameName.data = (Path(st["mirror_root"]) / "models" / Path(gemma["url"]).name).read_bytes()
+    ours = (Path(st["mirror_root"]) / "models" / name).read_bytes()
+    assert ours.count(b"voltafleet-lab-tiny-qwen35") == 1  # general.name's value
+    SameName.data = ours.replace(b"voltafleet-lab-tiny-qwen35", b"voltafleet-lab-tiny-qwen36")
+    other_sha = hashlib.sha256(SameName.data).hexdigest()
+    assert other_sha != st["model_sha256"]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 18902), SameName)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     old_model = ssh(h, "sed -n 's/.*-m \\([^ ]*\\).*/\\1/p' /etc/voltafleet/llama-server/0.env")
     try:
         run, report = rollout(["--batch", "1"], tmp=tmp_path,
-                              vars={"model_url": f"http://127.0.0.1:18902/models/{name}", "model_sha256": gemma["sha256"],
+                              vars={"model_url": f"http://127.0.0.1:18902/models/{name}", "model_sha256": other_sha,
                                     "smoke_probe": False, "smoke_min_single_tps": 1000000})
     finally:
         server.shutdown()
     assert run.rc == 1 and report["hosts"][0]["status"] == "rolled_back", run
     assert old_model.endswith("/" + name) and old_model in env_file(h)          # the old file serves again
-    new = f"{MODELS}/{gemma['sha256'][:16]}/{name}"
+    new = f"{MODELS}/{other_sha[:16]}/{name}"
     assert ssh(h, f"test -f {new} && echo kept") == "kept"                      # both kept, by content
     assert ssh(h, f"sha256sum {old_model} | cut -d' ' -f1") == st["model_sha256"]
     assert serves(h, 0) and serves(h, 1)
