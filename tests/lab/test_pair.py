@@ -38,7 +38,9 @@ def test_the_address_moves_when_haproxy_stops_and_when_the_host_dies_and_request
         assert (m["from"], m["to"]) == ("vf-lab-gw", "vf-lab-gw2"), m
         assert m["moved_s"] < 10, m  # keepalived: 2 failed checks (HAProxy) or 3 missed adverts (host)
         assert m["after"] >= 4 and m["after_failed"] == 0, m  # every request started after the move served
-    assert moves[1]["in_flight"] >= 1  # the load had requests in flight when the host died
+    # the load had a request open when the kill began (failover.move begins right after one began: its clients'
+    # batched requests can all end at once); whether the kill then cuts it is the new holder's and TCP's timing
+    assert moves[1]["in_flight"] >= 1
     assert wait_holder()["name"] == "vf-lab-gw"  # put back: the first gateway holds the address again
 
 
