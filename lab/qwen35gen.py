@@ -46,6 +46,7 @@ import gguf
 from gguf import GGMLQuantizationType as T
 
 ARCH = "qwen35"
+TINY_NAME = "voltafleet-lab-tiny-qwen35"  # the lab's tiny model's general.name
 FAVOURITE = " hello"  # the dense model's token for every step
 
 
@@ -479,7 +480,7 @@ def write_dense(vocab_path: str, out_path: str, shape: Shape = SHAPES["tiny"], s
     s = shape
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(out_path, ARCH)
-    _metadata(w, s, "voltafleet-lab-tiny-qwen35",
+    _metadata(w, s, TINY_NAME,
               gguf.LlamaFileType.MOSTLY_Q8_0 if weights == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
     w.add_string(GENERATOR_KEY, GENERATOR)
     tokens = _tokenizer(vocab_path, w, s.n_vocab)

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from lab import qwen35gen
 from tests.lab.helpers import PYINFRA, REPO, SERVER_HOST, deploy, env_file, lab, pids, rollout, run_env, ssh
 from voltafleet.state.lock import FleetLock
 
@@ -86,9 +87,9 @@ class SameName(http.server.BaseHTTPRequestHandler):
 def test_a_new_model_under_the_same_file_name_is_rolled_back_to_the_old_one(three, tmp_path):
     st, h = lab(), three[0]
     name = Path(st["model_url"]).name
-    ours = (Path(st["mirror_root"]) / "models" / name).read_bytes()
-    assert ours.count(b"voltafleet-lab-tiny-qwen35") == 1  # general.name's value
-    SameName.data = ours.replace(b"voltafleet-lab-tiny-qwen35", b"voltafleet-lab-tiny-qwen36")
+    ours, tiny = (Path(st["mirror_root"]) / "models" / name).read_bytes(), qwen35gen.TINY_NAME.encode()
+    assert ours.count(tiny) == 1  # general.name's value
+    SameName.data = ours.replace(tiny, tiny.upper())  # same length: the file stays a valid GGUF
     other_sha = hashlib.sha256(SameName.data).hexdigest()
     assert other_sha != st["model_sha256"]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 18902), SameName)

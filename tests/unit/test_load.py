@@ -10,6 +10,11 @@ import pytest
 from bench.lab.load import Load
 
 
+def sse(chunk: dict) -> bytes:
+    """One server-sent event, as llama-server streams a chunk."""
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
 class Completions(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive
     peers: set = set()
@@ -41,7 +46,7 @@ class Completions(BaseHTTPRequestHandler):
         if body.get("stream") and self.chunk_s:
             return self.slow_stream(chunks)
         if body.get("stream"):
-            data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+            data = b"".join(sse(c) for c in chunks)
             ctype = "text/event-stream"
         else:
             data, ctype = json.dumps(whole).encode(), "application/json"
@@ -59,7 +64,7 @@ class Completions(BaseHTTPRequestHandler):
         n = 0
         try:
             for c in chunks:
-                data = b"data: " + json.dumps(c).encode() + b"\n\n"
+                data = sse(c)
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
                 n += 1
