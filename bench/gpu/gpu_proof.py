@@ -560,10 +560,12 @@ PLAN51B_TRAFFIC = ((2, 0, 0),)
 PLAN51B_AFTER = ((2, 4, 8, False),)
 PLAN51D = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))  # with HEAP51, after the shipped config again
 PLAN51C_HEAD = ((4, 4, 0, True),)  # session 6 ran it whole
-PLAN51C_NEXT = ((4, 4, 8, False),)  # session 6 cut the cache short: it runs again from its start
+PLAN51C_NEXT = ((4, 4, 8, False),)  # session 6 cut the cache short: session 7 ran it again from its start
 # What is left of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x once the cells below are pruned (PRUNED51), after item 3:
-# first 2x-ck0-cr8, the one cell that checks the no-checkpoint prune's reason on the GPU
-PLAN51C_REST = ((2, 0, 8), (4, 0, 0), (4, 8, 0), (4, 4, 4), (4, 4, 16), (2, 4, 4), (2, 4, 16), (1, 0, 0), (1, 8, 0))
+# first 2x-ck0-cr8, the one cell that checks the no-checkpoint prune's reason on the GPU, then the 16 and 4 GiB caches
+# at 2x: with it, the second run of hostmem_heap_share 0.07 (fitted on sessions 5-7) on three cache configs it was not
+# fitted on, in one session (about 1,241 s, 1x without checkpoints last); then 4x without checkpoints
+PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 0, 0), (4, 0, 0), (1, 8, 0), (4, 8, 0), (4, 4, 4), (4, 4, 16))
 # Cells not run, each with the records' reason (tests/unit/test_records51f.py checks each against them)
 PRUNED51 = {
     **{(1, c, gib): "1x: no follow-up lost its slot (1x-ck4-cr0-heap, 0 of 105), so a host cache of slots that "
@@ -647,10 +649,10 @@ def heap51b(ref: str = RECORDS_REF) -> list[dict]:
 def plan51c(ref: str = RECORDS_REF) -> list[dict]:
     """Later sessions (51c), with HEAP51 as both V100 groups now ship it (name suffix -heap): 4x shipped (session 6),
     the 8 GiB cache without its idle-slot saves at 4x again from its start (session 6 ran one of its schedules),
-    item 3's -ub 1024 beside the seed and the shipped argv again (one run holds each ratio's two sides), 2x without
-    checkpoints with the cache (the check of a prune's reason), 4x without checkpoints, then the other cells of 0/4/8
-    checkpoints x 0/4/8/16 GiB x 1x/2x/4x the records do not prune (PRUNED51): 8 checkpoints at 4x and 1x, the
-    cache's 4 and 16 GiB at 4x and 2x, 1x without checkpoints. Every cache runs without its idle-slot saves
+    item 3's -ub 1024 beside the seed and the shipped argv again (one run holds each ratio's two sides) (session 7),
+    2x without checkpoints with the cache (the check of a prune's reason), the cache's 16 and 4 GiB at 2x (the heap
+    share's second run), then the other cells of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x the records do not
+    prune (PRUNED51): 1x and 4x without checkpoints, 8 checkpoints at 1x and 4x, the cache's 4 and 16 GiB at 4x. Every cache runs without its idle-slot saves
     (-noidle): with them the 8 GiB cache ran at 21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache
     without them is the one contender left (sessions 5-6: bench/RESULTS.md). About 950 s a 4x config, 350 s a 2x
     one, 130 s a 1x one."""

@@ -76,3 +76,39 @@ def assert_rows_quoted(text: str, results: dict, names) -> None:
                  f"| {r['opening_ttft_p50_ms']:,.0f} |", f"| {r['aggregate_tps']:.1f} |", f"| {r['processed']:,} |",
                  f"| {r['rss_peak_mib']:,.0f}")
         assert all(c in row for c in cells), (n, row)
+
+
+def plan_at_share(config: dict, share: float) -> dict:
+    """The host plan today's code makes for a HEAP51 traffic config's argv (its checkpoints, host cache and idle-slot
+    saves, at b11434) with hostmem_heap_share `share`: a session's decision was made on the share of its day (0.06
+    for sessions 5-6), which a later session's records may raise. {planned_mib, planned_held_mib, memory_max_mib},
+    rounded as gpu_proof.traffic51_config rounds them."""
+    from bench.gpu import gpu_proof, pin_proof
+
+    args = config["args"]
+    ckpt = int(args[args.index("--ctx-checkpoints") + 1])
+    cache = int(args[args.index("--cache-ram") + 1]) if "--cache-ram" in args else 0
+    noidle = {"server_extra_flags": [gpu_proof.NO_IDLE_SAVES]} if gpu_proof.NO_IDLE_SAVES in args else {}
+    cfg = gpu_proof.v32_traffic(ckpt, cache, pin_proof.NEW_COMMIT, server_malloc_heap=True,
+                                hostmem_heap_share=share, **noidle)
+    hp = gpu_proof.host_plan_of(cfg)
+    return {"planned_mib": round(hp.instance.total / 2**20, 1), "planned_held_mib": round(hp.instance.held / 2**20, 1),
+            "memory_max_mib": -(-hp.memory_max // 2**20)}
+
+
+def earlier_calls(session: Path, calls: tuple = ("call1", "call2"), last: str = "call3") -> dict:
+    """A session whose machine stayed warm ran one phase across its calls: an earlier call's results.json and logs.tgz
+    are kept as their sha256 only (the last call's hold them), and the last call's progress goes on from each
+    earlier one's. Returns each earlier call's repetitions, [(config, repetition)], from its progress."""
+    import re
+
+    progress_last = (session / last / "progress.txt").read_text()
+    reps = {}
+    for call in calls:
+        for name in ("results.json", "logs.tgz"):
+            digest, kept = (session / call / f"{name}.sha256").read_text().split()
+            assert kept == name and re.fullmatch(r"[0-9a-f]{64}", digest) and not (session / call / name).exists()
+        progress = (session / call / "progress.txt").read_text()
+        assert progress_last.startswith(progress.rstrip("\n").rsplit("\n", 1)[0]), call
+        reps[call] = re.findall(r"\] traffic51 (\S+) (\d) ", progress)
+    return reps

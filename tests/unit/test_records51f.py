@@ -11,7 +11,8 @@ import pytest
 
 from bench.gpu import pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import assert_built, assert_rows_quoted, call_fixtures, config_named, figures, unreclaimable
+from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
+                                  plan_at_share, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,15 +53,7 @@ def test_the_session_goes_on_from_session_5_whose_records_it_holds_unchanged(res
 def test_calls_1_and_2_are_kept_as_their_sha256_and_call3_goes_on_from_them(results):
     """The machine stayed warm: one phase ran across the three calls. call1 ran the build and no repetition, call2
     4x shipped's first two; call3's results.json and logs hold theirs (kept as their sha256), its progress goes on."""
-    last = (CALL / "progress.txt").read_text()
-    reps = {}
-    for call in ("call1", "call2"):
-        for name in ("results.json", "logs.tgz"):
-            digest, kept = (SESSION / call / f"{name}.sha256").read_text().split()
-            assert kept == name and re.fullmatch(r"[0-9a-f]{64}", digest) and not (SESSION / call / name).exists()
-        progress = (SESSION / call / "progress.txt").read_text()
-        assert last.startswith(progress.rstrip("\n").rsplit("\n", 1)[0])
-        reps[call] = re.findall(r"\] traffic51 (\S+) (\d) ", progress)
+    reps = earlier_calls(SESSION)
     assert reps == {"call1": [], "call2": [(SHIP, "0"), (SHIP, "1")]}
     assert config_named(results, SHIP)["complete"]  # what call2 ran is whole in call3
 
@@ -103,12 +96,14 @@ def test_the_cache_without_idle_saves_at_4x_against_shipped_on_its_one_schedule(
 def test_the_heap_share_chosen_on_session_5_holds_on_its_second_run(results, plan_now):
     """hostmem_heap_share (0.06) was chosen after session 5's configs were seen; neither 4x config was: the plan
     is above both, 5.8 % at 4x shipped (3 schedules) and 1.7 % with the 8 GiB cache (its one schedule). Each plan is
-    the one the config ran with (today's code plans the same), RSS is under the plan's total, the ceiling above it."""
+    the one the config ran with (today's code at 0.06 plans the same; session 7 raised the share to 0.07, which plans
+    more), RSS is under the plan's total, the ceiling above it."""
     over = {}
     for n in (SHIP, NOIDLE):
         c = config_named(results, n)
-        assert plan_now[n]["planned_held_mib"] == c["planned_held_mib"]
-        assert (plan_now[n]["planned_mib"], plan_now[n]["memory_max_mib"]) == (c["planned_mib"], c["memory_max_mib"])
+        then = plan_at_share(c, 0.06)
+        assert then == {k: c[k] for k in ("planned_mib", "planned_held_mib", "memory_max_mib")}
+        assert plan_now[n]["planned_held_mib"] > c["planned_held_mib"]
         assert unreclaimable(c) < c["planned_held_mib"]
         assert max(r["peak"]["VmRSS"] for r in c["reps"]) < c["planned_mib"] < c["memory_max_mib"]
         over[n] = round(c["planned_held_mib"] / unreclaimable(c) - 1, 4)
@@ -147,8 +142,8 @@ def test_the_docs_quote_these_records(results, logs):
             "19,450 (1.7 % above") in host
     assert "5.8 % above 4x shipped (3 schedules), 1.7 % above 4x with the 8 GiB cache (1 of 3)" in host
     all_yml = (REPO / "group_vars/all.yml").read_text()
-    assert re.search(r"^hostmem_heap_share: 0\.06 .*holds on its second run, proof51/session6 \(not fitted on\): "
-                     r"5\.8 % and 1\.7 % above its 4x configs, one run each", all_yml, re.M)
+    assert re.search(r"^hostmem_heap_share: 0\.07 .*fitted 0\.06, which held on session6 \(5\.8 % and 1\.7 % above its 4x "
+                     r"configs\)", all_yml, re.M)
 
 
 def test_the_plan_is_never_under_any_heap51_config_these_results_hold(results, plan_now):
@@ -197,9 +192,7 @@ def test_session_7_runs_the_4x_cache_again_then_item_3_beside_the_seed(results, 
     from bench.gpu.proof.traffic import done
 
     todo = [n for n, c in plan_now.items() if not done(results["traffic51"], c)]
-    assert todo[:6] == [NOIDLE, "thr-seed-51c", "thr-ship-ub1024", "thr-ship-51c", "2x-ck0-cr8-noidle-heap",
-                        "4x-ck0-cr0-heap"]
-    # session 8: the no-checkpoint prune's check first, then 4x without checkpoints: about a session's phase
-    assert sum(plan_now[n]["estimate_s"] for n in todo[4:6]) == 1279
+    assert todo[:5] == [NOIDLE, "thr-seed-51c", "thr-ship-ub1024", "thr-ship-51c", "2x-ck0-cr8-noidle-heap"]
+    # session 8's order, decided on session 7's records: tests/unit/test_records51g.py
     assert SHIP not in todo and sum(plan_now[n]["estimate_s"] for n in todo[:4]) == 1295
     assert sum(plan_now[n]["estimate_s"] for n in todo) == 6502 and len(todo) == 13

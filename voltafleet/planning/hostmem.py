@@ -31,10 +31,11 @@ Per instance (one llama-server), every term in bytes:
                    holes keep resident beyond the live checkpoints and cache, hostmem_heap_share of
                    those two terms. A freed checkpoint's or saved state's chunk stays resident, and
                    a smaller allocation split from it leaves the next one too little room, so the heap
-                   grows past what is live. Fitted on the GPU (bench/records/proof51/session5: 5.6 % of
-                   the two with an 8 GiB cache, the most measured; 1.1 % at 1x), one run a config: its
-                   second run is issue 51's next configs (4x, the cache's sizes), each checked against it
-                   by tests/unit/test_records51e.py as it lands (bench/RESULTS.md)
+                   grows past what is live. Fitted on the GPU (bench/records/proof51 sessions 5-7: 6.2 %
+                   of the two at 4x with an 8 GiB cache, the most measured; 5.6 % at 2x; 1.1 % at 1x):
+                   its second run is issue 51's next configs (the cache's 4 and 16 GiB), each checked
+                   against it by that session's records test as it lands (bench/RESULTS.md). Assumed:
+                   that a cache's heap stops growing (it rose over one server's three replays)
     kernel         the page tables, 8 bytes for each 4 KiB page of anonymous memory (1/512 of it:
                    145 MiB at 16 x 31 checkpoints of 149.6 MiB), and hostmem_kernel_mib of the rest
                    (slab, sockets), which grows while the kernel reclaims the cgroup's page cache at
@@ -58,7 +59,7 @@ MemoryMax reclaims: it only slows the server while /health still answers.
 
     >>> p = plan(cfg, vram.ModelShape.from_header(header), instances=4, mem_total=256 * GIB)  # v100_32gb at 32 checkpoints
     >>> p.text()
-    'host memory: 4 x 81.5 GiB + 8.0 GiB reserve = 334.0 GiB of 256.0 GiB (MemTotal): short by 78.0 GiB'
+    'host memory: 4 x 82.2 GiB + 8.0 GiB reserve = 337.0 GiB of 256.0 GiB (MemTotal): short by 81.0 GiB'
 """
 from __future__ import annotations
 
