@@ -259,11 +259,77 @@ def report(results: dict, logs: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
+HELD = "results.json.held"  # beside a call's results.json once a later call's holds it (raw)
+
+
+def raw(path: str) -> bytes:
+    """A call's results.json, byte for byte: the file, its gzip'd copy (results.json.gz), or, where a later call's
+    results hold it (each call's results.json begins with every earlier call's configs), rebuilt from those. A
+    rebuilt file's directory keeps `results.json.held`: {"held_by": the later call's directory, relative to this
+    one, "traffic51": how many of its configs, "baseline": this call's own where the later call's differs,
+    "sha256": the file's}. The phase writes its results with json's indent 1, so the first configs and the
+    baseline give the same bytes, which the sha256 checks; a mismatch raises, naming both files."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.exists():
+        return gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+    held = p.parent / HELD
+    if not held.exists():
+        raise FileNotFoundError(f"{p}: no such results, nor {HELD} beside it naming the later call that holds them")
+    return _rebuilt(held)
+
+
+def call_results(call) -> dict:
+    """A call directory's results: its results.json, else its gzip'd copy, else as a later call holds it."""
+    plain = call / "results.json"
+    return json.loads(raw(str(plain if plain.exists() else call / "results.json.gz")))
+
+
+def _rebuilt(held) -> bytes:
+    """The results.json a `results.json.held` stands for, rebuilt from the later call's and checked (raw)."""
+    import hashlib
+
+    h = json.loads(held.read_text())
+    later = held.parent / h["held_by"]
+    newer = call_results(later)
+    out = json.dumps({"baseline": h.get("baseline", newer["baseline"]), "traffic51": newer["traffic51"][:h["traffic51"]]},
+                     indent=1).encode()
+    if hashlib.sha256(out).hexdigest() != h["sha256"]:
+        raise ValueError(f"{held}: the first {h['traffic51']} configs of {later}'s results are not this call's "
+                         f"(sha256 differs): the later call's results changed, or {HELD} is wrong")
+    return out
+
+
+def hold(call: str, later: str) -> dict:
+    """Replace a call's results.json (or .gz) by `results.json.held`, once `later`'s results hold it byte for byte
+    (raw's rebuild checked before anything is removed). Returns what was written."""
+    import hashlib
+    import os
+    from pathlib import Path
+
+    c, lt = Path(call), Path(later)
+    (src,) = [f for f in (c / "results.json", c / "results.json.gz") if f.exists()]
+    data = raw(str(src))
+    own = json.loads(data)
+    newer = call_results(lt)
+    h = {"held_by": os.path.relpath(lt, c), "traffic51": len(own["traffic51"]),
+         **({"baseline": own["baseline"]} if own["baseline"] != newer["baseline"] else {}),
+         "sha256": hashlib.sha256(data).hexdigest()}
+    (c / HELD).write_text(json.dumps(h, indent=1) + "\n")
+    try:
+        if _rebuilt(c / HELD) != data:
+            raise ValueError(f"{c}: rebuilt from {lt}, not the same bytes")
+    except Exception:
+        (c / HELD).unlink()
+        raise
+    src.unlink()
+    return h
+
+
 def load(path: str) -> dict:
-    """A results.json, or its gzip'd copy (results.json.gz: an older call's, kept small so that the checkout and
-    the GPU pack fit one device call)."""
-    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
-        return json.load(f)
+    """A call's results.json (raw: the file, its gzip'd copy, or rebuilt from a later call's results)."""
+    return json.loads(raw(path))
 
 
 if __name__ == "__main__":

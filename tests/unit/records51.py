@@ -9,9 +9,8 @@ from bench.traffic import analyze
 
 
 def results_of(call: Path) -> dict:
-    """A call's results.json, or its gzip'd copy once a later session's records are in."""
-    plain = call / "results.json"
-    return analyze.load(str(plain if plain.exists() else call / "results.json.gz"))
+    """A call's results.json, its gzip'd copy, or as a later call's results hold it (analyze.raw)."""
+    return analyze.call_results(call)
 
 
 def config_named(results: dict, name: str) -> dict:

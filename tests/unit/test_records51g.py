@@ -237,3 +237,53 @@ def test_the_docs_quote_these_records(results, logs, rounds, plan_now):
     assert re.search(r"^hostmem_heap_share: 0\.07 .*6\.2 % at most, 4x with an 8 GiB cache, session7;.* fitted 0\.06, which "
                      r"held on session6 .*not on session7 \(0\.2 % under\); 0\.07 is fitted on sessions 5-7, its second run is "
                      r"session 8, not yet run\)", all_yml, re.M)
+
+
+def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
+    """Sessions 1-6's last results.json are rebuilt from this session's (each call's results begin with every earlier
+    call's configs): each keeps its results.json.held, whose sha256 is the original file's. Session 6's is the one
+    this session's first call started from (its results.json.sha256, kept before the phase ran a config)."""
+    import hashlib
+    import json
+
+    base = REPO / "bench/records/proof51"
+    held = sorted(base.glob("session*/call*/results.json.held"))
+    assert [str(h.parent.relative_to(base)) for h in held] == [
+        "session1/call3", "session2/call2", "session3/call2", "session4/call3", "session5/call3", "session6/call3"]
+    for h in held:
+        info = json.loads(h.read_text())
+        assert info["held_by"] == "../../session7/call3"
+        assert not (h.parent / "results.json").exists() and not (h.parent / "results.json.gz").exists()
+        assert hashlib.sha256(analyze.raw(str(h.parent / "results.json"))).hexdigest() == info["sha256"]
+    six = json.loads((base / "session6/call3/results.json.held").read_text())["sha256"]
+    assert (SESSION / "call1/results.json.sha256").read_text().split()[0] == six
+    # session 4 ran on an H200: its own baseline is kept beside the count
+    assert json.loads((base / "session4/call3/results.json.held").read_text())["baseline"]["gpu_total_mib"] == 143771
+
+
+def test_a_held_results_file_is_rebuilt_only_when_its_bytes_come_back(tmp_path):
+    """analyze.hold replaces a call's results by results.json.held only once the later call's rebuild gives the same
+    bytes; a later file whose first configs changed makes raw refuse, naming the file, and a call with neither
+    results nor held says which it lacks."""
+    import json
+
+    def write(d, doc):
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps(doc, indent=1))
+    early = {"baseline": {"gpu_total_mib": 1}, "traffic51": [{"name": "a"}]}
+    write(tmp_path / "s1/call1", early)
+    write(tmp_path / "s2/call1", {"baseline": {"gpu_total_mib": 2}, "traffic51": [{"name": "a"}, {"name": "b"}]})
+    h = analyze.hold(str(tmp_path / "s1/call1"), str(tmp_path / "s2/call1"))
+    assert h["held_by"] == "../../s2/call1" and h["traffic51"] == 1 and h["baseline"] == {"gpu_total_mib": 1}
+    assert not (tmp_path / "s1/call1/results.json").exists()
+    assert analyze.load(str(tmp_path / "s1/call1/results.json")) == early
+    write(tmp_path / "s3/call1", early)
+    write(tmp_path / "s4/call1", {"baseline": {"gpu_total_mib": 1}, "traffic51": [{"name": "a", "x": 1}]})
+    with pytest.raises(ValueError, match="s4/call1"):  # s4 does not hold s3's bytes: the file stays, no held is left
+        analyze.hold(str(tmp_path / "s3/call1"), str(tmp_path / "s4/call1"))
+    assert (tmp_path / "s3/call1/results.json").exists() and not (tmp_path / "s3/call1/results.json.held").exists()
+    (tmp_path / "s2/call1/results.json").write_text(json.dumps({"baseline": {}, "traffic51": [{"name": "z"}]}, indent=1))
+    with pytest.raises(ValueError, match="sha256 differs"):
+        analyze.load(str(tmp_path / "s1/call1/results.json"))
+    with pytest.raises(FileNotFoundError, match="results.json.held"):
+        analyze.load(str(tmp_path / "nowhere/results.json"))
