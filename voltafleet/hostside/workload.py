@@ -277,6 +277,7 @@ def repetition(a, clients: list[Client], seed: int) -> dict:
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
             "followup_ttft_p50_ms": percentile([r["ttft_ms"] for r in follow], 50),
             "followup_cached_p50": percentile([r["cached_share"] for r in follow if r["cached_share"] is not None], 50),
+            "followup_cached_max": max((r["cached_share"] for r in follow if r["cached_share"] is not None), default=None),
             "decode_tps": percentile(decode, 50), "peak_mib": mem, "host_peak_mib": host,
             "followups": len(follow)}
 

@@ -35,8 +35,9 @@ UBATCH_RANGE = (SCHEMA["server_ubatch"].min, SCHEMA["server_ubatch"].max)  # -b 
 HOST_CACHE_MIB = 8192       # the host-RAM prompt cache tried when a group ships it off (llama.cpp's default)
 FIGURES = ("throughput_tps", "ttft_p50_ms", "ttft_p99_ms", "decode_tps", "peak_mib")
 # kept per repetition in the tuned file beside FIGURES: the follow-ups' TTFT and the share of their prompt the
-# server found cached (real chats: resumed from a context checkpoint, or 0), the server's host-memory peak
-REP_EXTRA = ("followup_ttft_p50_ms", "followup_cached_p50", "host_peak_mib")
+# server found cached (real chats: resumed from a context checkpoint, or 0; the median and the most one found), the
+# server's host-memory peak
+REP_EXTRA = ("followup_ttft_p50_ms", "followup_cached_p50", "followup_cached_max", "host_peak_mib")
 
 
 @dataclass(frozen=True)
