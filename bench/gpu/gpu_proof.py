@@ -504,6 +504,13 @@ def host_plan_of(cfg: Settings):
     return hostmem.plan(cfg.replace(voltafleet_backend="cuda"), vram.ModelShape.from_header(header), 1)
 
 
+def plan_figures(hp) -> dict:
+    """A host plan's figures as issue 51's configs record them, MiB: the instance's total, what the kernel cannot
+    reclaim (held), and its unit's MemoryMax (rounded up)."""
+    return {"planned_mib": round(hp.instance.total / 2**20, 1), "planned_held_mib": round(hp.instance.held / 2**20, 1),
+            "memory_max_mib": -(-hp.memory_max // 2**20)}
+
+
 def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: int = 3,
                      ref: str = RECORDS_REF, idle_slots: bool = True, env: dict | None = None, suffix: str = "") -> dict:
     """One traffic config: its exact argv (group_vars rendered), its schedule, its host-memory plan at llama.cpp
@@ -524,8 +531,7 @@ def traffic51_config(part: str, per_slot: int, ckpt: int, cache_gib: int, runs: 
             "kind": "traffic", "model": "q4ks-vary.gguf", "per_slot": per_slot, "ckpt": ckpt,
             "cache_ram_mib": cache_gib * 1024, "idle_slots": idle_slots, "slots": cfg.server.parallel,
             "args": server_args(cfg, "MODEL", port=PORT, api_key_file=None), "traffic": traffic, "calibrate": False,
-            "planned_mib": round(hp.instance.total / 2**20, 1), "planned_held_mib": round(hp.instance.held / 2**20, 1),
-            "memory_max_mib": -(-hp.memory_max // 2**20), "estimate_s": round(est)}
+            **plan_figures(hp), "estimate_s": round(est)}
 
 
 def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, runs: int = 3,
@@ -538,8 +544,7 @@ def throughput51_config(part: str, name: str, args: list, cfg: Settings | None, 
             "shapes": [list(x) for x in THROUGHPUT51], "estimate_s": round(est), **({"env": env} if env else {})}
     if cfg is not None:
         hp = host_plan_of(cfg.replace(server_malloc_heap=env == HEAP51))  # planned as it runs
-        item.update(planned_mib=round(hp.instance.total / 2**20, 1), planned_held_mib=round(hp.instance.held / 2**20, 1),
-                    memory_max_mib=-(-hp.memory_max // 2**20))
+        item.update(plan_figures(hp))
     return item
 
 

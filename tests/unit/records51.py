@@ -19,6 +19,13 @@ def config_named(results: dict, name: str) -> dict:
     return next(c for c in analyze.configs(results) if c["name"] == name)
 
 
+def heap51_configs(results: dict) -> list[dict]:
+    """The traffic configs that ran with glibc's malloc kept to its heap (HEAP51, as server_malloc_heap ships it)."""
+    from voltafleet.planning import flags
+
+    return [c for c in analyze.configs(results) if c.get("kind") == "traffic" and c.get("env") == flags.MALLOC_HEAP]
+
+
 def unreclaimable(c: dict) -> float:
     """The highest of the repetitions' peaks: the cgroup's charge less its page cache (what the plan's held counts)."""
     return max(r["peak"]["cgroup"]["cg_unreclaimable"] for r in c["reps"])
@@ -80,8 +87,7 @@ def assert_rows_quoted(text: str, results: dict, names) -> None:
 def plan_at_share(config: dict, share: float) -> dict:
     """The host plan today's code makes for a HEAP51 traffic config's argv (its checkpoints, host cache and idle-slot
     saves, at b11434) with hostmem_heap_share `share`: a session's decision was made on the share of its day (0.06
-    for sessions 5-6), which a later session's records may raise. {planned_mib, planned_held_mib, memory_max_mib},
-    rounded as gpu_proof.traffic51_config rounds them."""
+    for sessions 5-6), which a later session's records may raise. gpu_proof.plan_figures, as the config recorded it."""
     from bench.gpu import gpu_proof, pin_proof
 
     args = config["args"]
@@ -90,9 +96,7 @@ def plan_at_share(config: dict, share: float) -> dict:
     noidle = {"server_extra_flags": [gpu_proof.NO_IDLE_SAVES]} if gpu_proof.NO_IDLE_SAVES in args else {}
     cfg = gpu_proof.v32_traffic(ckpt, cache, pin_proof.NEW_COMMIT, server_malloc_heap=True,
                                 hostmem_heap_share=share, **noidle)
-    hp = gpu_proof.host_plan_of(cfg)
-    return {"planned_mib": round(hp.instance.total / 2**20, 1), "planned_held_mib": round(hp.instance.held / 2**20, 1),
-            "memory_max_mib": -(-hp.memory_max // 2**20)}
+    return gpu_proof.plan_figures(gpu_proof.host_plan_of(cfg))
 
 
 def earlier_calls(session: Path, calls: tuple = ("call1", "call2"), last: str = "call3") -> dict:

@@ -12,7 +12,7 @@ import pytest
 from bench.gpu import pin_proof
 from bench.traffic import analyze
 from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
-                                  plan_at_share, unreclaimable)
+                                  heap51_configs, plan_at_share, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,7 +149,7 @@ def test_the_docs_quote_these_records(results, logs):
 def test_the_plan_is_never_under_any_heap51_config_these_results_hold(results, plan_now):
     """Every HEAP51 traffic config of sessions 3-6, complete or cut short: today's plan (held: the cgroup's charge less
     its page cache) is above the highest peak any of its repetitions reached."""
-    heap = [c for c in analyze.configs(results) if c.get("kind") == "traffic" and c.get("env") == flags.MALLOC_HEAP]
+    heap = heap51_configs(results)
     assert len(heap) == 7
     for c in heap:
         assert unreclaimable(c) < plan_now[c["name"]]["planned_held_mib"], c["name"]

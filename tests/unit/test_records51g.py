@@ -12,7 +12,7 @@ import pytest
 from bench.gpu import pin_proof
 from bench.traffic import analyze
 from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
-                                  plan_at_share, unreclaimable)
+                                  heap51_configs, plan_at_share, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,10 +30,6 @@ results, logs, rounds = call_fixtures(CALL, seed=SEED)
 def plan_now():
     """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code."""
     return {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
-
-
-def heap51(results) -> list[dict]:
-    return [c for c in analyze.configs(results) if c.get("kind") == "traffic" and c.get("env") == flags.MALLOC_HEAP]
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h100(results, logs):
@@ -109,18 +105,19 @@ def test_the_plan_of_0_06_was_under_the_cache_at_4x_and_0_07_is_above_every_heap
     peaks = [r["peak"]["cgroup"]["cg_unreclaimable"] for r in c["reps"]]
     assert [round(p) for p in peaks] == [18923, 19124, 19493] and peaks == sorted(peaks)  # rose replay by replay
     assert round(unreclaimable(c) - then["planned_held_mib"], 1) == 43.5
+    heap = heap51_configs(results)
+    at7 = {x["name"]: plan_at_share(x, 0.07) for x in heap}
     needed = {}
-    for x in heap51(results):
+    for x in heap:
         base = plan_at_share(x, 0.0)["planned_held_mib"]
-        held = {s: plan_at_share(x, s)["planned_held_mib"] for s in (0.06, 0.07)}
-        live = (held[0.07] - base) / 0.07  # the checkpoints and cache the share is taken of, MiB (page tables aside)
+        live = (at7[x["name"]]["planned_held_mib"] - base) / 0.07  # what the share is taken of, MiB (page tables aside)
         needed[x["name"]] = round((unreclaimable(x) - base) / live, 3) if live else None
     assert max(v for v in needed.values() if v is not None) == needed[NOIDLE] == 0.062
     assert needed[NOIDLE2] == 0.056 and needed["1x-ck4-cr0-heap"] == 0.011
     over = {}
-    for x in heap51(results):
+    for x in heap:
         now = plan_now[x["name"]]
-        assert now == {**now, **plan_at_share(x, 0.07)}  # today's plan is the share's
+        assert now == {**now, **at7[x["name"]]}  # today's plan is the share's
         assert unreclaimable(x) < now["planned_held_mib"], x["name"]
         assert max(r["peak"]["VmRSS"] for r in x["reps"]) < now["planned_mib"] < now["memory_max_mib"]
         assert x["alive_at_end"] is True and x["cgroup_end"]["cg_events"]["oom_kill"] == 0
@@ -138,8 +135,7 @@ def test_the_shipped_plan_at_0_07(plan_now):
     fit 128 GiB (tests/unit/test_hostmem.py checks the docs' host figures)."""
     from bench.gpu import gpu_proof
 
-    ship = pin_proof.plan51_new()["traffic51"]["configs"]
-    x = next(c for c in ship if c["name"] == SHIP)
+    x = plan_now[SHIP]
     cfg = gpu_proof.v32_traffic(4, 0, pin_proof.NEW_COMMIT, server_malloc_heap=True)
     inst = gpu_proof.host_plan_of(cfg).instance
     assert cfg.server.hostmem_heap_share == 0.07 and round(inst.heap / 2**20) == 670
