@@ -567,10 +567,11 @@ PLAN51D = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))  # with HEAP51, a
 PLAN51C_HEAD = ((4, 4, 0, True),)  # session 6 ran it whole
 PLAN51C_NEXT = ((4, 4, 8, False),)  # session 6 cut the cache short: session 7 ran it again from its start
 # What is left of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x once the cells below are pruned (PRUNED51), after item 3:
-# first 2x-ck0-cr8, the one cell that checks the no-checkpoint prune's reason on the GPU, then the 16 and 4 GiB caches
-# at 2x: with it, the second run of hostmem_heap_share 0.07 (fitted on sessions 5-7) on three cache configs it was not
-# fitted on, in one session (about 1,241 s, 1x without checkpoints last); then 4x without checkpoints
-PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 0, 0), (4, 0, 0), (1, 8, 0), (4, 8, 0), (4, 4, 4), (4, 4, 16))
+# session 8 ran 2x-ck0-cr8 (the no-checkpoint prune's reason, on the GPU), the 16 and 4 GiB caches at 2x and 2 of 1x
+# without checkpoints' 3 schedules; then the second run of the heap's two shares (fitted on sessions 5-8): 1x with 8
+# checkpoints (every one live: the checkpoints' share) and 4x with the 16 GiB cache (the cache's), in one session
+# (about 1,113 s); then 1x without checkpoints again, 4x with the 4 GiB cache, without checkpoints and with 8
+PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 8, 0), (4, 4, 16), (1, 0, 0), (4, 4, 4), (4, 0, 0), (4, 8, 0))
 # Cells not run, each with the records' reason (tests/unit/test_records51f.py checks each against them)
 PRUNED51 = {
     **{(1, c, gib): "1x: no follow-up lost its slot (1x-ck4-cr0-heap, 0 of 105), so a host cache of slots that "

@@ -84,18 +84,20 @@ def assert_rows_quoted(text: str, results: dict, names) -> None:
         assert all(c in row for c in cells), (n, row)
 
 
-def plan_at_share(config: dict, share: float) -> dict:
+def plan_at_share(config: dict, share: float, cache_share: float | None = None) -> dict:
     """The host plan today's code makes for a HEAP51 traffic config's argv (its checkpoints, host cache and idle-slot
-    saves, at b11434) with hostmem_heap_share `share`: a session's decision was made on the share of its day (0.06
-    for sessions 5-6), which a later session's records may raise. gpu_proof.plan_figures, as the config recorded it."""
+    saves, at b11434) with hostmem_heap_share `share` of the checkpoints and hostmem_cache_heap_share `cache_share` of
+    the prompt cache (None: `share`, one share of both as sessions 5-7 planned it): a session's decision was made on
+    the shares of its day (0.06 for sessions 5-6, 0.07 for 7), which a later session's records may change.
+    gpu_proof.plan_figures, as the config recorded it."""
     from bench.gpu import gpu_proof, pin_proof
 
     args = config["args"]
     ckpt = int(args[args.index("--ctx-checkpoints") + 1])
     cache = int(args[args.index("--cache-ram") + 1]) if "--cache-ram" in args else 0
     noidle = {"server_extra_flags": [gpu_proof.NO_IDLE_SAVES]} if gpu_proof.NO_IDLE_SAVES in args else {}
-    cfg = gpu_proof.v32_traffic(ckpt, cache, pin_proof.NEW_COMMIT, server_malloc_heap=True,
-                                hostmem_heap_share=share, **noidle)
+    cfg = gpu_proof.v32_traffic(ckpt, cache, pin_proof.NEW_COMMIT, server_malloc_heap=True, hostmem_heap_share=share,
+                                hostmem_cache_heap_share=share if cache_share is None else cache_share, **noidle)
     return gpu_proof.plan_figures(gpu_proof.host_plan_of(cfg))
 
 

@@ -28,14 +28,18 @@ Per instance (one llama-server), every term in bytes:
                    (server-task.cpp server_prompt_cache::alloc), so it never overshoots; -1 has no
                    limit and cannot be planned
     heap           with server_malloc_heap (glibc's malloc kept to its heap, never trimmed): what its
-                   holes keep resident beyond the live checkpoints and cache, hostmem_heap_share of
-                   those two terms. A freed checkpoint's or saved state's chunk stays resident, and
-                   a smaller allocation split from it leaves the next one too little room, so the heap
-                   grows past what is live. Fitted on the GPU (bench/records/proof51 sessions 5-7: 6.2 %
-                   of the two at 4x with an 8 GiB cache, the most measured; 5.6 % at 2x; 1.1 % at 1x):
-                   its second run is issue 51's next configs (the cache's 4 and 16 GiB), each checked
-                   against it by that session's records test as it lands (bench/RESULTS.md). Assumed:
-                   that a cache's heap stops growing (it rose over one server's three replays)
+                   holes keep resident beyond the live checkpoints and cache: hostmem_heap_share of
+                   the checkpoints and hostmem_cache_heap_share of the cache. A freed checkpoint's or
+                   saved state's chunk stays resident, and a smaller allocation split from it leaves
+                   the next one too little room, so the heap grows past what is live. Checkpoints are
+                   all one size and reuse their chunks; the cache's saved states differ in size (the
+                   state and each prompt's own KV rows, and their checkpoints) and leave the holes.
+                   Fitted on the GPU (bench/records/proof51 sessions 5-8): 1.1 % of the checkpoints
+                   at most without a cache (1x, session 5), 15.7 % of an 8 GiB cache without
+                   checkpoints (2x, session 8); one share of both, 0.07, was 7.1 % under that one.
+                   Its second run is issue 51's next configs (the cache at 4x, 8 checkpoints), each
+                   checked against it by that session's records test as it lands (bench/RESULTS.md).
+                   Assumed: that a cache's heap stops growing (it rose over one server's replays)
     kernel         the page tables, 8 bytes for each 4 KiB page of anonymous memory (1/512 of it:
                    145 MiB at 16 x 31 checkpoints of 149.6 MiB), and hostmem_kernel_mib of the rest
                    (slab, sockets), which grows while the kernel reclaims the cgroup's page cache at
@@ -59,7 +63,7 @@ MemoryMax reclaims: it only slows the server while /health still answers.
 
     >>> p = plan(cfg, vram.ModelShape.from_header(header), instances=4, mem_total=256 * GIB)  # v100_32gb at 32 checkpoints
     >>> p.text()
-    'host memory: 4 x 82.2 GiB + 8.0 GiB reserve = 337.0 GiB of 256.0 GiB (MemTotal): short by 81.0 GiB'
+    'host memory: 4 x 78.5 GiB + 8.0 GiB reserve = 322.0 GiB of 256.0 GiB (MemTotal): short by 66.0 GiB'
 """
 from __future__ import annotations
 
@@ -94,6 +98,7 @@ class Instance:
     program: int = 0                  # the binary's and its libraries' file pages (hostmem_program_mib)
     kernel: int = 0                   # kernel memory beside the page tables (hostmem_kernel_mib): slab, sockets
     heap_share: float = 0.0           # hostmem_heap_share where server_malloc_heap is on, else 0
+    cache_heap_share: float = 0.0     # hostmem_cache_heap_share where server_malloc_heap is on, else 0
 
     @property
     def checkpoints(self) -> int:
@@ -101,8 +106,9 @@ class Instance:
 
     @property
     def heap(self) -> int:
-        """What a never-trimmed heap keeps resident beyond the live checkpoints and prompt cache (its holes)."""
-        return math.ceil(self.heap_share * (self.checkpoints + self.cache_ram))
+        """What a never-trimmed heap keeps resident beyond the live checkpoints and prompt cache (its holes): a
+        share of each, the cache's the larger (its saved states differ in size, a checkpoint's never do)."""
+        return math.ceil(self.heap_share * self.checkpoints + self.cache_heap_share * self.cache_ram)
 
     @property
     def anonymous(self) -> int:
@@ -285,15 +291,16 @@ def instance(cfg: Settings, shape, slots: int | None = None, checkpoints: int | 
     kernel = int(cfg.server.hostmem_kernel_mib) * MIB
     mapped = bool(cfg.server.mmap)
     heap_share = float(cfg.server.hostmem_heap_share) if cfg.server.malloc_heap else 0.0
+    cache_heap_share = float(cfg.server.hostmem_cache_heap_share) if cfg.server.malloc_heap else 0.0
     if shape is None:
-        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel, heap_share)
+        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel, heap_share, cache_heap_share)
     host = output_bytes(cfg, shape, slots, ctx)
     if cfg.preflight.backend == "cuda":
         host += host_compute_bytes(shape, ctx, slots, ubatch, cfg.build.ref)
     per_slot = checkpoints_per_slot(cfg, shape) if checkpoints is None else checkpoints
     return Instance(process, model_bytes(cfg, shape, slots, ctx, ubatch), mapped, host, slots, per_slot,
                     checkpoint_bytes(shape, ctx, slots, cfg.server.cache_type_k, cfg.server.cache_type_v, ubatch)
-                    if per_slot else 0, cache, program, kernel, heap_share)
+                    if per_slot else 0, cache, program, kernel, heap_share, cache_heap_share)
 
 
 # ---------------------------------------------------------------- the plan
