@@ -147,6 +147,18 @@ def test_the_shipped_plan_with_two_shares(plan_now):
     assert (plan_now[SHIP]["planned_mib"], plan_now[SHIP]["memory_max_mib"]) == (11895.7, 13086)
     big = plan_now["4x-ck4-cr16-noidle-heap"]
     assert big["planned_mib"] == 30938.2 and round((8 * big["planned_mib"] + 8192) / 1024) == 250
+    # the planner refuses the 16 GiB cache on 8 V100-32GB with 128 GiB, naming the largest cache that fits; 256 GiB holds it
+    import json
+
+    from voltafleet.models.gguf_header import from_json
+    from voltafleet.planning import hostmem, vram
+
+    shape = vram.ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
+    cfg16 = gpu_proof.v32_traffic(4, 16384, pin_proof.NEW_COMMIT, server_malloc_heap=True).replace(voltafleet_backend="cuda")
+    small, large = (hostmem.plan(cfg16, shape, 8, gib * 2**30) for gib in (128, 256))
+    assert not small.fits and large.fits
+    (fix,) = [f for f in small.fixes if f.startswith("server_cache_ram: ")]
+    assert 0 < int(fix.split()[1]) < 16384 and "server_cache_ram" in small.refusal("h")
 
 
 def test_session_9_runs_the_second_run_of_the_two_shares_first(results, plan_now):
@@ -199,6 +211,6 @@ def test_the_docs_quote_these_records(results, logs, plan_now):
                      r"session8; 0\.07 of checkpoints and cache together held on sessions 6-7 and not on session8 \(7\.1 % "
                      r"under\); fitted on sessions 5-8, its second run is session 9, not yet run\)", all_yml, re.M)
     v32 = (REPO / "group_vars/v100_32gb.yml").read_text()
-    assert ("16384 kept every conversation that lost its slot (follow-ups 0.84 cached vs shipped's 0.39, 28-41K fewer "
-            "prompt tokens a replay) for 30.2 GiB an instance") in v32
+    assert ("16384 kept every conversation that lost its slot (follow-ups 0.84 cached vs shipped's 0.39 in session 4, "
+            "another run: 28-41K fewer prompt tokens a replay) for 30.2 GiB an instance") in v32
     assert round(plan_now["4x-ck4-cr16-noidle-heap"]["planned_mib"] / 1024, 1) == 30.2
