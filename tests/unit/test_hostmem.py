@@ -300,6 +300,22 @@ def test_lab_hosts_fit_the_lab_machine(cfg):
     assert plan.hostmem.fits and plan.hostcpu.need == 2 and "-C" not in plan.argv[0]
 
 
+@pytest.mark.parametrize("kv", [None, "q4_0"])  # the lab's KV cache type, and the probe test's bad host's
+def test_lab_hosts_fit_the_lab_machine_with_gemma(cfg, kv):
+    """The largest model the lab rolls (tests/lab/test_probe.py): Gemma 3 270M, a sliding-window model, so 32
+    checkpoints a slot of its window cells beside the 8 GiB default cache and the heap's shares of both. It must fit
+    the CI machine's MemTotal (24,105 MiB: 2 cores, 24 GB) or preflight refuses the probe's rollout."""
+    gemma = from_json(json.loads((ROOT / "tests/fixtures/gguf/gemma3-270m-q4km.json").read_text()))
+    kv_over = {"server_cache_type_k": kv, "server_cache_type_v": kv} if kv else {}
+    lab = settings_of("vf-lab-1", group(cfg, "lab").replace(model_sha256="a" * 64, **kv_over))
+    facts = HostFacts(os="debian-12", systemd=252, mem_total=24105 * MIB, cpus=2, numa_nodes={0: "0-1"})
+    plan = make_plan("vf-lab-1", lab, facts, gemma, COMMIT)
+    assert plan.refusals == (), plan.refusals
+    inst = plan.hostmem.instance
+    assert inst.checkpoints_per_slot == 32 and inst.checkpoints > 0 and inst.cache_ram == 8192 * MIB
+    assert plan.hostmem.need <= 24105 * MIB - 512 * MIB, plan.hostmem.text()  # half a GiB to spare at least
+
+
 def test_facts_parse_memory_nodes_gpus_and_releases():
     basics = HostBasics().process(["os=ubuntu-24.04", "cpus=80", "mem_kib=527000000", "mem_available_kib=500000000",
                                    "systemd=255", "cxx=13.2.0 x86_64-linux-gnu", "node=0 0-19,40-59",
