@@ -214,3 +214,18 @@ def test_the_docs_quote_these_records(results, logs, plan_now):
     assert ("16384 kept every conversation that lost its slot (follow-ups 0.84 cached vs shipped's 0.39 in session 4, "
             "another run: 28-41K fewer prompt tokens a replay) for 30.2 GiB an instance") in v32
     assert round(plan_now["4x-ck4-cr16-noidle-heap"]["planned_mib"] / 1024, 1) == 30.2
+
+
+def test_the_device_command_starts_session_9_from_this_session_s_results(results):
+    """bench/traffic/README.md's device command: the next session starts from the newest session's results.json,
+    rebuilt by analyze.raw with python3's standard library alone (the device has no virtual environment)."""
+    import subprocess
+    import sys
+
+    readme = (REPO / "bench/traffic/README.md").read_text()
+    last = re.search(r"^\s*LAST=(\S+);", readme, re.M).group(1)
+    assert REPO / last == CALL and sorted(p.name for p in (REPO / "bench/records/proof51").glob("session*"))[-1] == "session8"
+    code = re.search(r"python3 -c '([^']+)'", readme).group(1)
+    out = subprocess.run([sys.executable, "-S", "-c", code, f"{last}/results.json.gz"], cwd=REPO, capture_output=True,
+                         check=True).stdout
+    assert analyze.json.loads(out) == results
