@@ -19,6 +19,7 @@ the run and each call waits for it again (the results stay in $RES).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -230,11 +231,9 @@ def plan_tune29(**kw) -> dict:
     """Issue 29: the v100_32gb group's tune settings (bench/gpu/tune29.py), planned for a V100-32GB
     from the 27B's header (tests/fixtures/gguf: the shape-exact file's); kw: plan29's workload, names."""
     from bench.gpu.tune29 import plan29
-    from voltafleet.models.gguf_header import from_json
 
-    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
     return plan29(group_cfg, lambda c: server_args(c.replace(server_host="127.0.0.1"), "MODEL", port=PORT,
-                                                   api_key_file=None), header, **kw)
+                                                   api_key_file=None), qwen_header(), **kw)
 
 
 def plan_tune29b() -> dict:
@@ -307,12 +306,10 @@ def host49_cfg(slots: int, ckpt: int, cms: int | None = None) -> Settings:
 def host_plan(slots: int, ckpt: int, cms: int | None = None):
     """voltafleet.planning.hostmem's plan of one v100_32gb instance at `slots` slots of 8K and `ckpt` checkpoints
     (the shape-exact Qwen3.6-27B Q4_K_S's header); `cms` as host49_cfg (the plan does not read it)."""
-    from voltafleet.models.gguf_header import from_json
-    from voltafleet.planning import hostmem, vram
+    from voltafleet.planning import hostmem
 
-    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
     cfg = host49_cfg(slots, ckpt, cms).replace(voltafleet_backend="cuda")
-    return hostmem.plan(cfg, vram.ModelShape.from_header(header), 1)
+    return hostmem.plan(cfg, qwen_shape(), 1)
 
 
 def host49_item(name: str, slots: int, ckpt: int, kind: dict, cms: int | None = None, runs: int | None = None) -> dict:
@@ -495,13 +492,26 @@ def v32_traffic(ckpt: int, cache_mib: int, ref: str = RECORDS_REF, **over) -> Se
     return group_cfg("v100_32gb", ref).replace(server_ctx_checkpoints=ckpt, server_cache_ram=cache_mib, **over)
 
 
+def qwen_header():
+    """The shape-exact Qwen3.6-27B Q4_K_S's GGUF header (tests/fixtures/gguf), read anew: a Header is mutable."""
+    from voltafleet.models.gguf_header import from_json
+
+    return from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
+
+
+@functools.cache
+def qwen_shape():
+    """qwen_header's ModelShape (frozen), read once: this module plans many configs' hosts."""
+    from voltafleet.planning import vram
+
+    return vram.ModelShape.from_header(qwen_header())
+
+
 def host_plan_of(cfg: Settings):
     """voltafleet.planning.hostmem's plan of one instance of cfg (the shape-exact Qwen3.6-27B Q4_K_S)."""
-    from voltafleet.models.gguf_header import from_json
-    from voltafleet.planning import hostmem, vram
+    from voltafleet.planning import hostmem
 
-    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
-    return hostmem.plan(cfg.replace(voltafleet_backend="cuda"), vram.ModelShape.from_header(header), 1)
+    return hostmem.plan(cfg.replace(voltafleet_backend="cuda"), qwen_shape(), 1)
 
 
 def plan_figures(hp) -> dict:

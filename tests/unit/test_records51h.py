@@ -34,6 +34,12 @@ def plan_now():
     return {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
 
 
+@pytest.fixture(scope="module")
+def plan_at7(results):
+    """Each HEAP51 config's plan at one share of 0.07 (sessions 7-8 ran with it)."""
+    return {x["name"]: plan_at_share(x, 0.07) for x in heap51_configs(results)}
+
+
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h200(results, logs):
     assert_built(SESSION, "NVIDIA H200", 283, 56, 13)
     for c in results["traffic51"][-4:]:  # this session's: CK0, C16, C4, ONE0
@@ -91,13 +97,13 @@ def test_the_caches_at_2x(results, logs):
 
 
 def test_0_07_was_under_the_cache_without_checkpoints_and_the_two_shares_are_above_every_heap51_config(results,
-                                                                                                     plan_now):
+                                                                                                     plan_now, plan_at7):
     """The cache without checkpoints held 10,078 MiB at its third schedule against the 9,362 that 0.07 held: 7.1 %
     under, 15.7 % of the cache kept beyond it. Without a cache no config kept more than 1.1 % of its checkpoints. The
     two shares are fitted on sessions 5-8 (each the most needed, rounded up): today's plan is above every HEAP51
     config, RSS under its total, MemoryMax above."""
     c = config_named(results, CK0)
-    then = plan_at_share(c, 0.07)
+    then = plan_at7[CK0]
     assert then == {k: c[k] for k in ("planned_mib", "planned_held_mib", "memory_max_mib")}  # the plan it ran with
     peaks = [r["peak"]["cgroup"]["cg_unreclaimable"] for r in c["reps"]]
     assert [round(p) for p in peaks] == [4845, 9847, 10078] and peaks == sorted(peaks)
@@ -129,8 +135,7 @@ def test_0_07_was_under_the_cache_without_checkpoints_and_the_two_shares_are_abo
     for n in (CK0, C16, C4):
         x = config_named(results, n)
         assert x["alive_at_end"] is True and x["cgroup_end"]["cg_events"]["oom_kill"] == 0
-    at7 = {n: round(plan_at_share(config_named(results, n), 0.07)["planned_held_mib"] / unreclaimable(
-        config_named(results, n)) - 1, 3) for n in (C16, C4)}
+    at7 = {n: round(plan_at7[n]["planned_held_mib"] / unreclaimable(config_named(results, n)) - 1, 3) for n in (C16, C4)}
     assert at7 == {C16: 0.011, C4: 0.043}
     for n in ("thr-ship-ub1024", "thr-ship-51c"):  # item 3's servers, planned too
         x = next(c for c in results["traffic51"] if c["name"] == n)
@@ -148,12 +153,9 @@ def test_the_shipped_plan_with_two_shares(plan_now):
     big = plan_now["4x-ck4-cr16-noidle-heap"]
     assert big["planned_mib"] == 30938.2 and round((8 * big["planned_mib"] + 8192) / 1024) == 250
     # the planner refuses the 16 GiB cache on 8 V100-32GB with 128 GiB, naming the largest cache that fits; 256 GiB holds it
-    import json
+    from voltafleet.planning import hostmem
 
-    from voltafleet.models.gguf_header import from_json
-    from voltafleet.planning import hostmem, vram
-
-    shape = vram.ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text())))
+    shape = gpu_proof.qwen_shape()
     cfg16 = gpu_proof.v32_traffic(4, 16384, pin_proof.NEW_COMMIT, server_malloc_heap=True).replace(voltafleet_backend="cuda")
     small, large = (hostmem.plan(cfg16, shape, 8, gib * 2**30) for gib in (128, 256))
     assert not small.fits and large.fits
@@ -175,7 +177,7 @@ def test_session_9_runs_the_second_run_of_the_two_shares_first(results, plan_now
     assert len([x for x in heap51_configs(results) if x.get("complete")]) == 10 and len(todo) == 6
 
 
-def test_the_docs_quote_these_records(results, logs, plan_now):
+def test_the_docs_quote_these_records(results, logs, plan_now, plan_at7):
     results_md = " ".join((REPO / "bench/RESULTS.md").read_text().split())
     section = results_md[results_md.index("### Session 8"):]
     assert_rows_quoted(section, results, (CK0, C16, C4, SHIP2, C8))
@@ -193,7 +195,7 @@ def test_the_docs_quote_these_records(results, logs, plan_now):
     heap_rows = section[section.index("| HEAP51 config |"):section.index("- Each RSS peak")]
     for x in heap51_configs(results):
         u = unreclaimable(x)
-        at7 = plan_at_share(x, 0.07)["planned_held_mib"]
+        at7 = plan_at7[x["name"]]["planned_held_mib"]
         now = plan_now[x["name"]]["planned_held_mib"]
         row = (f"| `{x['name']}` | {u:,.0f} | {at7:,.0f} | {at7 / u - 1:.1%} | {now:,.0f} | {now / u - 1:.1%} |"
                .replace("%", " %"))

@@ -38,8 +38,9 @@ Per instance (one llama-server), every term in bytes:
                    at most without a cache (1x, session 5), 15.7 % of an 8 GiB cache without
                    checkpoints (2x, session 8); one share of both, 0.07, was 7.1 % under that one.
                    Their second run is issue 51's next configs (1x with 8 checkpoints, 4x with the
-                   16 GiB cache), each checked against it by that session's records test as it lands (bench/RESULTS.md).
-                   Assumed: that a cache's heap stops growing (it rose over one server's replays)
+                   16 GiB cache), each checked against them by that session's records test as it
+                   lands (bench/RESULTS.md). Assumed: that a cache's heap stops growing (it rose over
+                   one server's replays)
     kernel         the page tables, 8 bytes for each 4 KiB page of anonymous memory (1/512 of it:
                    145 MiB at 16 x 31 checkpoints of 149.6 MiB), and hostmem_kernel_mib of the rest
                    (slab, sockets), which grows while the kernel reclaims the cgroup's page cache at
