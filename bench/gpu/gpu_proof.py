@@ -579,9 +579,14 @@ PLAN51C_NEXT = ((4, 4, 8, False),)  # session 6 cut the cache short: session 7 r
 # What is left of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x once the cells below are pruned (PRUNED51), after item 3:
 # session 8 ran 2x-ck0-cr8 (the no-checkpoint prune's reason, on the GPU), the 16 and 4 GiB caches at 2x and 2 of 1x
 # without checkpoints' 3 schedules; then the second run of the heap's two shares (fitted on sessions 5-8): 1x with 8
-# checkpoints (every one live: the checkpoints' share) and 4x with the 16 GiB cache (the cache's), in one session
-# (about 1,113 s); then 1x without checkpoints again, 4x with the 4 GiB cache, without checkpoints and with 8
-PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 8, 0), (4, 4, 16), (1, 0, 0), (4, 4, 4), (4, 0, 0), (4, 8, 0))
+# checkpoints and 4x with the 16 GiB cache (the cache's), and 1x without checkpoints again (session 9). At 1x 8
+# checkpoints were not all live (no more prompt cached than 4): the checkpoints' share has its second run in 1x with 4
+# again (-again, the config it was fitted on); then 4x with the 4 GiB cache, without checkpoints and with 8; then the
+# shipped config and the 16 GiB cache at 2x again, paired in one run (PLAN51C_PAIR, -pair: sessions 4 and 8 compared
+# them across runs). A fourth element is a suffix after -heap.
+PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 8, 0), (4, 4, 16), (1, 0, 0), (1, 4, 0, "-again"), (4, 4, 4),
+                (4, 0, 0), (4, 8, 0))
+PLAN51C_PAIR = ((2, 4, 0, "-pair"), (2, 4, 16, "-pair"))
 # Cells not run, each with the records' reason (tests/unit/test_records51f.py checks each against them)
 PRUNED51 = {
     **{(1, c, gib): "1x: no follow-up lost its slot (1x-ck4-cr0-heap, 0 of 105), so a host cache of slots that "
@@ -668,21 +673,23 @@ def plan51c(ref: str = RECORDS_REF) -> list[dict]:
     item 3's -ub 1024 beside the seed and the shipped argv again (one run holds each ratio's two sides) (session 7),
     2x without checkpoints with the cache (the check of a prune's reason), the cache's 16 and 4 GiB at 2x (the heap
     share's second run), then the other cells of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x the records do not
-    prune (PRUNED51): 1x and 4x without checkpoints, 8 checkpoints at 1x and 4x, the cache's 4 and 16 GiB at 4x. Every cache runs without its idle-slot saves
+    prune (PRUNED51): 1x and 4x without checkpoints, 8 checkpoints at 1x and 4x, the cache's 4 and 16 GiB at 4x, and
+    1x shipped again (-again: the checkpoints' heap share's second run); last the shipped config and the 16 GiB cache at
+    2x in one run (-pair). Every cache runs without its idle-slot saves
     (-noidle): with them the 8 GiB cache ran at 21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache
     without them is the one contender left (sessions 5-6: bench/RESULTS.md). About 950 s a 4x config, 350 s a 2x
     one, 130 s a 1x one."""
     g = group_cfg("v100_32gb", ref)
     ub = g.replace(server_ubatch=1024)
 
-    def cell(n, c, gib, idle):
-        return traffic51_config("51c", n, c, gib, ref=ref, idle_slots=idle, env=HEAP51, suffix="-heap")
-    return ([cell(*c) for c in PLAN51C_HEAD + PLAN51C_NEXT]
+    def cell(n, c, gib, extra=""):
+        return traffic51_config("51c", n, c, gib, ref=ref, idle_slots=gib == 0, env=HEAP51, suffix="-heap" + extra)
+    return ([cell(n, c, gib) for n, c, gib, idle in PLAN51C_HEAD + PLAN51C_NEXT]
             + [throughput51_config("51c", "thr-seed-51c", SEED_STAGE3, None),
                throughput51_config("51c", "thr-ship-ub1024", server_args(ub, "MODEL", port=PORT, api_key_file=None),
                                    ub, env=HEAP51),
                throughput51_config("51c", "thr-ship-51c", render("v100_32gb"), g, env=HEAP51)]
-            + [cell(n, c, gib, gib == 0) for n, c, gib in PLAN51C_REST])
+            + [cell(*c) for c in PLAN51C_REST + PLAN51C_PAIR])
 
 
 def plan51(ref: str = RECORDS_REF) -> dict:

@@ -117,3 +117,15 @@ def earlier_calls(session: Path, calls: tuple = ("call1", "call2"), last: str = 
         assert progress_last.startswith(progress.rstrip("\n").rsplit("\n", 1)[0]), call
         reps[call] = re.findall(r"\] traffic51 (\S+) (\d) ", progress)
     return reps
+
+
+# Configs planned after a session's records were in (each: that session), run again beside the matrix's cells
+ADDED51 = {"1x-ck4-cr0-heap-again": 9, "2x-ck4-cr0-heap-pair": 9, "2x-ck4-cr16-noidle-heap-pair": 9}
+
+
+def todo(results: dict, plan_now: dict, session: int) -> list:
+    """The configs of today's plan (plan_now: {name: config}) that `results` hold no complete record of, as the plan
+    stood once session `session`'s records were in (a config added later, ADDED51, left out), in the phase's order."""
+    from bench.gpu.proof.traffic import done
+
+    return [n for n, c in plan_now.items() if not done(results["traffic51"], c) and ADDED51.get(n, 0) <= session]

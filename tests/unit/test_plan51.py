@@ -93,7 +93,15 @@ def test_the_full_matrix_is_planned_once_or_pruned_with_a_reason():
     assert not any(gib == 0 for _, _, gib in g.PRUNED51)  # every checkpoint count runs without a cache somewhere
     assert {(n, ck) for n, ck, gib in cells if gib == 0} == {(n, ck) for n in (1, 2, 4) for ck in (0, 4, 8)}
     traffic = [c for c in configs() if c["kind"] == "traffic"]
-    assert len(traffic) == 16 + 6
+    assert len(traffic) == 16 + 6 + 3
+    # cells run again (51c): 1x shipped (-again: the checkpoints' heap share's second run), and the shipped config and
+    # the 16 GiB cache at 2x paired in one run (-pair), each with its first run's argv and environment
+    again = {c["name"]: c for c in traffic if c["name"].endswith(("-again", "-pair")) and c["part"] == "51c"}
+    assert list(again) == ["1x-ck4-cr0-heap-again", "2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair"]
+    first = {c["name"]: c for c in traffic}
+    for name, c in again.items():
+        twin = first[name.rsplit("-", 1)[0]]
+        assert (c["args"], c["env"], c["traffic"]) == (twin["args"], twin["env"], twin["traffic"]), name
     noidle = [c for c in traffic if not c["idle_slots"]]
     assert [c["name"] for c in noidle][:2] == ["2x-ck4-cr8-noidle", "2x-ck4-cr8-noidle-heap"]
     # from session 6 (51c) every cache runs without its idle-slot saves, and no config without a cache is -noidle
@@ -104,7 +112,7 @@ def test_the_full_matrix_is_planned_once_or_pruned_with_a_reason():
     # 2x shipped again beside it with HEAP51 (heap51): one run holds both sides of that pair
     assert [(c["name"], c.get("env")) for c in traffic if c["name"].startswith("2x-ck4-cr0-")] == \
         [("2x-ck4-cr0-again", None), ("2x-ck4-cr0-heap", g.HEAP51), ("2x-ck4-cr0-base4", None),
-         ("2x-ck4-cr0-ship", g.HEAP51)]
+         ("2x-ck4-cr0-ship", g.HEAP51), ("2x-ck4-cr0-heap-pair", g.HEAP51)]
     # session 4's baseline beside the heap config that session 3 cut short (heap51b): the same argv
     pair = [c for c in traffic if c["name"] in ("2x-ck4-cr0-heap", "2x-ck4-cr0-base4")]
     assert pair[0]["args"] == pair[1]["args"] and [c["name"] for c in g.heap51b()] == ["2x-ck4-cr0-base4"]
@@ -116,7 +124,7 @@ def test_the_full_matrix_is_planned_once_or_pruned_with_a_reason():
     assert ship["args"] == g.render("v100_32gb") and ship["env"] == g.HEAP51
     assert all(c.get("env") == g.HEAP51 for c in configs("51c") if c["name"] != "thr-seed-51c")
     assert "env" not in next(c for c in configs("51c") if c["name"] == "thr-seed-51c")  # the seed's, as it ran before
-    assert all(c["name"].endswith("-heap") for c in configs("51c") if c["kind"] == "traffic")
+    assert all(c["name"].endswith(("-heap", "-heap-again", "-heap-pair")) for c in configs("51c") if c["kind"] == "traffic")
     a = [(c["per_slot"], c["ckpt"], c["cache_ram_mib"]) for c in configs("51a")]
     assert a == [(2, 4, 0), (2, 4, 8192)]  # session 1 as it ran: 2x, cache 0 vs 8 GiB
     b = [c["name"] for c in configs("51b")]  # session 2: item 3 first, then 2x without checkpoints

@@ -10,6 +10,7 @@ import pytest
 
 from bench.gpu import pin_proof
 from bench.traffic import analyze
+from tests.unit.records51 import todo as todo51
 from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
                                   heap51_configs, plan_at_share, unreclaimable)
 from voltafleet.planning import flags
@@ -186,9 +187,7 @@ def test_session_7_runs_the_4x_cache_again_then_item_3_beside_the_seed(results, 
     """A config cut short is run again from its first schedule (traffic.done wants a complete record): its schedule
     0 then has a second run beside this one's. Item 3's -ub 1024 follows with the seed and the shipped argv in the
     same run; about 1,295 s in all, a session's phase."""
-    from bench.gpu.proof.traffic import done
-
-    todo = [n for n, c in plan_now.items() if not done(results["traffic51"], c)]
+    todo = todo51(results, plan_now, 6)
     assert todo[:5] == [NOIDLE, "thr-seed-51c", "thr-ship-ub1024", "thr-ship-51c", "2x-ck0-cr8-noidle-heap"]
     # session 8's order, decided on session 7's records: tests/unit/test_records51g.py
     assert SHIP not in todo and sum(plan_now[n]["estimate_s"] for n in todo[:4]) == 1295

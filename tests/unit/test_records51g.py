@@ -10,6 +10,7 @@ import pytest
 
 from bench.gpu import pin_proof
 from bench.traffic import analyze
+from tests.unit.records51 import todo as todo51
 from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
                                   heap51_configs, plan_at_share, unreclaimable)
 from voltafleet.planning import flags
@@ -165,9 +166,7 @@ def test_session_8_validates_the_share_on_three_caches_it_was_not_fitted_on(resu
     """What session 8 runs from these results: 2x without checkpoints with the 8 GiB cache (the no-checkpoint prune's
     check), the 16 and 4 GiB caches at 2x (with it, three cache configs 0.07 was not fitted on), 1x without
     checkpoints: about 1,241 s, a session's phase (session 7's ran 1,208 s of 1,295 estimated)."""
-    from bench.gpu.proof.traffic import done
-
-    todo = [n for n, c in plan_now.items() if not done(results["traffic51"], c)]
+    todo = todo51(results, plan_now, 7)
     # session 8 ran these three whole, then 2 of 1x-ck0-cr0-heap's 3 schedules (1,241 s estimated with it); the order
     # after them has changed since (test_records51h)
     assert todo[:3] == ["2x-ck0-cr8-noidle-heap", "2x-ck4-cr16-noidle-heap", "2x-ck4-cr4-noidle-heap"]
@@ -239,8 +238,8 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
     """Sessions 1-6's last results.json are rebuilt from this session's (each call's results begin with every earlier
     call's configs): each keeps its results.json.held, whose sha256 is the original file's. Session 6's is the one
     this session's first call started from (its results.json.sha256, kept before the phase ran a config). This
-    session's own is held by session 8's in turn (an H200: its held file keeps this session's H100 baseline), so
-    sessions 1-6 are rebuilt through it."""
+    session's own is held by session 8's in turn (an H200: its held file keeps this session's H100 baseline), and
+    session 8's by session 9's, so sessions 1-7 are rebuilt through them."""
     import hashlib
     import json
 
@@ -248,10 +247,11 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
     held = sorted(base.glob("session*/call*/results.json.held"))
     assert [str(h.parent.relative_to(base)) for h in held] == [
         "session1/call3", "session2/call2", "session3/call2", "session4/call3", "session5/call3", "session6/call3",
-        "session7/call3"]
+        "session7/call3", "session8/call3"]
     for h in held:
         info = json.loads(h.read_text())
-        assert info["held_by"] == ("../../session8/call3" if h.parent.parent == SESSION else "../../session7/call3")
+        later = {SESSION: "session8", SESSION.parent / "session8": "session9"}.get(h.parent.parent, "session7")
+        assert info["held_by"] == f"../../{later}/call3"
         assert not (h.parent / "results.json").exists() and not (h.parent / "results.json.gz").exists()
         assert hashlib.sha256(analyze.raw(str(h.parent / "results.json"))).hexdigest() == info["sha256"]
     six = json.loads((base / "session6/call3/results.json.held").read_text())["sha256"]

@@ -4,13 +4,13 @@ run of hostmem_heap_share 0.07 on three cache configs it was not fitted on. It w
 counts two shares (hostmem_heap_share of the checkpoints, hostmem_cache_heap_share of the prompt cache), checked here
 against every HEAP51 config measured. Every figure bench/RESULTS.md, docs/host.md and group_vars quote from it is
 recomputed by bench.traffic.analyze from the raw results.json and the servers' whole logs (logs.tgz)."""
-import re
 from pathlib import Path
 
 import pytest
 
 from bench.gpu import gpu_proof, pin_proof
 from bench.traffic import analyze
+from tests.unit.records51 import todo as todo51
 from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
                                   heap51_configs, plan_at_share, unreclaimable)
 from voltafleet.planning import flags
@@ -166,9 +166,7 @@ def test_the_shipped_plan_with_two_shares(plan_now):
 def test_session_9_runs_the_second_run_of_the_two_shares_first(results, plan_now):
     """1x with 8 checkpoints (every checkpoint live: the checkpoints' share) and 4x with the 16 GiB cache (the
     cache's), about 1,113 s, a session's phase; 6 configs follow, 4,109 s."""
-    from bench.gpu.proof.traffic import done
-
-    todo = [n for n, c in plan_now.items() if not done(results["traffic51"], c)]
+    todo = todo51(results, plan_now, 8)
     assert todo == ["1x-ck8-cr0-heap", "4x-ck4-cr16-noidle-heap", ONE0, "4x-ck4-cr4-noidle-heap", "4x-ck0-cr0-heap",
                     "4x-ck8-cr0-heap"]
     assert sum(plan_now[n]["estimate_s"] for n in todo[:2]) == 1113
@@ -206,28 +204,11 @@ def test_the_docs_quote_these_records(results, logs, plan_now, plan_at7):
                   "cache kept", "1.1 % and 4.3 % above their peaks", "(0.2-45.2 %)",
                   "plans 192 MiB for it: 11.6 GiB, MemoryMax 13,086 MiB", "`tests/unit/test_records51h.py`"):
         assert words in host, words
-    all_yml = (REPO / "group_vars/all.yml").read_text()
-    assert re.search(r"^hostmem_heap_share: 0\.02 .*1\.1 % at most, 1x without a cache, session5;.*fitted on sessions "
-                     r"5-8, its second run is session 9, not yet run\)", all_yml, re.M)
-    assert re.search(r"^hostmem_cache_heap_share: 0\.16 .*15\.7 % at most, 2x without checkpoints with an 8 GiB cache, "
-                     r"session8; 0\.07 of checkpoints and cache together held on sessions 6-7 and not on session8 \(7\.1 % "
-                     r"under\); fitted on sessions 5-8, its second run is session 9, not yet run\)", all_yml, re.M)
+    # group_vars/all.yml's comments on the shares, since session 9's records: tests/unit/test_records51i.py
     v32 = (REPO / "group_vars/v100_32gb.yml").read_text()
     assert ("16384 kept every conversation that lost its slot (follow-ups 0.84 cached vs shipped's 0.39 in session 4, "
             "another run: 28-41K fewer prompt tokens a replay) for 30.2 GiB an instance") in v32
     assert round(plan_now["4x-ck4-cr16-noidle-heap"]["planned_mib"] / 1024, 1) == 30.2
 
 
-def test_the_device_command_starts_session_9_from_this_session_s_results(results):
-    """bench/traffic/README.md's device command: the next session starts from the newest session's results.json,
-    rebuilt by analyze.raw with python3's standard library alone (the device has no virtual environment)."""
-    import subprocess
-    import sys
-
-    readme = (REPO / "bench/traffic/README.md").read_text()
-    last = re.search(r"^\s*LAST=(\S+);", readme, re.M).group(1)
-    assert REPO / last == CALL and sorted(p.name for p in (REPO / "bench/records/proof51").glob("session*"))[-1] == "session8"
-    code = re.search(r"python3 -c '([^']+)'", readme).group(1)
-    out = subprocess.run([sys.executable, "-S", "-c", code, f"{last}/results.json.gz"], cwd=REPO, capture_output=True,
-                         check=True).stdout
-    assert analyze.json.loads(out) == results
+# the device command, since session 9: tests/unit/test_records51i.py

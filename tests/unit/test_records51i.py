@@ -1,0 +1,207 @@
+"""Issue 51's ninth session (bench/records/proof51/session9, an H200, b11434 with Volta's kernel choice, FORCE_MMQ): the
+second run of the heap's two shares (1x with 8 checkpoints, 4x with the 16 GiB cache) and 1x without checkpoints whole.
+Every figure bench/RESULTS.md, docs/host.md and group_vars quote from it is recomputed by bench.traffic.analyze from the
+raw results.json and the servers' whole logs (logs.tgz)."""
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import pin_proof
+from bench.traffic import analyze
+from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
+                                  heap51_configs, plan_at_share, todo, unreclaimable)
+from voltafleet.planning import flags
+
+REPO = Path(__file__).resolve().parents[2]
+SESSION = REPO / "bench/records/proof51/session9"
+CALL = SESSION / "call3"  # the last call's results.json holds sessions 1-9
+ONE8, C16, ONE0 = "1x-ck8-cr0-heap", "4x-ck4-cr16-noidle-heap", "1x-ck0-cr0-heap"  # this session's
+ONE4, SHIP, C8 = "1x-ck4-cr0-heap", "4x-ck4-cr0-heap", "4x-ck4-cr8-noidle-heap"  # sessions 5, 6 and 7's (H100s)
+SHARES = (0.02, 0.16)  # hostmem_heap_share, hostmem_cache_heap_share (group_vars/all.yml)
+
+
+results, logs, rounds = call_fixtures(CALL)
+
+
+@pytest.fixture(scope="module")
+def plan_now():
+    """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code."""
+    return {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
+
+
+def spared(results, a, b):
+    """Prompt tokens config `a` processed beyond config `b`, schedule by schedule."""
+    return [analyze.tokens(x)["processed"] - analyze.tokens(y)["processed"]
+            for x, y in zip(config_named(results, a)["reps"], config_named(results, b)["reps"])]
+
+
+def v100_s(tokens):
+    """The (least, most) seconds of a V100's prefill those tokens take, over the schedules, rounded."""
+    secs = [analyze.v100_prefill_s(abs(d)) for d in tokens]
+    return round(min(lo for lo, _ in secs)), round(max(hi for _, hi in secs))
+
+
+def test_the_session_built_b11434_with_volta_s_choice_on_an_h200(results, logs):
+    assert_built(SESSION, "NVIDIA H200", 231, 54, 11)
+    for c in results["traffic51"][-3:]:
+        assert "FORCE_MMQ = 1" in logs[f"load-mmq-{c['name']}.log"] and c["build"] == "mmq"
+        assert c["env"] == flags.MALLOC_HEAP
+    assert results["baseline"]["gpu_total_mib"] == 143771
+
+
+def test_the_session_goes_on_from_session_8_whose_records_it_holds_unchanged(results):
+    """Session 8's results.json is rebuilt from this session's (its results.json.held), and this session's first call
+    started from exactly that file: its configs come first, unchanged."""
+    import json
+
+    eight = analyze.load(str(REPO / "bench/records/proof51/session8/call3/results.json"))
+    held = json.loads((REPO / "bench/records/proof51/session8/call3/results.json.held").read_text())
+    assert held["held_by"] == "../../session9/call3" and "baseline" not in held  # both H200s
+    assert results["traffic51"][:len(eight["traffic51"])] == eight["traffic51"]
+    new = results["traffic51"][len(eight["traffic51"]):]
+    assert [(c["name"], c.get("complete"), len(c["reps"])) for c in new] == [(ONE8, True, 3), (C16, True, 3),
+                                                                           (ONE0, True, 3)]
+    # the complete run of 1x without checkpoints is the one that stands for it (session 8's ran 2 of 3)
+    assert config_named(results, ONE0) is new[-1]
+
+
+def test_calls_1_and_2_are_kept_as_their_sha256_and_call3_goes_on_from_them():
+    one8 = [(ONE8, str(i)) for i in range(3)]
+    assert earlier_calls(SESSION) == {"call1": one8, "call2": one8 + [(C16, "0"), (C16, "1")]}
+    assert "[bench   1225s] traffic51 1x-ck0-cr0-heap 2 48.28" in (CALL / "progress.txt").read_text()
+
+
+def test_1x_with_8_checkpoints_and_without_checkpoints(results):
+    """At 1x 8 checkpoints hold nothing 4 do not (the same prompt tokens on every schedule, for 4,959 MiB more held);
+    without checkpoints every follow-up reprocesses its whole history."""
+    got = figures(results, (ONE8, ONE0, ONE4))
+    assert got == {ONE8: (True, 3, 0.8371, 645, 1772, 1290, 61.3, 23562, 16044),
+                   ONE0: (True, 3, 0.0, 868, 2823, 702, 52.2, 63681, 1392),
+                   ONE4: (True, 3, 0.8371, 507, 2199, 1164, 59.4, 23562, 11096)}
+    assert [analyze.reprocessed(config_named(results, n)) for n in (ONE8, ONE4, ONE0)] == [
+        [(43, 0), (29, 0), (33, 0)], [(43, 0), (29, 0), (33, 0)], [(43, 43), (29, 29), (33, 33)]]
+    for n in (ONE8, ONE0):  # the same three schedules, each generating the same tokens
+        assert analyze.paired(results, ONE4, n, "generated") == [
+            (r["fingerprint"], g, g) for r, g in zip(config_named(results, ONE4)["reps"], (2837, 2399, 2518))]
+    assert spared(results, ONE4, ONE8) == [0, 0, 0]
+    more = round(unreclaimable(config_named(results, ONE8)) - unreclaimable(config_named(results, ONE4)))
+    assert more == 4959 and round(more / 149.6) == 33
+    assert spared(results, ONE0, ONE4) == [48259, 28154, 39370] and v100_s(spared(results, ONE0, ONE4)) == (73, 133)
+
+
+def test_the_16_gib_cache_at_4x(results, logs):
+    """It kept many of the conversations that lost their slot, not all: fewer whole reprocesses than shipped and the
+    8 GiB cache, 55-72K fewer prompt tokens than shipped a replay."""
+    got = figures(results, (C16, SHIP, C8))
+    assert got == {C16: (True, 3, 0.5724, 1677, 8153, 1582, 34.6, 144154, 29074),
+                   SHIP: (True, 3, 0.1877, 2048, 10219, 1448, 33.6, 206491, 10965),
+                   C8: (True, 3, 0.3162, 3104, 12973, 2109, 33.5, 184095, 20295)}
+    assert [analyze.reprocessed(config_named(results, n)) for n in (C16, SHIP, C8)] == [
+        [(130, 55), (116, 35), (123, 41)], [(130, 104), (116, 86), (123, 101)], [(130, 85), (116, 72), (123, 76)]]
+    for n in (C16, C8):
+        assert analyze.paired(results, SHIP, n, "generated") == [
+            (r["fingerprint"], g, g) for r, g in zip(config_named(results, SHIP)["reps"], (10095, 9425, 9797))]
+    assert spared(results, SHIP, C16) == [56448, 55297, 71648] and v100_s(spared(results, SHIP, C16)) == (144, 197)
+    work = [(r["cache_updates"], round(r["cache_update_ms"] / 1e3, 1))
+            for r in analyze.work(config_named(results, C16), logs)["per_rep"]]
+    assert work == [(172, 25.0), (150, 17.1), (160, 17.3)]
+
+
+def test_the_two_shares_hold_on_their_second_run(results, plan_now):
+    """Today's plan is above every HEAP51 config, this session's three (none fitted on) included; the cache's share
+    is validated at 4x with 16 GiB (9.2 % kept, 0.16 planned), while 1x with 8 checkpoints did not keep every one live,
+    so the checkpoints' share has its second run on 1x with 4 again."""
+    heap = heap51_configs(results)
+    assert len(heap) == 13
+    over = {}
+    for x in heap:
+        now = plan_now[x["name"]]
+        assert now == {**now, **plan_at_share(x, *SHARES)}  # today's plan is the shares'
+        assert unreclaimable(x) < now["planned_held_mib"], x["name"]
+        assert max(r["peak"]["VmRSS"] for r in x["reps"]) < now["planned_mib"] < now["memory_max_mib"]
+        over[x["name"]] = round(now["planned_held_mib"] / unreclaimable(x) - 1, 3)
+    assert {n: over[n] for n in (ONE8, C16, ONE0)} == {ONE8: 0.323, C16: 0.04, ONE0: 0.049}
+    for n in (ONE8, C16, ONE0):
+        x = config_named(results, n)
+        assert x["planned_held_mib"] == plan_now[n]["planned_held_mib"]  # the plan it ran with is today's
+        assert x["alive_at_end"] is True and x["cgroup_end"]["cg_events"]["oom_kill"] == 0
+    c16 = config_named(results, C16)
+    assert [round(r["peak"]["cgroup"]["cg_unreclaimable"]) for r in c16["reps"]] == [28195, 28196, 28288]
+
+    def need(x):  # what the share had to be: the cache's beside 0.02 of the checkpoints, else the checkpoints'
+        base = plan_at_share(x, 0, 0)["planned_held_mib"]
+        per_ckpt = plan_at_share(x, 1, 0)["planned_held_mib"] - base
+        per_cache = plan_at_share(x, 0, 1)["planned_held_mib"] - base
+        if per_cache:
+            return round((unreclaimable(x) - base - SHARES[0] * per_ckpt) / per_cache, 3)
+        return round((unreclaimable(x) - base) / per_ckpt, 3)
+    assert need(c16) == 0.092 < SHARES[1] and need(config_named(results, "2x-ck4-cr16-noidle-heap")) == 0.081
+    assert need(config_named(results, ONE8)) < 0 < need(config_named(results, ONE4)) == 0.011  # not every ckpt live
+
+
+def test_session_10_runs_the_checkpoints_share_s_second_run_first(results, plan_now):
+    """1x shipped again (the config the checkpoints' share was fitted on) then 4x with the 4 GiB cache, about 1,124 s,
+    a session's phase; of the matrix's 16 cells 3 are left, then the 2x pair: 6 configs, 3,674 s."""
+    left = todo(results, plan_now, 9)
+    assert left == ["1x-ck4-cr0-heap-again", "4x-ck4-cr4-noidle-heap", "4x-ck0-cr0-heap", "4x-ck8-cr0-heap",
+                    "2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair"]
+    assert sum(plan_now[n]["estimate_s"] for n in left[:2]) == 1124
+    assert sum(plan_now[n]["estimate_s"] for n in left) == 3674
+    cells = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for c in plan_now.values() if c["kind"] == "traffic"}
+    run = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for n, c in plan_now.items()
+           if c["kind"] == "traffic" and n not in left}
+    assert len(cells) == 16 and cells - run == {(4, 4, 4), (4, 0, 0), (4, 8, 0)}
+
+
+def test_the_docs_quote_these_records(results, plan_now):
+    results_md = " ".join((REPO / "bench/RESULTS.md").read_text().split())
+    section = results_md[results_md.index("### Session 9"):]
+    assert_rows_quoted(section, results, (ONE8, ONE0, C16, ONE4, SHIP, C8))
+    for words in ("the build took 231 s, Volta's kernel choice 54 s and FORCE_MMQ 11 s", "1,225 s in",
+                  "(1x: 2,837, 2,399 and 2,518; 4x: 10,095, 9,425 and 9,797)", "23,562 in all, 0 spared on each",
+                  "4,959 MiB more", "about 33 more checkpoints of 149.6 MiB", "(43, 29 and 33 of 43, 29 and 33)",
+                  "48,259, 28,154 and 39,370 more prompt tokens", "73-133 s", "55, 35 and 41 follow-ups",
+                  "(of 130, 116 and 123), against 104, 86 and 101", "85, 72 and 76 with 8 GiB",
+                  "56,448, 55,297 and 71,648 fewer prompt tokens", "144-197 s", "150-172 cache updates taking 17.1-25.0 s",
+                  "(1,677 / 8,153 ms)", "(2,048 / 10,219)", "kept 9.2 % of its cache", "(2x: 8.1 %)",
+                  "28,195, 28,196 and 28,288 MiB", "32.3 % above 1x with 8 checkpoints", "`1x-ck4-cr0-heap-again`",
+                  "plans 30,938 MiB an instance", "13 of its 16 cells have run", "(about 126 s)", "(about 998 s)",
+                  "6 configs, 3,674 s estimated"):
+        assert words in section.replace("**", ""), words
+    heap_rows = section[section.index("| HEAP51 config |"):section.index("- **The cache's share")]
+    for x in heap51_configs(results):
+        u, now = unreclaimable(x), plan_now[x["name"]]["planned_held_mib"]
+        row = f"| `{x['name']}` | {u:,.0f} | {now:,.0f} | {now / u - 1:.1%} |".replace("%", " %")
+        assert row in heap_rows, row
+    assert plan_now[C16]["planned_mib"] == 30938.2
+    host = " ".join((REPO / "docs/host.md").read_text().split())
+    for words in ("28,195, 28,196 and 28,288 MiB against 29,408 (4.0 % above; 9.2 % of its cache kept",
+                  "15,234 against 20,152 (32.3 % above)", "4,959 MiB above 1x with 4, about 33",
+                  "552 against 579 (4.9 % above)", "`tests/unit/test_records51i.py` for session 9"):
+        assert words in host, words
+    all_yml = (REPO / "group_vars/all.yml").read_text()
+    assert re.search(r"^hostmem_heap_share: 0\.02 .*1\.1 % at most, 1x without a cache, session5;.*fitted on sessions "
+                     r"5-8; session9's plan was 32\.3 % above 1x with 8 checkpoints, but not all its checkpoints were "
+                     r"live, so its second run is 1x with 4 again, session 10, not yet run\)", all_yml, re.M)
+    assert re.search(r"^hostmem_cache_heap_share: 0\.16 .*15\.7 % at most, 2x without checkpoints with an 8 GiB cache, "
+                     r"session8; .*fitted on sessions 5-8; its second run, session9: 9\.2 % at 4x with a 16 GiB cache, "
+                     r"the plan 4\.0 % above\)", all_yml, re.M)
+    v32 = (REPO / "group_vars/v100_32gb.yml").read_text()
+    assert ("at 4x (session 9) 0.57 vs 0.19 cached (session 6, another run): 55-72K fewer prompt tokens a replay, "
+            "144-197 s of V100 prefill") in v32
+
+
+def test_the_device_command_starts_session_10_from_this_session_s_results(results):
+    """bench/traffic/README.md's device command: the next session starts from the newest session's results.json,
+    rebuilt by analyze.raw with python3's standard library alone (the device has no virtual environment)."""
+    import subprocess
+    import sys
+
+    readme = (REPO / "bench/traffic/README.md").read_text()
+    last = re.search(r"^\s*LAST=(\S+);", readme, re.M).group(1)
+    assert REPO / last == CALL and sorted(p.name for p in (REPO / "bench/records/proof51").glob("session*"))[-1] == "session9"
+    code = re.search(r"python3 -c '([^']+)'", readme).group(1)
+    out = subprocess.run([sys.executable, "-S", "-c", code, f"{last}/results.json.gz"], cwd=REPO, capture_output=True,
+                         check=True).stdout
+    assert analyze.json.loads(out) == results
