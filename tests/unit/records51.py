@@ -129,3 +129,27 @@ def todo(results: dict, plan_now: dict, session: int) -> list:
     from bench.gpu.proof.traffic import done
 
     return [n for n, c in plan_now.items() if not done(results["traffic51"], c) and ADDED51.get(n, 0) <= session]
+
+
+def assert_under_plan(config: dict, now: dict, shares: tuple) -> float:
+    """A HEAP51 config against today's plan of it (`now`, a plan51_new config): the plan is the `shares`' (heap of the
+    checkpoints, of the cache), its held above the config's peak held, the RSS peak under its total and MemoryMax above
+    that. Returns how far above the peak the plan's held is (a share of the peak, 3 places)."""
+    assert now == {**now, **plan_at_share(config, *shares)}  # today's plan is the shares'
+    assert unreclaimable(config) < now["planned_held_mib"], config["name"]
+    assert max(r["peak"]["VmRSS"] for r in config["reps"]) < now["planned_mib"] < now["memory_max_mib"]
+    return round(now["planned_held_mib"] / unreclaimable(config) - 1, 3)
+
+
+def share_needed(config: dict, ckpt_share: float) -> tuple:
+    """What a HEAP51 config's heap share had to be for its plan to hold its peak: with a cache, the cache's beside
+    `ckpt_share` of the checkpoints ("cache", share); without, the checkpoints' ("ckpt", share; below 0 where fewer
+    checkpoints were live than planned); ("none", None) without either."""
+    base = plan_at_share(config, 0, 0)["planned_held_mib"]
+    per_ckpt = plan_at_share(config, 1, 0)["planned_held_mib"] - base  # the checkpoints and their page tables, MiB
+    per_cache = plan_at_share(config, 0, 1)["planned_held_mib"] - base
+    if per_cache:
+        return "cache", round((unreclaimable(config) - base - ckpt_share * per_ckpt) / per_cache, 3)
+    if per_ckpt:
+        return "ckpt", round((unreclaimable(config) - base) / per_ckpt, 3)
+    return "none", None

@@ -11,7 +11,7 @@ import pytest
 from bench.gpu import gpu_proof, pin_proof
 from bench.traffic import analyze
 from tests.unit.records51 import todo as todo51
-from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
+from tests.unit.records51 import (assert_built, assert_under_plan, share_needed, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
                                   heap51_configs, plan_at_share, unreclaimable)
 from voltafleet.planning import flags
 
@@ -111,25 +111,13 @@ def test_0_07_was_under_the_cache_without_checkpoints_and_the_two_shares_are_abo
     heap = heap51_configs(results)
     assert len(heap) == 11
     # what each share had to be: the checkpoints' without a cache, then the cache's beside 0.02 of the checkpoints
-    ckpt_need, cache_need = {}, {}
-    for x in heap:
-        base = plan_at_share(x, 0, 0)["planned_held_mib"]
-        per_ckpt = plan_at_share(x, 1, 0)["planned_held_mib"] - base  # the checkpoints and their page tables, MiB
-        per_cache = plan_at_share(x, 0, 1)["planned_held_mib"] - base
-        if per_cache:
-            cache_need[x["name"]] = round((unreclaimable(x) - base - SHARES[0] * per_ckpt) / per_cache, 3)
-        elif per_ckpt:
-            ckpt_need[x["name"]] = round((unreclaimable(x) - base) / per_ckpt, 3)
+    need = {x["name"]: share_needed(x, SHARES[0]) for x in heap}
+    ckpt_need = {n: v for n, (kind, v) in need.items() if kind == "ckpt"}
+    cache_need = {n: v for n, (kind, v) in need.items() if kind == "cache"}
     assert max(ckpt_need.values()) == ckpt_need["1x-ck4-cr0-heap"] == 0.011 <= SHARES[0]
     assert max(cache_need.values()) == cache_need[CK0] == 0.157 <= SHARES[1]
     assert cache_need == {C8: 0.099, "4x-ck4-cr8-noidle-heap": 0.112, CK0: 0.157, C16: 0.081, C4: 0.032}
-    over = {}
-    for x in heap:
-        now = plan_now[x["name"]]
-        assert now == {**now, **plan_at_share(x, *SHARES)}  # today's plan is the shares'
-        assert unreclaimable(x) < now["planned_held_mib"], x["name"]
-        assert max(r["peak"]["VmRSS"] for r in x["reps"]) < now["planned_mib"] < now["memory_max_mib"]
-        over[x["name"]] = round(now["planned_held_mib"] / unreclaimable(x) - 1, 3)
+    over = {x["name"]: assert_under_plan(x, plan_now[x["name"]], SHARES) for x in heap}
     assert over == {SHIP2: 0.036, "2x-ck4-cr0-ship": 0.036, C8: 0.026, "2x-ck8-cr0-heap": 0.452, "1x-ck4-cr0-heap": 0.009,
                     SHIP: 0.02, "4x-ck4-cr8-noidle-heap": 0.02, CK0: 0.002, C16: 0.046, C4: 0.036, ONE0: 0.047}
     for n in (CK0, C16, C4):

@@ -9,8 +9,8 @@ import pytest
 
 from bench.gpu import pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
-                                  heap51_configs, plan_at_share, todo, unreclaimable)
+from tests.unit.records51 import (assert_built, assert_under_plan, share_needed, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
+                                  heap51_configs, todo, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,13 +114,7 @@ def test_the_two_shares_hold_on_their_second_run(results, plan_now):
     so the checkpoints' share has its second run on 1x with 4 again."""
     heap = heap51_configs(results)
     assert len(heap) == 13
-    over = {}
-    for x in heap:
-        now = plan_now[x["name"]]
-        assert now == {**now, **plan_at_share(x, *SHARES)}  # today's plan is the shares'
-        assert unreclaimable(x) < now["planned_held_mib"], x["name"]
-        assert max(r["peak"]["VmRSS"] for r in x["reps"]) < now["planned_mib"] < now["memory_max_mib"]
-        over[x["name"]] = round(now["planned_held_mib"] / unreclaimable(x) - 1, 3)
+    over = {x["name"]: assert_under_plan(x, plan_now[x["name"]], SHARES) for x in heap}
     assert {n: over[n] for n in (ONE8, C16, ONE0)} == {ONE8: 0.323, C16: 0.04, ONE0: 0.049}
     for n in (ONE8, C16, ONE0):
         x = config_named(results, n)
@@ -129,13 +123,8 @@ def test_the_two_shares_hold_on_their_second_run(results, plan_now):
     c16 = config_named(results, C16)
     assert [round(r["peak"]["cgroup"]["cg_unreclaimable"]) for r in c16["reps"]] == [28195, 28196, 28288]
 
-    def need(x):  # what the share had to be: the cache's beside 0.02 of the checkpoints, else the checkpoints'
-        base = plan_at_share(x, 0, 0)["planned_held_mib"]
-        per_ckpt = plan_at_share(x, 1, 0)["planned_held_mib"] - base
-        per_cache = plan_at_share(x, 0, 1)["planned_held_mib"] - base
-        if per_cache:
-            return round((unreclaimable(x) - base - SHARES[0] * per_ckpt) / per_cache, 3)
-        return round((unreclaimable(x) - base) / per_ckpt, 3)
+    def need(x):
+        return share_needed(x, SHARES[0])[1]
     assert need(c16) == 0.092 < SHARES[1] and need(config_named(results, "2x-ck4-cr16-noidle-heap")) == 0.081
     assert need(config_named(results, ONE8)) < 0 < need(config_named(results, ONE4)) == 0.011  # not every ckpt live
 
