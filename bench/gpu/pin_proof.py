@@ -100,10 +100,9 @@ def vram_verdicts(peaks: list, build: str, ref: str = gpu_proof.COMMIT) -> dict:
     """Each shipped group's peak on `build` against its VRAM plan at llama.cpp `ref` (the side's commit; its
     compute graph, vram.graph_extra_bytes), Volta's arch, the V100's memory, the 27B's header:
     name -> planned, measured, never_under."""
-    from voltafleet.models.gguf_header import from_json
     from voltafleet.planning import vram
 
-    header = from_json(json.loads((REPO / "tests/fixtures/gguf/qwen35-27b-q4ks.json").read_text()))
+    header = gpu_proof.qwen_header()
     out = {}
     for r in peaks:
         if r.get("build") != build:

@@ -21,12 +21,16 @@ RUNS = [("gpu-loads-run1.json", {"q4ks": "qwen2-1p5b-q4ks", "q8": "qwen2-1p5b-q8
         ("gpu-loads-run2.json", {"q4ks": "qwen2-4b-q4ks"})]
 
 
+def shape_of(fixture: str) -> ModelShape:
+    """The ModelShape of a GGUF header kept in tests/fixtures/gguf (`fixture`: its name without .json)."""
+    return ModelShape.from_header(from_json(json.loads((REPO / "tests/fixtures/gguf" / f"{fixture}.json").read_text())))
+
+
 def rows():
     for run, models in RUNS:
         for r in json.loads((REPO / "bench" / "records" / run).read_text()):
             fixture = models[r["model"]]
-            shape = ModelShape.from_header(from_json(json.loads(
-                (REPO / "tests/fixtures/gguf" / f"{fixture}.json").read_text())))
+            shape = shape_of(fixture)
             p = plan(shape, r["ctx"], r["parallel"], r["k"], r["v"], gpu_mib=143771, overhead_mib=592)  # after load
             measured = int(r["apps"].split(",")[1])
             predicted = (p.needed - p.pool) / MIB  # after load: the pool is still empty (tests/unit/test_vram.py)
@@ -46,9 +50,7 @@ def main():
 
 def qwen35():
     run = json.loads((REPO / "bench/records/qwen35-h200-run1.json").read_text())
-    fx = REPO / "tests/fixtures/gguf"
-    m = ModelShape.from_header(from_json(json.loads((fx / "qwen35-27b-q4ks.json").read_text())))
-    mm = ModelShape.from_header(from_json(json.loads((fx / "qwen35-27b-q4ks-mtp.json").read_text())))
+    m, mm = shape_of("qwen35-27b-q4ks"), shape_of("qwen35-27b-q4ks-mtp")
     print("\n| Qwen3.6-27B Q4_K_S | -c | -np | K/V | weights | KV | recurrent | compute | MTP | CUDA | "
           "total planned | nvidia-smi | error |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
