@@ -10,9 +10,9 @@ import pytest
 
 from bench.gpu import gpu_proof, pin_proof
 from bench.traffic import analyze
+from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_under_plan, call_fixtures, config_named,
+                                  earlier_calls, figures, heap51_configs, plan_at_share, share_needed, unreclaimable)
 from tests.unit.records51 import todo as todo51
-from tests.unit.records51 import (assert_built, assert_under_plan, share_needed, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
-                                  heap51_configs, plan_at_share, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
