@@ -574,8 +574,8 @@ PLAN51A = ((2, 4, 0), (2, 4, 8))
 PLAN51B_TRAFFIC = ((2, 0, 0),)
 PLAN51B_AFTER = ((2, 4, 8, False),)
 PLAN51D = ((2, 4, 8, False), (2, 8, 0, True), (1, 4, 0, True))  # with HEAP51, after the shipped config again
-PLAN51C_HEAD = ((4, 4, 0, True),)  # session 6 ran it whole
-PLAN51C_NEXT = ((4, 4, 8, False),)  # session 6 cut the cache short: session 7 ran it again from its start
+PLAN51C_HEAD = ((4, 4, 0),)  # session 6 ran it whole
+PLAN51C_NEXT = ((4, 4, 8),)  # session 6 cut the cache short: session 7 ran it again from its start
 # What is left of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x once the cells below are pruned (PRUNED51), after item 3:
 # session 8 ran 2x-ck0-cr8 (the no-checkpoint prune's reason, on the GPU), the 16 and 4 GiB caches at 2x and 2 of 1x
 # without checkpoints' 3 schedules; then the second run of the heap's two shares (fitted on sessions 5-8): 1x with 8
@@ -684,7 +684,7 @@ def plan51c(ref: str = RECORDS_REF) -> list[dict]:
 
     def cell(n, c, gib, extra=""):
         return traffic51_config("51c", n, c, gib, ref=ref, idle_slots=gib == 0, env=HEAP51, suffix="-heap" + extra)
-    return ([cell(n, c, gib) for n, c, gib, idle in PLAN51C_HEAD + PLAN51C_NEXT]
+    return ([cell(*c) for c in PLAN51C_HEAD + PLAN51C_NEXT]
             + [throughput51_config("51c", "thr-seed-51c", SEED_STAGE3, None),
                throughput51_config("51c", "thr-ship-ub1024", server_args(ub, "MODEL", port=PORT, api_key_file=None),
                                    ub, env=HEAP51),

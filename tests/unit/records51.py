@@ -71,6 +71,26 @@ def figures(results: dict, names) -> dict:
             for n in names}
 
 
+def assert_same_schedules(results: dict, base: str, names, generated: tuple) -> None:
+    """Each config of `names` replayed `base`'s schedules (paired by fingerprint, in base's order) and generated the
+    same tokens on each: `generated`, base's per schedule."""
+    fps = [r["fingerprint"] for r in config_named(results, base)["reps"]]
+    for n in names:
+        assert analyze.paired(results, base, n, "generated") == [(fp, g, g) for fp, g in zip(fps, generated)], n
+
+
+def spared(results: dict, a: str, b: str) -> list:
+    """Prompt tokens config `a` processed beyond config `b`, schedule by schedule (paired by fingerprint)."""
+    return [x - y for _, x, y in analyze.paired(results, a, b, "processed")]
+
+
+def v100_s(tokens) -> tuple:
+    """The (least, most) seconds of a V100's prefill those per-schedule tokens take (analyze.v100_prefill_s, of each
+    one's size), rounded."""
+    secs = [analyze.v100_prefill_s(abs(d)) for d in tokens]
+    return round(min(lo for lo, _ in secs)), round(max(hi for _, hi in secs))
+
+
 def assert_rows_quoted(text: str, results: dict, names) -> None:
     """Each config's row of a RESULTS table (found by its `(`name`) |` cell, bold marks aside) holds its figures."""
     rows = {r["name"]: r for r in analyze.table(results)}

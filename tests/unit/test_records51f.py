@@ -10,9 +10,8 @@ import pytest
 
 from bench.gpu import pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import todo as todo51
 from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
-                                  heap51_configs, plan_at_share, unreclaimable)
+                                  heap51_configs, plan_at_share, todo as todo51, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]

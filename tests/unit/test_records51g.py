@@ -10,9 +10,8 @@ import pytest
 
 from bench.gpu import pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import todo as todo51
-from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
-                                  heap51_configs, plan_at_share, unreclaimable)
+from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, call_fixtures, config_named,
+                                  earlier_calls, figures, heap51_configs, plan_at_share, todo as todo51, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,8 +70,7 @@ def test_the_cache_at_4x_whole(results, logs):
     assert analyze.reprocessed(config_named(results, NOIDLE)) == [(130, 85), (116, 72), (123, 76)]
     assert analyze.reprocessed(config_named(results, SHIP)) == [(130, 104), (116, 86), (123, 101)]
     # both replayed the same three schedules, each generating the same tokens
-    assert analyze.paired(results, SHIP, NOIDLE, "generated") == [
-        (fp, g, g) for fp, g in zip([r["fingerprint"] for r in config_named(results, SHIP)["reps"]], (10095, 9425, 9797))]
+    assert_same_schedules(results, SHIP, (NOIDLE,), (10095, 9425, 9797))
 
 
 def test_schedule_0_s_second_run_reproduces_session_6_s(results):

@@ -10,9 +10,9 @@ import pytest
 
 from bench.gpu import gpu_proof, pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_under_plan, call_fixtures, config_named,
-                                  earlier_calls, figures, heap51_configs, plan_at_share, share_needed, unreclaimable)
-from tests.unit.records51 import todo as todo51
+from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, assert_under_plan,
+                                  call_fixtures, config_named, earlier_calls, figures, heap51_configs, plan_at_share,
+                                  share_needed, spared, todo as todo51, unreclaimable, v100_s)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,14 +86,8 @@ def test_the_caches_at_2x(results, logs):
     assert work == {CK0: [(68, 5.5), (71, 6.6), (62, 3.5)], C16: [(71, 15.0), (70, 11.0), (66, 10.2)],
                     C4: [(72, 9.3), (73, 9.0), (62, 7.5)]}
     # every row replayed the same three schedules, each generating the same tokens
-    for n in (CK0, C16, C4, C8):
-        assert analyze.paired(results, SHIP2, n, "generated") == [
-            (r["fingerprint"], g, g) for r, g in zip(config_named(results, SHIP2)["reps"], (4712, 4563, 5108))]
-    spared = [analyze.tokens(a)["processed"] - analyze.tokens(b)["processed"]
-              for a, b in zip(config_named(results, SHIP2)["reps"], config_named(results, C16)["reps"])]
-    assert spared == [37215, 41023, 28285]
-    secs = [analyze.v100_prefill_s(d) for d in spared]
-    assert (round(min(lo for lo, _ in secs)), round(max(hi for _, hi in secs))) == (74, 113)
+    assert_same_schedules(results, SHIP2, (CK0, C16, C4, C8), (4712, 4563, 5108))
+    assert spared(results, SHIP2, C16) == [37215, 41023, 28285] and v100_s(spared(results, SHIP2, C16)) == (74, 113)
 
 
 def test_0_07_was_under_the_cache_without_checkpoints_and_the_two_shares_are_above_every_heap51_config(results,

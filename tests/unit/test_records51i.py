@@ -9,8 +9,9 @@ import pytest
 
 from bench.gpu import pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_under_plan, call_fixtures, config_named,
-                                  earlier_calls, figures, heap51_configs, plan_at_share, share_needed, todo, unreclaimable)
+from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, assert_under_plan, call_fixtures,
+                                  config_named, earlier_calls, figures, heap51_configs, plan_at_share, share_needed, spared,
+                                  todo, unreclaimable, v100_s)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,18 +29,6 @@ results, logs, rounds = call_fixtures(CALL)
 def plan_now():
     """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code."""
     return {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
-
-
-def spared(results, a, b):
-    """Prompt tokens config `a` processed beyond config `b`, schedule by schedule."""
-    return [analyze.tokens(x)["processed"] - analyze.tokens(y)["processed"]
-            for x, y in zip(config_named(results, a)["reps"], config_named(results, b)["reps"])]
-
-
-def v100_s(tokens):
-    """The (least, most) seconds of a V100's prefill those tokens take, over the schedules, rounded."""
-    secs = [analyze.v100_prefill_s(abs(d)) for d in tokens]
-    return round(min(lo for lo, _ in secs)), round(max(hi for _, hi in secs))
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h200(results, logs):
@@ -86,15 +75,14 @@ def test_1x_with_8_checkpoints_and_without_checkpoints(results):
                    ONE4: (True, 3, 0.8371, 507, 2199, 1164, 59.4, 23562, 11096)}
     assert [analyze.reprocessed(config_named(results, n)) for n in (ONE8, ONE4, ONE0)] == [
         [(43, 0), (29, 0), (33, 0)], [(43, 0), (29, 0), (33, 0)], [(43, 43), (29, 29), (33, 33)]]
-    for n in (ONE8, ONE0):  # the same three schedules, each generating the same tokens
-        assert analyze.paired(results, ONE4, n, "generated") == [
-            (r["fingerprint"], g, g) for r, g in zip(config_named(results, ONE4)["reps"], (2837, 2399, 2518))]
+    assert_same_schedules(results, ONE4, (ONE8, ONE0), (2837, 2399, 2518))
     assert spared(results, ONE4, ONE8) == [0, 0, 0]
-    more = round(unreclaimable(config_named(results, ONE8)) - unreclaimable(config_named(results, ONE4)))
-    assert more == 4959 and round(more / 149.6) == 33
     x8, x4 = config_named(results, ONE8), config_named(results, ONE4)
-    each = (plan_at_share(x8, 1, 0)["planned_held_mib"] - plan_at_share(x8, 0, 0)["planned_held_mib"]) / (16 * 8)
-    assert round((plan_at_share(x8, 0, 0)["planned_held_mib"] - plan_at_share(x4, 0, 0)["planned_held_mib"]) / each) == 64
+    more = round(unreclaimable(x8) - unreclaimable(x4))
+    assert more == 4959 and round(more / 149.6) == 33
+    base8 = plan_at_share(x8, 0, 0)["planned_held_mib"]
+    each = (plan_at_share(x8, 1, 0)["planned_held_mib"] - base8) / (16 * 8)
+    assert round((base8 - plan_at_share(x4, 0, 0)["planned_held_mib"]) / each) == 64
     assert analyze.V100_PP == (363, 384)  # llama.cpp #25139's V100 prefill, tok/s
     assert spared(results, ONE0, ONE4) == [48259, 28154, 39370] and v100_s(spared(results, ONE0, ONE4)) == (73, 133)
 
@@ -108,9 +96,7 @@ def test_the_16_gib_cache_at_4x(results, logs):
                    C8: (True, 3, 0.3162, 3104, 12973, 2109, 33.5, 184095, 20295)}
     assert [analyze.reprocessed(config_named(results, n)) for n in (C16, SHIP, C8)] == [
         [(130, 55), (116, 35), (123, 41)], [(130, 104), (116, 86), (123, 101)], [(130, 85), (116, 72), (123, 76)]]
-    for n in (C16, C8):
-        assert analyze.paired(results, SHIP, n, "generated") == [
-            (r["fingerprint"], g, g) for r, g in zip(config_named(results, SHIP)["reps"], (10095, 9425, 9797))]
+    assert_same_schedules(results, SHIP, (C16, C8), (10095, 9425, 9797))
     assert spared(results, SHIP, C16) == [56448, 55297, 71648] and v100_s(spared(results, SHIP, C16)) == (144, 197)
     work = [(r["cache_updates"], round(r["cache_update_ms"] / 1e3, 1))
             for r in analyze.work(config_named(results, C16), logs)["per_rep"]]
@@ -163,8 +149,9 @@ def test_the_docs_quote_these_records(results, plan_now):
                   "48,259, 28,154 and 39,370 more prompt tokens", "73-133 s", "55, 35 and 41 follow-ups",
                   "(of 130, 116 and 123), against 104, 86 and 101", "85, 72 and 76 with 8 GiB",
                   "56,448, 55,297 and 71,648 fewer prompt tokens", "144-197 s", "150-172 cache updates taking 17.1-25.0 s",
-                  "(1,677 / 8,153 ms) cannot be set against shipped's (2,048 / 10,219): session 6 ran on an H100", "kept 9.2 % of its cache", "(2x: 8.1 %)",
-                  "28,195, 28,196 and 28,288 MiB", "32.3 % above 1x with 8 checkpoints", "(1x without checkpoints has no heap term",
+                  "(1,677 / 8,153 ms) cannot be set against shipped's (2,048 / 10,219): session 6 ran on an H100",
+                  "kept 9.2 % of its cache", "(2x: 8.1 %)", "28,195, 28,196 and 28,288 MiB",
+                  "32.3 % above 1x with 8 checkpoints", "(1x without checkpoints has no heap term",
                   "beyond the planned checkpoints and cache", "`1x-ck4-cr0-heap-again`",
                   "plans 30,938 MiB an instance", "13 of its 16 cells have run", "(about 126 s)", "(about 998 s)",
                   "6 configs, 3,674 s estimated"):
@@ -188,11 +175,11 @@ def test_the_docs_quote_these_records(results, plan_now):
                      r"5-8; session9's plan was 32\.3 % above 1x with 8 checkpoints, but not all its checkpoints were "
                      r"live, so the share's second run is 1x with 4 again, session 10, not yet run\)", all_yml, re.M)
     assert re.search(r"^hostmem_cache_heap_share: 0\.16 .*15\.7 % at most, 2x without checkpoints with an 8 GiB cache, "
-                     r"session8; .*fitted on sessions 5-8; its second run, session9 \(an H200\): 9\.2 % kept at 4x with a 16 GiB "
-                     r"cache, the plan 4\.0 % above\)", all_yml, re.M)
+                     r"session8; .*fitted on sessions 5-8; its second run, session9 \(an H200\): 9\.2 % kept at 4x "
+                     r"with a 16 GiB cache, the plan 4\.0 % above\)", all_yml, re.M)
     v32 = (REPO / "group_vars/v100_32gb.yml").read_text()
-    assert ("at 4x (session 9) 0.57 vs 0.19 cached (session 6, an H100: another run and GPU): 55-72K fewer prompt tokens a replay, "
-            "144-197 s of V100 prefill") in v32
+    assert ("at 4x (session 9) 0.57 vs 0.19 cached (session 6, an H100: another run and GPU): 55-72K fewer prompt "
+            "tokens a replay, 144-197 s of V100 prefill") in v32
 
 
 def test_the_device_command_starts_session_10_from_this_session_s_results(results):
