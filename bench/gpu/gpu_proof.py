@@ -581,14 +581,14 @@ PLAN51C_NEXT = ((4, 4, 8),)  # session 6 cut the cache short: session 7 ran it a
 # without checkpoints' 3 schedules; then the second run of the heap's two shares (fitted on sessions 5-8): 1x with 8
 # checkpoints and 4x with the 16 GiB cache (the cache's), and 1x without checkpoints again (session 9). At 1x 8
 # checkpoints were not all live (no more prompt cached than 4): the checkpoints' share has its second run in 1x with 4
-# again (-again, the config it was fitted on); then the shipped config and the 16 GiB cache at 2x again, paired in one
-# run (PLAN51C_PAIR, -pair: sessions 4 and 8 compared them across runs); last 4x with the 4 GiB cache, without
-# checkpoints and with 8 (PLAN51C_LAST), about 950 s each: a session's phase apiece. Session 10 moved the pair ahead of
-# them: its device came after four failed starts, and -again with the pair (821 s) fitted its phase where -again with
-# 4x's 4 GiB cache (1,124 s) did not. A fourth element is a suffix after -heap.
-PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 8, 0), (4, 4, 16), (1, 0, 0), (1, 4, 0, "-again"))
+# again (-again, the config it was fitted on); then 4x with the 4 GiB cache, without checkpoints and with 8 (about
+# 950 s each: a session's phase apiece). Session 10's device came after six failed starts: its phase fitted the
+# shipped config and the 16 GiB cache at 2x paired in one run (PLAN51C_PAIR, -pair: sessions 4 and 8 compared them
+# across runs; 680 s as they ran before), so the pair runs first, then -again (133 s; with a 4x cell, 1,131 s, it
+# fits a later session's phase), then 4x's three cells (PLAN51C_LAST). A fourth element is a suffix after -heap.
+PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 8, 0), (4, 4, 16), (1, 0, 0))
 PLAN51C_PAIR = ((2, 4, 0, "-pair"), (2, 4, 16, "-pair"))
-PLAN51C_LAST = ((4, 4, 4), (4, 0, 0), (4, 8, 0))
+PLAN51C_LAST = ((1, 4, 0, "-again"), (4, 4, 4), (4, 0, 0), (4, 8, 0))
 # Cells not run, each with the records' reason (tests/unit/test_records51f.py checks each against them)
 PRUNED51 = {
     **{(1, c, gib): "1x: no follow-up lost its slot (1x-ck4-cr0-heap, 0 of 105), so a host cache of slots that "
@@ -675,10 +675,10 @@ def plan51c(ref: str = RECORDS_REF) -> list[dict]:
     item 3's -ub 1024 beside the seed and the shipped argv again (one run holds each ratio's two sides) (session 7),
     2x without checkpoints with the cache (the check of a prune's reason), the cache's 16 and 4 GiB at 2x (the heap
     share's second run), then the other cells of 0/4/8 checkpoints x 0/4/8/16 GiB x 1x/2x/4x the records do not
-    prune (PRUNED51): 1x and 4x without checkpoints, 8 checkpoints at 1x and 4x, the cache's 4 and 16 GiB at 4x, and
-    1x shipped again (-again: the checkpoints' heap share's second run), the shipped config and the 16 GiB cache at 2x
-    in one run (-pair), last 4x with the 4 GiB cache, without checkpoints and with 8. Every cache runs without its
-    idle-slot saves (-noidle): with them the 8 GiB cache ran at 21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache
+    prune (PRUNED51): 1x without checkpoints, 8 checkpoints at 1x, the cache's 16 GiB at 4x; the shipped config and
+    the 16 GiB cache at 2x in one run (-pair), 1x shipped again (-again: the checkpoints' heap share's second run),
+    last 4x with the 4 GiB cache, without checkpoints and with 8. Every cache runs without its idle-slot saves
+    (-noidle): with them the 8 GiB cache ran at 21.4 tok/s against the shipped 36.0 at 2x (session 1), and the cache
     without them is the one contender left (sessions 5-6: bench/RESULTS.md). About 950 s a 4x config, 350 s a 2x
     one, 130 s a 1x one."""
     g = group_cfg("v100_32gb", ref)

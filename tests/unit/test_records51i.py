@@ -124,14 +124,14 @@ def test_the_two_shares_hold_on_their_second_run(results, plan_now):
     assert need(config_named(results, ONE8)) < 0 < need(config_named(results, ONE4)) == 0.011  # not every ckpt live
 
 
-def test_session_10_runs_the_checkpoints_share_s_second_run_first(results, plan_now):
-    """1x shipped again (the config the checkpoints' share was fitted on) first; of the matrix's 16 cells 3 are left,
-    and the 2x pair: 6 configs, 3,674 s. Session 9 planned 4x with the 4 GiB cache next (126 + 998 s); session 10's
-    device came late, so the pair (335 + 360 s) runs before 4x's three cells (about 950 s each, a phase apiece)."""
+def test_after_session_9_six_configs_are_left_the_2x_pair_first(results, plan_now):
+    """Of the matrix's 16 cells 3 are left, with 1x shipped again (the checkpoints' share's second run) and the 2x pair:
+    6 configs, 3,674 s. Session 9 planned -again then 4x with the 4 GiB cache (126 + 998 s); session 10's device came
+    late, so the pair (335 + 360 s) runs first, then -again, then 4x's three cells (about 950 s each, a phase apiece)."""
     left = todo(results, plan_now, 9)
-    assert left == ["1x-ck4-cr0-heap-again", "2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair",
+    assert left == ["2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair", "1x-ck4-cr0-heap-again",
                     "4x-ck4-cr4-noidle-heap", "4x-ck0-cr0-heap", "4x-ck8-cr0-heap"]
-    assert [plan_now[n]["estimate_s"] for n in left] == [126, 335, 360, 998, 912, 943]
+    assert [plan_now[n]["estimate_s"] for n in left] == [335, 360, 126, 998, 912, 943]
     assert sum(plan_now[n]["estimate_s"] for n in left) == 3674
     cells = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for c in plan_now.values() if c["kind"] == "traffic"}
     run = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for n, c in plan_now.items()
