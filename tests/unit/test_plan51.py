@@ -223,3 +223,23 @@ def test_phase_skips_configs_already_complete(monkeypatch):
     assert started == ["y"]  # x was complete; y's partial record does not count
     assert phase.done(results["traffic51"], items[0]) and not phase.done(results["traffic51"], items[1])
     assert not phase.done(results["traffic51"], {**items[0], "args": ["-c"]})  # another argv: run again
+
+
+def test_phase_runs_only_the_configs_named(monkeypatch):
+    """TRAFFIC51_ONLY: the named configs alone, in the plan's order; a name the plan lacks stops the phase first."""
+    items = [{"name": n, "args": [f"-{n}"], "traffic": {}} for n in ("x", "y", "z")]
+    run = FakeRun({"traffic51": {"build": "mmq", "runs": 3, "configs": items}}, {})
+    started = []
+
+    def server(build, name, args, model=None, cgroup=None, env=None):  # a server that failed its start
+        started.append(name)
+        return types.SimpleNamespace(ok=False, args=args, load_s=0, logf=f"/tmp/{name}.log", stop=lambda: None,
+                                     p=types.SimpleNamespace(poll=lambda: 1))
+    run.server, run.loglines = server, lambda s: []
+    monkeypatch.setenv("TRAFFIC51_ONLY", "z,x")
+    phase.traffic(run, "mmq")
+    assert started == ["x", "z"] and [r["name"] for r in run.results["traffic51"]] == ["x", "z"]
+    monkeypatch.setenv("TRAFFIC51_ONLY", "x,w")
+    with pytest.raises(SystemExit, match="TRAFFIC51_ONLY names no config of the plan: w"):
+        phase.traffic(run, "mmq")
+    assert started == ["x", "z"]

@@ -13,7 +13,9 @@ rounds (16 clients at once, as proof19b measured the seed's ratio).
                        sampled (and its cgroup's); each repetition keeps /metrics before and after and its
                        span of the server's log (log_span, bytes; the whole log is log_file in logs.tgz). A
                        config whose complete record the results already hold (same name and argv) is skipped:
-                       a later call or session goes on where the last stopped.
+                       a later call or session goes on where the last stopped. TRAFFIC51_ONLY (names, comma-
+                       separated) runs those configs alone, in the plan's order: a session whose device time
+                       fits one config but not the next (bench/traffic/README.md).
 """
 from __future__ import annotations
 
@@ -92,9 +94,16 @@ def traffic(run: ProofRun, build: str, key: str = "traffic51") -> None:
     t = run.plan[key]
     if t["build"] != build:
         return
+    only = [n for n in os.environ.get("TRAFFIC51_ONLY", "").split(",") if n]
+    unknown = set(only) - {item["name"] for item in t["configs"]}
+    if unknown:  # a misspelt name would run nothing, silently
+        raise SystemExit(f"TRAFFIC51_ONLY names no config of the plan: {', '.join(sorted(unknown))}")
     for item in t["configs"]:
         if done(out, item):
             say("traffic51", item["name"], "done in an earlier call: skipped")
+            continue
+        if only and item["name"] not in only:
+            say("traffic51", item["name"], "not in TRAFFIC51_ONLY: skipped")
             continue
         cgroup, why = None, None
         if item.get("memory_max_mib"):
