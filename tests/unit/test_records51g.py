@@ -237,7 +237,8 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
     call's configs): each keeps its results.json.held, whose sha256 is the original file's. Session 6's is the one
     this session's first call started from (its results.json.sha256, kept before the phase ran a config). This
     session's own is held by session 8's in turn (an H200: its held file keeps this session's H100 baseline), and
-    session 8's by session 9's, so sessions 1-7 are rebuilt through them."""
+    session 8's by session 9's, and session 9's by session 10's (an H100 again: session 9's held file keeps its H200
+    baseline; session 10 ran one call), so sessions 1-7 are rebuilt through them."""
     import hashlib
     import json
 
@@ -245,11 +246,12 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
     held = sorted(base.glob("session*/call*/results.json.held"))
     assert [str(h.parent.relative_to(base)) for h in held] == [
         "session1/call3", "session2/call2", "session3/call2", "session4/call3", "session5/call3", "session6/call3",
-        "session7/call3", "session8/call3"]
+        "session7/call3", "session8/call3", "session9/call3"]
     for h in held:
         info = json.loads(h.read_text())
-        later = {SESSION: "session8", SESSION.parent / "session8": "session9"}.get(h.parent.parent, "session7")
-        assert info["held_by"] == f"../../{later}/call3"
+        later = {SESSION: "session8/call3", SESSION.parent / "session8": "session9/call3",
+                 SESSION.parent / "session9": "session10/call1"}.get(h.parent.parent, "session7/call3")
+        assert info["held_by"] == f"../../{later}"
         assert not (h.parent / "results.json").exists() and not (h.parent / "results.json.gz").exists()
         assert hashlib.sha256(analyze.raw(str(h.parent / "results.json"))).hexdigest() == info["sha256"]
     six = json.loads((base / "session6/call3/results.json.held").read_text())["sha256"]
