@@ -20,6 +20,11 @@ if [ "${1:-}" = __run ]; then
   why=$(PYTHONPATH=$W python3 -c 'import sys; from bench.gpu.proof_bench import refused; print(refused(sys.argv[1].split(",")) or "")' "$PH") ||
     why="bench.gpu.proof_bench does not import"
   if [ -n "$why" ]; then log "phases: $why"; echo failed > "$RES/DONE"; exit 1; fi
+  # TRAFFIC51_ONLY (bench/gpu/proof/traffic.py) naming a config the plan lacks ends the run here too
+  if [ -n "${TRAFFIC51_ONLY:-}" ]; then
+    why=$(PYTHONPATH=$W python3 -c 'import json, sys; from bench.gpu.proof.traffic import only; only(json.load(open(sys.argv[1])).get("traffic51", {}).get("configs", []))' "$W/plan.json" 2>&1) ||
+      { log "${why##*$'\n'}"; echo failed > "$RES/DONE"; exit 1; }
+  fi
   # a vocabulary the pack left in llama.cpp.git (gpu_proof.pack_sources' vocab-blobs.txt), written out once
   if [ -e "$W/vocab-blobs.txt" ]; then
     while read -r name blob; do

@@ -88,7 +88,7 @@ def test_driver_records_are_complete_and_follow_ups_found_their_prompt_cached(se
     assert r["fingerprint"] == s.fingerprint()
 
 
-def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, models, tmp_path):
+def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, models, tmp_path, monkeypatch):
     """bench/gpu/proof/traffic.py, the phase the GPU sessions run, on the pinned CPU server (a second one,
     started by the phase itself with checkpoints on): each repetition keeps /metrics before and after and
     its span of the server's log, and those agree with the driver's own records: the server's counter of
@@ -116,6 +116,7 @@ def test_the_gpu_phase_keeps_each_repetitions_metrics_and_log_span(server, model
     a = argparse.Namespace(plan=str(tmp_path / "plan.json"), res=str(tmp_path), models=str(models),
                            bin=str(Path(harness.pinned_server()).parent), bins="", cublas_bin=None)
     run = ProofRun(a)
+    monkeypatch.delenv("TRAFFIC51_ONLY", raising=False)  # every config of the plan
     phase.traffic(run, "mmq")
     (r,) = json.loads((tmp_path / "results.json").read_text())["traffic51"]
     assert r["complete"] and r["alive_at_end"] is True and len(r["reps"]) == 2, r.get("log")

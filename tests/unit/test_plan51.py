@@ -205,6 +205,7 @@ class FakeRun:
 
 
 def test_phase_skips_configs_already_complete(monkeypatch):
+    monkeypatch.delenv("TRAFFIC51_ONLY", raising=False)
     items = [{"name": "x", "args": ["-a"], "traffic": {}}, {"name": "y", "args": ["-b"], "traffic": {}}]
     results = {"traffic51": [{"name": "x", "plan_args": ["-a"], "complete": True},
                              {"name": "y", "plan_args": ["-b"], "complete": False}]}
@@ -225,10 +226,12 @@ def test_phase_skips_configs_already_complete(monkeypatch):
     assert not phase.done(results["traffic51"], {**items[0], "args": ["-c"]})  # another argv: run again
 
 
-def test_phase_runs_only_the_configs_named(monkeypatch):
-    """TRAFFIC51_ONLY: the named configs alone, in the plan's order; a name the plan lacks stops the phase first."""
-    items = [{"name": n, "args": [f"-{n}"], "traffic": {}} for n in ("x", "y", "z")]
-    run = FakeRun({"traffic51": {"build": "mmq", "runs": 3, "configs": items}}, {})
+def test_phase_runs_only_the_configs_named(monkeypatch, capsys):
+    """TRAFFIC51_ONLY: the named configs alone (blanks aside), in the plan's order, one already complete still
+    skipped as done; a name the plan lacks stops the phase before any server starts."""
+    items = [{"name": n, "args": [f"-{n}"], "traffic": {}} for n in ("w", "x", "y", "z")]
+    results = {"traffic51": [{"name": "w", "plan_args": ["-w"], "complete": True}]}
+    run = FakeRun({"traffic51": {"build": "mmq", "runs": 3, "configs": items}}, results)
     started = []
 
     def server(build, name, args, model=None, cgroup=None, env=None):  # a server that failed its start
@@ -236,10 +239,35 @@ def test_phase_runs_only_the_configs_named(monkeypatch):
         return types.SimpleNamespace(ok=False, args=args, load_s=0, logf=f"/tmp/{name}.log", stop=lambda: None,
                                      p=types.SimpleNamespace(poll=lambda: 1))
     run.server, run.loglines = server, lambda s: []
-    monkeypatch.setenv("TRAFFIC51_ONLY", "z,x")
+    monkeypatch.setenv("TRAFFIC51_ONLY", " z, x,w ")
     phase.traffic(run, "mmq")
-    assert started == ["x", "z"] and [r["name"] for r in run.results["traffic51"]] == ["x", "z"]
-    monkeypatch.setenv("TRAFFIC51_ONLY", "x,w")
-    with pytest.raises(SystemExit, match="TRAFFIC51_ONLY names no config of the plan: w"):
+    assert started == ["x", "z"] and [r["name"] for r in run.results["traffic51"]] == ["w", "x", "z"]
+    said = capsys.readouterr().out
+    assert "w done in an earlier call: skipped" in said and "y not in TRAFFIC51_ONLY: skipped" in said
+    monkeypatch.setenv("TRAFFIC51_ONLY", "x,v")
+    with pytest.raises(SystemExit, match="TRAFFIC51_ONLY names no config of the plan: v"):
         phase.traffic(run, "mmq")
     assert started == ["x", "z"]
+
+
+def test_gpu_proof_sh_checks_traffic51_only_before_the_build(tmp_path):
+    """gpu_proof.sh's check (before the build, so a misspelt name costs no device time): its own python3 line, on a
+    plan, with the names set and not."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    sh = (repo / "bench/gpu/gpu_proof.sh").read_text()
+    code = re.search(r"TRAFFIC51_ONLY:-.*\n\s*why=\$\(PYTHONPATH=\$W python3 -c '([^']+)'", sh).group(1)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"traffic51": {"configs": [{"name": "a"}, {"name": "b"}]}}))
+
+    def check(names):
+        env = {**os.environ, "PYTHONPATH": str(repo), "TRAFFIC51_ONLY": names}
+        return subprocess.run([sys.executable, "-c", code, str(plan)], env=env, capture_output=True, text=True)
+    assert check("b,a").returncode == 0
+    bad = check("a,c")
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == "TRAFFIC51_ONLY names no config of the plan: c"

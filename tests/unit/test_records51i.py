@@ -125,8 +125,8 @@ def test_the_two_shares_hold_on_their_second_run(results, plan_now):
 
 def test_after_session_9_six_configs_are_left_the_2x_pair_first(results, plan_now):
     """Of the matrix's 16 cells 3 are left, with 1x shipped again (the checkpoints' share's second run) and the 2x pair:
-    6 configs, 3,674 s. Session 9 planned -again then 4x with the 4 GiB cache (126 + 998 s); session 10's device came
-    late, so the pair (335 + 360 s) runs first, then -again, then 4x's three cells (about 950 s each, a phase apiece)."""
+    6 configs, 3,674 s, in today's plan's order (the pair, the cheapest, first). Session 9 planned -again then 4x with
+    the 4 GiB cache (126 + 998 s); session 10 ran -again alone (TRAFFIC51_ONLY: its device came late)."""
     left = todo(results, plan_now, 9)
     assert left == ["2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair", "1x-ck4-cr0-heap-again",
                     "4x-ck4-cr4-noidle-heap", "4x-ck0-cr0-heap", "4x-ck8-cr0-heap"]

@@ -44,6 +44,17 @@ def watch(run: ProofRun, s: Server):
     return lambda: {"metrics_before": before, "metrics_after": metrics(run.port, None), "log_span": [log0, log_size(s)]}
 
 
+def only(configs: list) -> list:
+    """The config names TRAFFIC51_ONLY gives (comma-separated, blanks aside; none: every config), each one of
+    `configs`: a misspelt name would run nothing, silently, so it stops the phase, and gpu_proof.sh asks before the
+    build."""
+    names = [n.strip() for n in os.environ.get("TRAFFIC51_ONLY", "").split(",") if n.strip()]
+    unknown = set(names) - {c["name"] for c in configs}
+    if unknown:
+        raise SystemExit(f"TRAFFIC51_ONLY names no config of the plan: {', '.join(sorted(unknown))}")
+    return names
+
+
 def done(out: list, item: dict) -> bool:
     """Whether the results hold a complete record of this config (its name, planned argv and environment)."""
     return any(r.get("complete") and r["name"] == item["name"] and r.get("plan_args") == item["args"]
@@ -94,15 +105,12 @@ def traffic(run: ProofRun, build: str, key: str = "traffic51") -> None:
     t = run.plan[key]
     if t["build"] != build:
         return
-    only = [n for n in os.environ.get("TRAFFIC51_ONLY", "").split(",") if n]
-    unknown = set(only) - {item["name"] for item in t["configs"]}
-    if unknown:  # a misspelt name would run nothing, silently
-        raise SystemExit(f"TRAFFIC51_ONLY names no config of the plan: {', '.join(sorted(unknown))}")
+    names = only(t["configs"])
     for item in t["configs"]:
         if done(out, item):
             say("traffic51", item["name"], "done in an earlier call: skipped")
             continue
-        if only and item["name"] not in only:
+        if names and item["name"] not in names:
             say("traffic51", item["name"], "not in TRAFFIC51_ONLY: skipped")
             continue
         cgroup, why = None, None
