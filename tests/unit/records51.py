@@ -1,6 +1,6 @@
 """The fixtures a test of one issue-51 GPU call's records takes: its results.json, its servers' whole logs
 (logs.tgz) and item 3's rounds against a seed of the same run. `results, logs, rounds = call_fixtures(CALL)` at a
-test module's top makes them that module's fixtures."""
+test module's top makes them that module's fixtures (and `plan_now = plan_fixture()` today's plan of them)."""
 from pathlib import Path
 
 import pytest
@@ -45,6 +45,28 @@ def call_fixtures(call: Path, seed: str = "thr-seed"):
         return analyze.rounds(results, seed=seed)
 
     return results, logs, rounds
+
+
+def plan_fixture():
+    @pytest.fixture(scope="module")
+    def plan_now():
+        """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code:
+        {name: config}."""
+        from bench.gpu import pin_proof
+
+        return {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
+
+    return plan_now
+
+
+def matrix_left(plan_now: dict, left: list) -> tuple:
+    """The matrix's cells (per-slot conversations, checkpoints, cache GiB) of today's plan: how many, and those no
+    config outside `left` (the configs still to run) has run."""
+    def cell(c):
+        return c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024
+    traffic = {n: c for n, c in plan_now.items() if c["kind"] == "traffic"}
+    cells = {cell(c) for c in traffic.values()}
+    return len(cells), cells - {cell(c) for n, c in traffic.items() if n not in left}
 
 
 def assert_built(session: Path, gpu: str, build_s: int, volta_s: int, mmq_s: int,

@@ -6,12 +6,10 @@ servers' whole logs (logs.tgz); the host-memory plan's heap term (hostmem_heap_s
 against both configs, its second run."""
 from pathlib import Path
 
-import pytest
 
-from bench.gpu import pin_proof
 from bench.traffic import analyze
 from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
-                                  heap51_configs, plan_at_share, todo as todo51, unreclaimable)
+                                  heap51_configs, plan_at_share, plan_fixture, todo as todo51, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,10 +22,7 @@ SHIP2 = "2x-ck4-cr0-ship"  # session 5's shipped config at 2x, in the same resul
 results, logs, rounds = call_fixtures(CALL, seed="thr-seed-again")
 
 
-@pytest.fixture(scope="module")
-def plan_now():
-    """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code."""
-    return {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
+plan_now = plan_fixture()
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h100(results, logs):

@@ -12,7 +12,7 @@ from bench.gpu import gpu_proof, pin_proof
 from bench.traffic import analyze
 from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, assert_under_plan,
                                   call_fixtures, config_named, earlier_calls, figures, heap51_configs, plan_at_share,
-                                  share_needed, spared, todo as todo51, unreclaimable, v100_s)
+                                  plan_fixture, share_needed, spared, todo as todo51, unreclaimable, v100_s)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,10 +28,7 @@ SHARES = (0.02, 0.16)  # hostmem_heap_share, hostmem_cache_heap_share (group_var
 results, logs, rounds = call_fixtures(CALL)
 
 
-@pytest.fixture(scope="module")
-def plan_now():
-    """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code."""
-    return {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
+plan_now = plan_fixture()
 
 
 @pytest.fixture(scope="module")

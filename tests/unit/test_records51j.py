@@ -6,12 +6,11 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 
-from bench.gpu import pin_proof
 from bench.traffic import analyze
-from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, assert_under_plan, call_fixtures,
-                                  config_named, figures, heap51_configs, share_needed, spared, todo, unreclaimable)
+from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, assert_under_plan,
+                                  call_fixtures, config_named, figures, heap51_configs, matrix_left, plan_fixture,
+                                  share_needed, spared, todo, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,10 +24,7 @@ SHARES = (0.02, 0.16)  # hostmem_heap_share, hostmem_cache_heap_share (group_var
 results, logs, rounds = call_fixtures(CALL)
 
 
-@pytest.fixture(scope="module")
-def plan_now():
-    """Issue 51's configs as the next session runs them (b11434), each with the host plan of today's code."""
-    return {c["name"]: c for c in pin_proof.plan51_new()["traffic51"]["configs"]}
+plan_now = plan_fixture()
 
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h100(results, logs):
@@ -111,10 +107,7 @@ def test_five_configs_are_left_the_2x_pair_first(results, plan_now):
                     "4x-ck0-cr0-heap", "4x-ck8-cr0-heap"]
     assert [plan_now[n]["estimate_s"] for n in left] == [335, 360, 998, 912, 943]
     assert sum(plan_now[n]["estimate_s"] for n in left) == 3548
-    cells = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for c in plan_now.values() if c["kind"] == "traffic"}
-    run = {(c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024) for n, c in plan_now.items()
-           if c["kind"] == "traffic" and n not in left}
-    assert len(cells) == 16 and cells - run == {(4, 4, 4), (4, 0, 0), (4, 8, 0)}  # 13 of 16 have run
+    assert matrix_left(plan_now, left) == (16, {(4, 4, 4), (4, 0, 0), (4, 8, 0)})  # 13 of 16 have run
 
 
 def test_the_docs_quote_these_records(results, plan_now):
