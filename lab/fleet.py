@@ -528,11 +528,29 @@ def make_host(i: int, rootfs: Path, key: Path) -> dict:
     return host
 
 
+def clear_stale_link(name: str) -> None:
+    """Before a container boots: remove the host side of its veth pair (`vb-` and its machine name, as
+    systemd-nspawn names it) when no container of that name runs, left by one that died before its network
+    namespace was torn down; nspawn would otherwise refuse to boot ("Failed to add new veth interfaces:
+    File exists"). A container of that name still running (another lab's) stops the boot with its pid."""
+    link = f"vb-{name}"
+    if len(link) > 15 or subprocess.run(["ip", "link", "show", link], capture_output=True).returncode:
+        return
+    owner = subprocess.run(["pgrep", "-f", f"systemd-nspawn .*-M {name} "], capture_output=True, text=True)
+    if owner.stdout.split():
+        raise SystemExit(f"lab: container {name} already runs (systemd-nspawn pid {owner.stdout.split()[0]}), "
+                         "outside this lab's state: stop it (kill that pid) and run again")
+    log(f"{name}: removing {link}, left by a container that no longer runs")
+    run(["ip", "link", "del", link])
+
+
 def boot_host(host: dict) -> None:
     hdir = Path(host["dir"])
     pidfile = hdir / "nspawn.pid"
     if pid_alive(pidfile):
         return
+    if host["address"] != "127.0.0.1":
+        clear_stale_link(host["name"])
     ccache = CACHE / "ccache"
     ccache.mkdir(parents=True, exist_ok=True)
     log(f"{host['name']}: booting (sshd on {host['address']}:{host['ssh_port']})")
