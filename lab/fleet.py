@@ -536,9 +536,9 @@ def clear_stale_link(name: str) -> None:
     link = f"vb-{name}"
     if len(link) > 15 or subprocess.run(["ip", "link", "show", link], capture_output=True).returncode:
         return
-    owner = subprocess.run(["pgrep", "-f", f"systemd-nspawn .*-M {name} "], capture_output=True, text=True)
-    if owner.stdout.split():
-        raise SystemExit(f"lab: container {name} already runs (systemd-nspawn pid {owner.stdout.split()[0]}), "
+    pids = subprocess.run(["pgrep", "-f", f"systemd-nspawn .*-M {name} "], capture_output=True, text=True).stdout.split()
+    if pids:
+        raise SystemExit(f"lab: container {name} already runs (systemd-nspawn pid {pids[0]}), "
                          "outside this lab's state: stop it (kill that pid) and run again")
     log(f"{name}: removing {link}, left by a container that no longer runs")
     run(["ip", "link", "del", link])
@@ -549,7 +549,9 @@ def boot_host(host: dict) -> None:
     pidfile = hdir / "nspawn.pid"
     if pid_alive(pidfile):
         return
-    if host["address"] != "127.0.0.1":
+    # a gateway: on the lab's bridge through its own veth pair (nodes use this machine's network)
+    bridged = host["address"] != "127.0.0.1"
+    if bridged:
         clear_stale_link(host["name"])
     ccache = CACHE / "ccache"
     ccache.mkdir(parents=True, exist_ok=True)
@@ -560,7 +562,7 @@ def boot_host(host: dict) -> None:
          "--keep-unit", "-M", host["name"],
          # the compiler cache lives on this machine between runs and lab rebuilds
          f"--bind={ccache}:/var/cache/voltafleet/ccache"]
-        + ([f"--network-bridge={BRIDGE}"] if host["address"] != "127.0.0.1" else []),
+        + ([f"--network-bridge={BRIDGE}"] if bridged else []),
         stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
         start_new_session=True)
     pidfile.write_text(str(proc.pid))

@@ -6,7 +6,6 @@ servers' whole logs (logs.tgz); the host-memory plan's heap term (hostmem_heap_s
 against both configs, its second run."""
 from pathlib import Path
 
-
 from bench.traffic import analyze
 from tests.unit.records51 import (assert_built, assert_rows_quoted, call_fixtures, config_named, earlier_calls, figures,
                                   heap51_configs, plan_at_share, plan_fixture, todo as todo51, unreclaimable)

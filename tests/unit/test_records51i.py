@@ -4,7 +4,6 @@ Every figure bench/RESULTS.md, docs/host.md and group_vars quote from it is reco
 raw results.json and the servers' whole logs (logs.tgz)."""
 from pathlib import Path
 
-
 from bench.traffic import analyze
 from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, assert_under_plan,
                                   call_fixtures, config_named, earlier_calls, figures, heap51_configs, matrix_left,
