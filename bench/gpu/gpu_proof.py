@@ -584,9 +584,9 @@ PLAN51C_NEXT = ((4, 4, 8),)  # session 6 cut the cache short: session 7 ran it a
 # again (-again, the config it was fitted on); then 4x with the 4 GiB cache, without checkpoints and with 8 (about
 # 950 s each: a session's phase apiece). The shipped config and the 16 GiB cache at 2x paired in one run
 # (PLAN51C_PAIR, -pair: sessions 4 and 8 compared them across runs; about 695 s, a session with about 1,115 s of
-# device time) come before them, the cheapest left first. PLAN51C_LAST: -again (session 10's device came after ten
-# failed starts, with room for it alone: TRAFFIC51_ONLY) and 4x's three cells. A fourth element is a suffix after
-# -heap.
+# device time) come before them, the cheapest left first (session 11 ran them). PLAN51C_LAST: -again (session 10's
+# device came after ten failed starts, with room for it alone: TRAFFIC51_ONLY) and 4x's three cells (session 12 on).
+# A fourth element is a suffix after -heap.
 PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 8, 0), (4, 4, 16), (1, 0, 0))
 PLAN51C_PAIR = ((2, 4, 0, "-pair"), (2, 4, 16, "-pair"))
 PLAN51C_LAST = ((1, 4, 0, "-again"), (4, 4, 4), (4, 0, 0), (4, 8, 0))

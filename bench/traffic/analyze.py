@@ -260,15 +260,17 @@ def report(results: dict, logs: dict[str, str] | None = None) -> str:
 
 
 HELD = "results.json.held"  # beside a call's results.json once a later call's holds it (raw)
+_KEYS = ["baseline", "traffic51"]  # a results.json's keys before sessions wrote phase_seconds (a held file's default)
 
 
 def raw(path: str) -> bytes:
     """A call's results.json, byte for byte: the file, its gzip'd copy (results.json.gz), or, where a later call's
     results hold it (each call's results.json begins with every earlier call's configs), rebuilt from those. A
     rebuilt file's directory keeps `results.json.held`: {"held_by": the later call's directory, relative to this
-    one, "traffic51": how many of its configs, "baseline": this call's own where the later call's differs,
-    "sha256": the file's}. The phase writes its results with json's indent 1, so the first configs and the
-    baseline give the same bytes, which the sha256 checks; a mismatch raises, naming both files."""
+    one, "traffic51": how many of its configs, "keys": the file's keys in order where they are not ["baseline",
+    "traffic51"], each other key ("baseline", "phase_seconds") with this call's own value where the later call's
+    differs, "sha256": the file's}. The phase writes its results with json's indent 1, so the first configs and
+    those values give the same bytes, which the sha256 checks; a mismatch raises, naming both files."""
     from pathlib import Path
 
     p = Path(path)
@@ -293,8 +295,9 @@ def _rebuilt(held) -> bytes:
     h = json.loads(held.read_text())
     later = held.parent / h["held_by"]
     newer = call_results(later)
-    out = json.dumps({"baseline": h.get("baseline", newer["baseline"]), "traffic51": newer["traffic51"][:h["traffic51"]]},
-                     indent=1).encode()
+    keys = h.get("keys", _KEYS)
+    out = json.dumps({k: newer["traffic51"][:h["traffic51"]] if k == "traffic51" else h[k] if k in h else newer[k]
+                      for k in keys}, indent=1).encode()
     if hashlib.sha256(out).hexdigest() != h["sha256"]:
         raise ValueError(f"{held}: the first {h['traffic51']} configs of {later}'s results are not this call's "
                          f"(sha256 differs): the later call's results changed, or {HELD} is wrong")
@@ -313,8 +316,11 @@ def hold(call: str, later: str) -> dict:
     data = raw(str(src))
     own = json.loads(data)
     newer = call_results(lt)
+    if clash := sorted(set(own) & {"held_by", "keys", "sha256"}):
+        raise ValueError(f"{src}: {clash} are keys {HELD} keeps for itself; rename them in the results")
     h = {"held_by": os.path.relpath(lt, c), "traffic51": len(own["traffic51"]),
-         **({"baseline": own["baseline"]} if own["baseline"] != newer["baseline"] else {}),
+         **({"keys": list(own)} if list(own) != _KEYS else {}),
+         **{k: v for k, v in own.items() if k != "traffic51" and (k not in newer or newer[k] != v)},
          "sha256": hashlib.sha256(data).hexdigest()}
     (c / HELD).write_text(json.dumps(h, indent=1) + "\n")
     try:

@@ -236,19 +236,21 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
     this session's first call started from (its results.json.sha256, kept before the phase ran a config). This
     session's own is held by session 8's in turn (an H200: its held file keeps this session's H100 baseline), and
     session 8's by session 9's, and session 9's by session 10's (an H100 again: session 9's held file keeps its H200
-    baseline; session 10 ran one call), so sessions 1-7 are rebuilt through them."""
+    baseline; session 10 ran one call), and session 10's by session 11's (its held file keeps its own phase_seconds),
+    so sessions 1-7 are rebuilt through them."""
     import hashlib
     import json
 
     base = REPO / "bench/records/proof51"
-    held = sorted(base.glob("session*/call*/results.json.held"))
+    held = sorted(base.glob("session*/call*/results.json.held"), key=lambda h: int(h.parent.parent.name[7:]))
     assert [str(h.parent.relative_to(base)) for h in held] == [
         "session1/call3", "session2/call2", "session3/call2", "session4/call3", "session5/call3", "session6/call3",
-        "session7/call3", "session8/call3", "session9/call3"]
+        "session7/call3", "session8/call3", "session9/call3", "session10/call1"]
     for h in held:
         info = json.loads(h.read_text())
         later = {SESSION: "session8/call3", SESSION.parent / "session8": "session9/call3",
-                 SESSION.parent / "session9": "session10/call1"}.get(h.parent.parent, "session7/call3")
+                 SESSION.parent / "session9": "session10/call1",
+                 SESSION.parent / "session10": "session11/call3"}.get(h.parent.parent, "session7/call3")
         assert info["held_by"] == f"../../{later}"
         assert not (h.parent / "results.json").exists() and not (h.parent / "results.json.gz").exists()
         assert hashlib.sha256(analyze.raw(str(h.parent / "results.json"))).hexdigest() == info["sha256"]
@@ -257,6 +259,10 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
     # session 4 ran on an H200: its own baseline is kept beside the count
     assert json.loads((base / "session4/call3/results.json.held").read_text())["baseline"]["gpu_total_mib"] == 143771
     assert json.loads((CALL / "results.json.held").read_text())["baseline"]["gpu_total_mib"] == 81559
+    # session 10 wrote phase_seconds (143 s), which session 11's own (693.2 s) replaced: its held file keeps it
+    ten = json.loads((base / "session10/call1/results.json.held").read_text())
+    assert ten["keys"] == ["baseline", "traffic51", "phase_seconds"] and ten["phase_seconds"] == {"traffic51:mmq": 143.0}
+    assert "baseline" not in ten  # both H100s: the same baseline
 
 
 def test_a_held_results_file_is_rebuilt_only_when_its_bytes_come_back(tmp_path):
@@ -285,3 +291,16 @@ def test_a_held_results_file_is_rebuilt_only_when_its_bytes_come_back(tmp_path):
         analyze.load(str(tmp_path / "s1/call1/results.json"))
     with pytest.raises(FileNotFoundError, match="results.json.held"):
         analyze.load(str(tmp_path / "nowhere/results.json"))
+    # a key of the call's own beside the configs (phase_seconds) that the later call changed or lacks is kept, in
+    # the file's order, and a results key the held file needs for itself is refused before anything is written
+    timed = {"baseline": {"gpu_total_mib": 1}, "traffic51": [{"name": "a"}], "phase_seconds": {"p": 1.0}, "x": 0}
+    write(tmp_path / "s5/call1", timed)
+    write(tmp_path / "s6/call1", {"baseline": {"gpu_total_mib": 1}, "traffic51": [{"name": "a"}, {"name": "b"}],
+                                  "phase_seconds": {"p": 9.0}})
+    h = analyze.hold(str(tmp_path / "s5/call1"), str(tmp_path / "s6/call1"))
+    assert (h["keys"], h["phase_seconds"], h["x"]) == (list(timed), {"p": 1.0}, 0) and "baseline" not in h
+    assert analyze.raw(str(tmp_path / "s5/call1/results.json")) == json.dumps(timed, indent=1).encode()
+    write(tmp_path / "s7/call1", {**early, "sha256": "x"})
+    with pytest.raises(ValueError, match=r"\['sha256'\] are keys results.json.held keeps for itself"):
+        analyze.hold(str(tmp_path / "s7/call1"), str(tmp_path / "s2/call1"))
+    assert (tmp_path / "s7/call1/results.json").exists() and not (tmp_path / "s7/call1/results.json.held").exists()

@@ -136,22 +136,7 @@ def test_the_docs_quote_these_records(results, plan_now):
                      r"5-8; session9's plan was 32\.3 % above 1x with 8 checkpoints, but not all its checkpoints were "
                      r"live, so the share's second run is 1x with 4 again, session10 \(an H100\): 1\.2 % kept, the plan "
                      r"0\.7 % above\)", all_yml, re.M)
-    assert re.search(r"^hostmem_cache_heap_share: 0\.16 .*15\.7 % at most, 2x without checkpoints with an 8 GiB cache, "
-                     r"session8; .*fitted on sessions 5-8; its second run, session9 \(an H200\): 9\.2 % kept at 4x "
-                     r"with a 16 GiB cache, the plan 4\.0 % above\)", all_yml, re.M)
+    # hostmem_cache_heap_share's comment, since session 11's records: tests/unit/test_records51k.py
 
 
-def test_the_device_command_starts_session_11_from_this_session_s_results(results):
-    """bench/traffic/README.md's device command: the next session starts from the newest session's results.json,
-    rebuilt by analyze.raw with python3's standard library alone (the device has no virtual environment)."""
-    import subprocess
-    import sys
-
-    readme = (REPO / "bench/traffic/README.md").read_text()
-    last = re.search(r"^\s*LAST=(\S+);", readme, re.M).group(1)
-    newest = max(RECORDS.glob("session*"), key=lambda p: int(p.name.removeprefix("session")))
-    assert REPO / last == CALL and newest == SESSION
-    code = re.search(r"python3 -c '([^']+)'", readme).group(1)
-    out = subprocess.run([sys.executable, "-S", "-c", code, f"{last}/results.json.gz"], cwd=REPO, capture_output=True,
-                         check=True).stdout
-    assert json.loads(out) == results
+# the device command, since session 11: tests/unit/test_records51k.py
