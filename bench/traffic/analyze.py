@@ -269,7 +269,7 @@ def raw(path: str) -> bytes:
     rebuilt file's directory keeps `results.json.held`: {"held_by": the later call's directory, relative to this
     one, "traffic51": how many of its configs, "keys": the file's keys in order where they are not ["baseline",
     "traffic51"], each other key ("baseline", "phase_seconds") with this call's own value where the later call's
-    differs, "sha256": the file's}. The phase writes its results with json's indent 1, so the first configs and
+    differs or lacks it (compared as json writes them: 143 and 143.0 differ), "sha256": the file's}. The phase writes its results with json's indent 1, so the first configs and
     those values give the same bytes, which the sha256 checks; a mismatch raises, naming both files."""
     from pathlib import Path
 
@@ -299,8 +299,8 @@ def _rebuilt(held) -> bytes:
     out = json.dumps({k: newer["traffic51"][:h["traffic51"]] if k == "traffic51" else h[k] if k in h else newer[k]
                       for k in keys}, indent=1).encode()
     if hashlib.sha256(out).hexdigest() != h["sha256"]:
-        raise ValueError(f"{held}: the first {h['traffic51']} configs of {later}'s results are not this call's "
-                         f"(sha256 differs): the later call's results changed, or {HELD} is wrong")
+        raise ValueError(f"{held}: the first {h['traffic51']} configs of {later}'s results, with the values {HELD} "
+                         f"keeps, are not this call's (sha256 differs): the later call's results changed, or {HELD} is wrong")
     return out
 
 
@@ -320,7 +320,7 @@ def hold(call: str, later: str) -> dict:
         raise ValueError(f"{src}: {clash} are keys {HELD} keeps for itself; rename them in the results")
     h = {"held_by": os.path.relpath(lt, c), "traffic51": len(own["traffic51"]),
          **({"keys": list(own)} if list(own) != _KEYS else {}),
-         **{k: v for k, v in own.items() if k != "traffic51" and (k not in newer or newer[k] != v)},
+         **{k: v for k, v in own.items() if k != "traffic51" and (k not in newer or json.dumps(newer[k]) != json.dumps(v))},
          "sha256": hashlib.sha256(data).hexdigest()}
     (c / HELD).write_text(json.dumps(h, indent=1) + "\n")
     try:

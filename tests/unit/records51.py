@@ -195,3 +195,21 @@ def share_needed(config: dict, ckpt_share: float) -> tuple:
     if per_ckpt:
         return "ckpt", round((unreclaimable(config) - base) / per_ckpt, 3)
     return "none", None
+
+
+def assert_quoted(doc: str, words, after: str | None = None) -> None:
+    """Each of `words` is in the repository's file `doc` (a path from the repository's root; its runs of whitespace
+    read as one space), from the heading `after` on where one is named."""
+    text = " ".join((Path(__file__).resolve().parents[2] / doc).read_text().split())
+    text = text[text.index(after):] if after else text
+    for w in words:
+        assert w in text, (doc, w)
+
+
+def assert_var_comment(yml: str, pattern: str) -> None:
+    """A line of the repository's file `yml` (a group_vars file) matches `pattern` from its start: a variable, its value
+    and the comment that quotes the records."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / yml).read_text()
+    assert re.search(pattern, text, re.M), (yml, pattern[:60])

@@ -300,6 +300,14 @@ def test_a_held_results_file_is_rebuilt_only_when_its_bytes_come_back(tmp_path):
     h = analyze.hold(str(tmp_path / "s5/call1"), str(tmp_path / "s6/call1"))
     assert (h["keys"], h["phase_seconds"], h["x"]) == (list(timed), {"p": 1.0}, 0) and "baseline" not in h
     assert analyze.raw(str(tmp_path / "s5/call1/results.json")) == json.dumps(timed, indent=1).encode()
+    # values Python counts equal that json writes apart (143 and 143.0, keys in another order) are kept too
+    apart = {"baseline": {"a": 1, "b": 2}, "traffic51": [{"name": "a"}], "phase_seconds": {"p": 143}}
+    write(tmp_path / "s8/call1", apart)
+    write(tmp_path / "s9/call1", {"baseline": {"b": 2, "a": 1}, "traffic51": [{"name": "a"}, {"name": "b"}],
+                                  "phase_seconds": {"p": 143.0}})
+    h = analyze.hold(str(tmp_path / "s8/call1"), str(tmp_path / "s9/call1"))
+    assert (h["baseline"], h["phase_seconds"]) == (apart["baseline"], {"p": 143})
+    assert analyze.raw(str(tmp_path / "s8/call1/results.json")) == json.dumps(apart, indent=1).encode()
     write(tmp_path / "s7/call1", {**early, "sha256": "x"})
     with pytest.raises(ValueError, match=r"\['sha256'\] are keys results.json.held keeps for itself"):
         analyze.hold(str(tmp_path / "s7/call1"), str(tmp_path / "s2/call1"))
