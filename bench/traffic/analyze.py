@@ -261,6 +261,7 @@ def report(results: dict, logs: dict[str, str] | None = None) -> str:
 
 HELD = "results.json.held"  # beside a call's results.json once a later call's holds it (raw)
 _KEYS = ["baseline", "traffic51"]  # a results.json's keys before sessions wrote phase_seconds (a held file's default)
+_OWN = {"held_by", "keys", "sha256"}  # a held file's own fields, which no results key may take
 
 
 def raw(path: str) -> bytes:
@@ -269,8 +270,9 @@ def raw(path: str) -> bytes:
     rebuilt file's directory keeps `results.json.held`: {"held_by": the later call's directory, relative to this
     one, "traffic51": how many of its configs, "keys": the file's keys in order where they are not ["baseline",
     "traffic51"], each other key ("baseline", "phase_seconds") with this call's own value where the later call's
-    differs or lacks it (compared as json writes them: 143 and 143.0 differ), "sha256": the file's}. The phase writes its results with json's indent 1, so the first configs and
-    those values give the same bytes, which the sha256 checks; a mismatch raises, naming both files."""
+    differs or lacks it (compared as json writes them: 143 and 143.0 differ), "sha256": the file's}. The phase
+    writes its results with json's indent 1, so the first configs and those values give the same bytes, which the
+    sha256 checks; a mismatch raises, naming both files."""
     from pathlib import Path
 
     p = Path(path)
@@ -316,7 +318,7 @@ def hold(call: str, later: str) -> dict:
     data = raw(str(src))
     own = json.loads(data)
     newer = call_results(lt)
-    if clash := sorted(set(own) & {"held_by", "keys", "sha256"}):
+    if clash := sorted(set(own) & _OWN):
         raise ValueError(f"{src}: {clash} are keys {HELD} keeps for itself; rename them in the results")
     h = {"held_by": os.path.relpath(lt, c), "traffic51": len(own["traffic51"]),
          **({"keys": list(own)} if list(own) != _KEYS else {}),

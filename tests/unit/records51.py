@@ -7,6 +7,9 @@ import pytest
 
 from bench.traffic import analyze
 
+REPO = Path(__file__).resolve().parents[2]
+RECORDS51 = REPO / "bench/records/proof51"
+
 
 def results_of(call: Path) -> dict:
     """A call's results.json, its gzip'd copy, or as a later call's results hold it (analyze.raw)."""
@@ -197,11 +200,16 @@ def share_needed(config: dict, ckpt_share: float) -> tuple:
     return "none", None
 
 
+def doc_text(doc: str, after: str | None = None) -> str:
+    """The repository's file `doc` (a path from the repository's root) with its runs of whitespace as one space, from
+    the heading `after` on where one is named."""
+    text = " ".join((REPO / doc).read_text().split())
+    return text[text.index(after):] if after else text
+
+
 def assert_quoted(doc: str, words, after: str | None = None) -> None:
-    """Each of `words` is in the repository's file `doc` (a path from the repository's root; its runs of whitespace
-    read as one space), from the heading `after` on where one is named."""
-    text = " ".join((Path(__file__).resolve().parents[2] / doc).read_text().split())
-    text = text[text.index(after):] if after else text
+    """Each of `words` is in the repository's file `doc` (doc_text: whitespace runs as one space, from `after` on)."""
+    text = doc_text(doc, after)
     for w in words:
         assert w in text, (doc, w)
 
@@ -211,5 +219,22 @@ def assert_var_comment(yml: str, pattern: str) -> None:
     and the comment that quotes the records."""
     import re
 
-    text = (Path(__file__).resolve().parents[2] / yml).read_text()
-    assert re.search(pattern, text, re.M), (yml, pattern[:60])
+    assert re.search(pattern, (REPO / yml).read_text(), re.M), (yml, pattern[:60])
+
+
+def last_call(session: int) -> Path:
+    """Issue 51's session `session`'s last call directory (bench/records/proof51/sessionN/callM, the highest M)."""
+    return max((RECORDS51 / f"session{session}").glob("call*"), key=lambda p: int(p.name.removeprefix("call")))
+
+
+def pre_phase_s(session: int) -> int:
+    """Seconds from a session's facts to its phase (the build, Volta's choice, FORCE_MMQ, the models), from the
+    progress of its last call."""
+    import re
+    from datetime import datetime
+
+    progress = (last_call(session) / "progress.txt").read_text()
+
+    def at(what):
+        return datetime.strptime(re.search(rf"^\[(\d\d:\d\d:\d\d)\] {what}", progress, re.M).group(1), "%H:%M:%S")
+    return (at("varying file written") - at("facts")).seconds

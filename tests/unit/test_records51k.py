@@ -8,9 +8,9 @@ from pathlib import Path
 
 from bench.traffic import analyze
 from tests.unit.records51 import (assert_built, assert_quoted, assert_rows_quoted, assert_same_schedules,
-                                  assert_under_plan, assert_var_comment, call_fixtures, config_named, earlier_calls,
-                                  figures, heap51_configs, matrix_left, plan_fixture, share_needed, spared, todo,
-                                  unreclaimable, v100_s)
+                                  assert_under_plan, assert_var_comment, call_fixtures, config_named, doc_text,
+                                  earlier_calls, figures, heap51_configs, last_call, matrix_left, plan_fixture,
+                                  pre_phase_s, share_needed, spared, todo, unreclaimable, v100_s)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,11 +61,7 @@ def test_three_calls_ran_one_phase_of_the_pair_alone():
     assert skipped == ["4x-ck4-cr4-noidle-heap", "4x-ck0-cr0-heap", "4x-ck8-cr0-heap"]
     assert "traffic51 1x-ck4-cr0-heap-again done in an earlier call: skipped" in progress
     assert re.findall(r"\] traffic51 (\S+) (\d) ", progress) == [(n, str(i)) for n in (SHIP, CACHE) for i in range(3)]
-    from datetime import datetime
-
-    def at(what):
-        return datetime.strptime(re.search(rf"^\[(\d\d:\d\d:\d\d)\] {what}", progress, re.M).group(1), "%H:%M:%S")
-    assert (at("varying file written") - at("facts")).seconds == 420  # the phase began 420 s into the first call
+    assert pre_phase_s(11) == 420  # the phase began 420 s into the first call
     assert progress.rstrip().endswith("done")
 
 
@@ -142,19 +138,6 @@ def test_three_cells_are_left_each_a_session_s_phase(results, plan_now):
     assert margin == 560 and [plan_now[n]["estimate_s"] + margin for n in left] == [1558, 1472, 1503]
 
 
-def pre_phase_s(session: int) -> int:
-    """Seconds from a session's facts to its phase (the build, Volta's choice, FORCE_MMQ, the models), from the
-    progress of its last call."""
-    from datetime import datetime
-
-    last = sorted((RECORDS / f"session{session}").glob("call*"))[-1]
-    progress = (last / "progress.txt").read_text()
-
-    def at(what):
-        return datetime.strptime(re.search(rf"^\[(\d\d:\d\d:\d\d)\] {what}", progress, re.M).group(1), "%H:%M:%S")
-    return (at("varying file written") - at("facts")).seconds
-
-
 def test_the_documented_cache_option_is_the_config_measured_and_the_pin_takes_it(results):
     """The 16 GiB cache the docs give a 256 GiB host is the pair's config: --cache-ram 16384 and --no-cache-idle-slots
     through server_extra_flags, which the controller's check of b11434's llama-server --help accepts (a flag it does not
@@ -176,7 +159,7 @@ def test_the_builds_before_a_phase_in_sessions_1_to_11():
     """bench/traffic/README.md's ranges: the build 224-357 s, Volta's choice and FORCE_MMQ 61-93 s together."""
     builds, variants = [], []
     for n in range(1, 12):
-        last = sorted((RECORDS / f"session{n}").glob("call*"))[-1]
+        last = last_call(n)
         builds.append(int(re.search(r"build rc=0 seconds=(\d+)", (last / "build.txt").read_text())[1]))
         variants.append(sum(int(re.search(rf"{v} rc=0 seconds=(\d+)", (last / f"build-{v}.txt").read_text())[1])
                             for v in ("volta", "mmq")))
@@ -184,8 +167,7 @@ def test_the_builds_before_a_phase_in_sessions_1_to_11():
 
 
 def test_the_docs_quote_these_records(results, plan_now):
-    results_md = " ".join((REPO / "bench/RESULTS.md").read_text().split())
-    section = results_md[results_md.index("### Session 11"):]
+    section = doc_text("bench/RESULTS.md", "### Session 11")
     assert_rows_quoted(section, results, (SHIP, CACHE, SHIP4, CACHE8))
     assert_quoted("bench/RESULTS.md", ("553 s of the session's 1,800 went", "with 1,247 s left", "the build took 328 s, Volta's kernel "
                   "choice 61 s and FORCE_MMQ 13 s", "the phase began 420 s after the call", "whole in 693 s",
