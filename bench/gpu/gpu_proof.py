@@ -585,11 +585,13 @@ PLAN51C_NEXT = ((4, 4, 8),)  # session 6 cut the cache short: session 7 ran it a
 # 950 s each: a session's phase apiece). The shipped config and the 16 GiB cache at 2x paired in one run
 # (PLAN51C_PAIR, -pair: sessions 4 and 8 compared them across runs; about 695 s, a session with about 1,115 s of
 # device time) come before them, the cheapest left first (session 11 ran them). PLAN51C_LAST: -again (session 10's
-# device came after ten failed starts, with room for it alone: TRAFFIC51_ONLY) and 4x's three cells (session 12 on).
-# A fourth element is a suffix after -heap.
+# device came after ten failed starts, with room for it alone: TRAFFIC51_ONLY) and 4x's three cells (session 12 on:
+# session 12 ran the 4 GiB cache, which kept 17.3 % of itself beyond it, over hostmem_cache_heap_share's 0.16; the
+# cache's floor, hostmem_cache_heap_floor_mib, fitted on that run, has its second run in 4x with the 4 GiB cache again,
+# -again). A fourth element is a suffix after -heap.
 PLAN51C_REST = ((2, 0, 8), (2, 4, 16), (2, 4, 4), (1, 8, 0), (4, 4, 16), (1, 0, 0))
 PLAN51C_PAIR = ((2, 4, 0, "-pair"), (2, 4, 16, "-pair"))
-PLAN51C_LAST = ((1, 4, 0, "-again"), (4, 4, 4), (4, 0, 0), (4, 8, 0))
+PLAN51C_LAST = ((1, 4, 0, "-again"), (4, 4, 4), (4, 0, 0), (4, 8, 0), (4, 4, 4, "-again"))
 # Cells not run, each with the records' reason (tests/unit/test_records51f.py checks each against them)
 PRUNED51 = {
     **{(1, c, gib): "1x: no follow-up lost its slot (1x-ck4-cr0-heap, 0 of 105), so a host cache of slots that "

@@ -64,12 +64,13 @@ def plan_fixture():
 
 def matrix_left(plan_now: dict, left: list) -> tuple:
     """The matrix's cells (per-slot conversations, checkpoints, cache GiB) of today's plan: how many, and those no
-    config outside `left` (the configs still to run) has run."""
+    config outside `left` (the configs still to run) has run (a config added later, ADDED51, repeats a cell and is
+    not counted)."""
     def cell(c):
         return c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024
     traffic = {n: c for n, c in plan_now.items() if c["kind"] == "traffic"}
     cells = {cell(c) for c in traffic.values()}
-    return len(cells), cells - {cell(c) for n, c in traffic.items() if n not in left}
+    return len(cells), cells - {cell(c) for n, c in traffic.items() if n not in left and n not in ADDED51}
 
 
 def assert_built(session: Path, gpu: str, build_s: int, volta_s: int, mmq_s: int,
@@ -94,6 +95,14 @@ def figures(results: dict, names) -> dict:
                 round(rows[n]["opening_ttft_p50_ms"]), round(rows[n]["aggregate_tps"], 1), rows[n]["processed"],
                 round(rows[n]["rss_peak_mib"]))
             for n in names}
+
+
+def assert_figures(results: dict, expected: dict, generated: tuple) -> None:
+    """Each config of `expected` has its figures (figures()), and each after the first replayed the first's schedules
+    and generated the same tokens on each (`generated`)."""
+    names = tuple(expected)
+    assert figures(results, names) == expected
+    assert_same_schedules(results, names[0], names[1:], generated)
 
 
 def assert_same_schedules(results: dict, base: str, names, generated: tuple) -> None:
@@ -129,11 +138,12 @@ def assert_rows_quoted(text: str, results: dict, names) -> None:
         assert all(c in row for c in cells), (n, row)
 
 
-def plan_at_share(config: dict, share: float, cache_share: float | None = None) -> dict:
+def plan_at_share(config: dict, share: float, cache_share: float | None = None, floor: int = 0) -> dict:
     """The host plan today's code makes for a HEAP51 traffic config's argv (its checkpoints, host cache and idle-slot
     saves, at b11434) with hostmem_heap_share `share` of the checkpoints and hostmem_cache_heap_share `cache_share` of
-    the prompt cache (None: `share`, one share of both as sessions 5-7 planned it): a session's decision was made on
-    the shares of its day (0.06 for sessions 5-6, 0.07 for 7), which a later session's records may change.
+    the prompt cache (None: `share`, one share of both as sessions 5-7 planned it), and hostmem_cache_heap_floor_mib
+    `floor` (0: none, as the plans before session 12 had none): a session's decision was made on the shares of its day
+    (0.06 for sessions 5-6, 0.07 for 7), which a later session's records may change.
     gpu_proof.plan_figures, as the config recorded it."""
     from bench.gpu import gpu_proof, pin_proof
 
@@ -142,7 +152,8 @@ def plan_at_share(config: dict, share: float, cache_share: float | None = None) 
     cache = int(args[args.index("--cache-ram") + 1]) if "--cache-ram" in args else 0
     noidle = {"server_extra_flags": [gpu_proof.NO_IDLE_SAVES]} if gpu_proof.NO_IDLE_SAVES in args else {}
     cfg = gpu_proof.v32_traffic(ckpt, cache, pin_proof.NEW_COMMIT, server_malloc_heap=True, hostmem_heap_share=share,
-                                hostmem_cache_heap_share=share if cache_share is None else cache_share, **noidle)
+                                hostmem_cache_heap_share=share if cache_share is None else cache_share,
+                                hostmem_cache_heap_floor_mib=floor, **noidle)
     return gpu_proof.plan_figures(gpu_proof.host_plan_of(cfg))
 
 
@@ -165,7 +176,8 @@ def earlier_calls(session: Path, calls: tuple = ("call1", "call2"), last: str = 
 
 
 # Configs planned after a session's records were in (each: that session), run again beside the matrix's cells
-ADDED51 = {"1x-ck4-cr0-heap-again": 9, "2x-ck4-cr0-heap-pair": 9, "2x-ck4-cr16-noidle-heap-pair": 9}
+ADDED51 = {"1x-ck4-cr0-heap-again": 9, "2x-ck4-cr0-heap-pair": 9, "2x-ck4-cr16-noidle-heap-pair": 9,
+           "4x-ck4-cr4-noidle-heap-again": 12}
 
 
 def todo(results: dict, plan_now: dict, session: int) -> list:
@@ -176,14 +188,29 @@ def todo(results: dict, plan_now: dict, session: int) -> list:
     return [n for n, c in plan_now.items() if not done(results["traffic51"], c) and ADDED51.get(n, 0) <= session]
 
 
-def assert_under_plan(config: dict, now: dict, shares: tuple) -> float:
-    """A HEAP51 config against today's plan of it (`now`, a plan51_new config): the plan is the `shares`' (heap of the
-    checkpoints, of the cache), its held above the config's peak held, the RSS peak under its total and MemoryMax above
-    that. Returns how far above the peak the plan's held is (a share of the peak, 3 places)."""
-    assert now == {**now, **plan_at_share(config, *shares)}  # today's plan is the shares'
+def assert_under_plan(config: dict, now: dict, shares: tuple, floor: int | None = None) -> float:
+    """A HEAP51 config against today's plan of it (`now`, a plan51_new config; or a plan of an earlier day, plan_then):
+    the plan is the `shares`' (heap of the checkpoints, of the cache) with the cache's floor `floor` (None: today's,
+    cache_floor_mib), its held above the config's peak held, the RSS peak under its total and MemoryMax above that.
+    Returns how far above the peak the plan's held is (a share of the peak, 3 places)."""
+    floor = cache_floor_mib() if floor is None else floor
+    assert now == {**now, **plan_at_share(config, *shares, floor=floor)}  # the plan is the shares'
     assert unreclaimable(config) < now["planned_held_mib"], config["name"]
     assert max(r["peak"]["VmRSS"] for r in config["reps"]) < now["planned_mib"] < now["memory_max_mib"]
     return round(now["planned_held_mib"] / unreclaimable(config) - 1, 3)
+
+
+def plan_then(config: dict, now: dict, shares: tuple) -> dict:
+    """Today's plan of a HEAP51 config (`now`) as it stood before session 12 added the cache's floor: the `shares`'
+    alone (sessions 8-11 planned 0.02 and 0.16 so)."""
+    return {**now, **plan_at_share(config, *shares)}
+
+
+def cache_floor_mib() -> int:
+    """hostmem_cache_heap_floor_mib as v100_32gb's hosts get it today (group_vars)."""
+    from bench.gpu import gpu_proof
+
+    return gpu_proof.group_cfg("v100_32gb").server.hostmem_cache_heap_floor_mib
 
 
 def share_needed(config: dict, ckpt_share: float) -> tuple:
@@ -238,3 +265,17 @@ def pre_phase_s(session: int) -> int:
     def at(what):
         return datetime.strptime(re.search(rf"^\[(\d\d:\d\d:\d\d)\] {what}", progress, re.M).group(1), "%H:%M:%S")
     return (at("varying file written") - at("facts")).seconds
+
+
+def assert_one_phase(session: int, skipped: list, earlier: str, reps: list, pre_s: int) -> None:
+    """A session's last call ran its phase to the end: the configs TRAFFIC51_ONLY left out (`skipped`, each said so),
+    `earlier` among those done in an earlier call, the repetitions its progress names ([(config, "i")]), and the
+    seconds from its facts to the phase (pre_phase_s)."""
+    import re
+
+    progress = (last_call(session) / "progress.txt").read_text()
+    assert re.findall(r"\] traffic51 (\S+) not in TRAFFIC51_ONLY: skipped", progress) == skipped
+    assert f"traffic51 {earlier} done in an earlier call: skipped" in progress
+    assert re.findall(r"\] traffic51 (\S+) (\d) ", progress) == reps
+    assert pre_phase_s(session) == pre_s
+    assert progress.rstrip().endswith("done")

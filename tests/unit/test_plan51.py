@@ -93,11 +93,14 @@ def test_the_full_matrix_is_planned_once_or_pruned_with_a_reason():
     assert not any(gib == 0 for _, _, gib in g.PRUNED51)  # every checkpoint count runs without a cache somewhere
     assert {(n, ck) for n, ck, gib in cells if gib == 0} == {(n, ck) for n in (1, 2, 4) for ck in (0, 4, 8)}
     traffic = [c for c in configs() if c["kind"] == "traffic"]
-    assert len(traffic) == 16 + 6 + 3
-    # cells run again (51c): 1x shipped (-again: the checkpoints' heap share's second run), and the shipped config and
-    # the 16 GiB cache at 2x paired in one run (-pair), each with its first run's argv and environment
+    assert len(traffic) == 16 + 6 + 4
+    # cells run again (51c): 1x shipped (-again: the checkpoints' heap share's second run), the shipped config and the
+    # 16 GiB cache at 2x paired in one run (-pair), and 4x with the 4 GiB cache (-again: the cache's heap floor's second
+    # run, last), each with its first run's argv and environment
     again = {c["name"]: c for c in traffic if c["name"].endswith(("-again", "-pair")) and c["part"] == "51c"}
-    assert list(again) == ["2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair", "1x-ck4-cr0-heap-again"]
+    assert list(again) == ["2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair", "1x-ck4-cr0-heap-again",
+                           "4x-ck4-cr4-noidle-heap-again"]
+    assert traffic[-1]["name"] == "4x-ck4-cr4-noidle-heap-again"
     first = {c["name"]: c for c in traffic}
     for name, c in again.items():
         twin = first[name.rsplit("-", 1)[0]]

@@ -7,7 +7,8 @@ from pathlib import Path
 from bench.traffic import analyze
 from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, assert_under_plan,
                                   call_fixtures, config_named, earlier_calls, figures, heap51_configs, matrix_left,
-                                  plan_at_share, plan_fixture, share_needed, spared, todo, unreclaimable, v100_s)
+                                  plan_at_share, plan_fixture, plan_then, share_needed, spared, todo, unreclaimable,
+                                  v100_s)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,7 +150,7 @@ def test_the_docs_quote_these_records(results, plan_now):
         assert words in section.replace("**", ""), words
     heap_rows = section[section.index("| HEAP51 config |"):section.index("- **The cache's share")]
     for x in heap51_configs(results):
-        u, now = unreclaimable(x), plan_now[x["name"]]["planned_held_mib"]
+        u, now = unreclaimable(x), plan_then(x, plan_now[x["name"]], SHARES)["planned_held_mib"]
         row = f"| `{x['name']}` | {u:,.0f} | {now:,.0f} | {now / u - 1:.1%} |".replace("%", " %")
         assert row in heap_rows, row
     assert plan_now[C16]["planned_mib"] == 30938.2

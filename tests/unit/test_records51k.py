@@ -3,20 +3,19 @@ the shipped config and the 16 GiB host cache at 2x, paired in one run. Every fig
 group_vars quote from it is recomputed by bench.traffic.analyze from the raw results.json and the servers' whole logs
 (logs.tgz)."""
 import json
-import re
 from pathlib import Path
 
 from bench.traffic import analyze
-from tests.unit.records51 import (assert_built, assert_quoted, assert_rows_quoted, assert_same_schedules,
+from tests.unit.records51 import (assert_built, assert_one_phase, assert_quoted, assert_rows_quoted, assert_same_schedules,
                                   assert_under_plan, assert_var_comment, call_fixtures, config_named, doc_text,
-                                  earlier_calls, figures, heap51_configs, last_call, matrix_left, plan_fixture,
+                                  earlier_calls, figures, heap51_configs, matrix_left, plan_fixture,
                                   pre_phase_s, share_needed, spared, todo, unreclaimable, v100_s)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = REPO / "bench/records/proof51"
 SESSION = RECORDS / "session11"
-CALL = SESSION / "call3"  # the last of three calls on one machine: its results.json holds sessions 1-11
+CALL = SESSION / "call3"  # the last of three calls on one machine: its results.json (held by session 12's) holds 1-11
 SHIP, CACHE = "2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair"  # this session's pair
 SHIP4, CACHE8 = "2x-ck4-cr0-heap", "2x-ck4-cr16-noidle-heap"  # the same configs in sessions 4 and 8 (H200s)
 SHARES = (0.02, 0.16)  # hostmem_heap_share, hostmem_cache_heap_share (group_vars/all.yml)
@@ -56,13 +55,8 @@ def test_three_calls_ran_one_phase_of_the_pair_alone():
     it, each said so; call1 ended in shipped's second schedule, call2 in the cache's third, and call3 saw it done."""
     reps = earlier_calls(SESSION)
     assert reps == {"call1": [(SHIP, "0")], "call2": [(SHIP, "0"), (SHIP, "1"), (SHIP, "2"), (CACHE, "0"), (CACHE, "1")]}
-    progress = (CALL / "progress.txt").read_text()
-    skipped = re.findall(r"\] traffic51 (\S+) not in TRAFFIC51_ONLY: skipped", progress)
-    assert skipped == ["4x-ck4-cr4-noidle-heap", "4x-ck0-cr0-heap", "4x-ck8-cr0-heap"]
-    assert "traffic51 1x-ck4-cr0-heap-again done in an earlier call: skipped" in progress
-    assert re.findall(r"\] traffic51 (\S+) (\d) ", progress) == [(n, str(i)) for n in (SHIP, CACHE) for i in range(3)]
-    assert pre_phase_s(11) == 420  # the phase began 420 s into the first call
-    assert progress.rstrip().endswith("done")
+    assert_one_phase(11, ["4x-ck4-cr4-noidle-heap", "4x-ck0-cr0-heap", "4x-ck8-cr0-heap"], "1x-ck4-cr0-heap-again",
+                     [(n, str(i)) for n in (SHIP, CACHE) for i in range(3)], 420)  # the phase began 420 s in
 
 
 def test_in_one_run_the_16_gib_cache_wins_every_follow_up_figure_and_costs_the_openings(results, logs):
@@ -155,17 +149,6 @@ def test_the_documented_cache_option_is_the_config_measured_and_the_pin_takes_it
     assert round(figures(results, ("2x-ck4-cr8",))["2x-ck4-cr8"][5] / 1000) == 36  # session 1's openings, p50
 
 
-def test_the_builds_before_a_phase_in_sessions_1_to_11():
-    """bench/traffic/README.md's ranges: the build 224-357 s, Volta's choice and FORCE_MMQ 61-93 s together."""
-    builds, variants = [], []
-    for n in range(1, 12):
-        last = last_call(n)
-        builds.append(int(re.search(r"build rc=0 seconds=(\d+)", (last / "build.txt").read_text())[1]))
-        variants.append(sum(int(re.search(rf"{v} rc=0 seconds=(\d+)", (last / f"build-{v}.txt").read_text())[1])
-                            for v in ("volta", "mmq")))
-    assert (min(builds), max(builds), min(variants), max(variants)) == (224, 357, 61, 93)
-
-
 def test_the_docs_quote_these_records(results, plan_now):
     section = doc_text("bench/RESULTS.md", "### Session 11")
     assert_rows_quoted(section, results, (SHIP, CACHE, SHIP4, CACHE8))
@@ -200,7 +183,7 @@ def test_the_docs_quote_these_records(results, plan_now):
     assert_var_comment("group_vars/all.yml", r"^hostmem_cache_heap_share: 0\.16 .*15\.7 % at most, 2x without checkpoints "
                        r"with an 8 GiB cache, session8; .*fitted on sessions 5-8; its second run, session9 \(an H200\): "
                        r"9\.2 % kept at 4x with a 16 GiB cache, the plan 4\.0 % above; third, session11 \(an H100\): "
-                       r"9\.0 % at 2x, the plan 4\.0 % above\)")
+                       r"9\.0 % at 2x, the plan 4\.0 % above")
     assert_var_comment("group_vars/v100_32gb.yml", r"^server_cache_ram: 0 .*in one run beside shipped \(session 11, an "
                        r"H100\): follow-up TTFT p50 7-56 % lower on each of 3 schedules, openings 37-52 % higher: set it "
                        r"where the host has the memory \(8 GPUs: 250 GiB\), with server_extra_flags: \[--no-cache-idle-slots\] "
@@ -209,25 +192,4 @@ def test_the_docs_quote_these_records(results, plan_now):
         "a 16 GiB cache without those saves (`server_cache_ram: 16384` with `server_extra_flags: "
         "[\"--no-cache-idle-slots\"]`) lowered follow-up TTFT p50 by 7-56 % on each schedule and cost openings 37-52 %",
         "8 V100-32GB then plan 250 GiB"))
-    assert_quoted("bench/traffic/README.md", (
-        "A phase takes 297-452 s before its first config (sessions 1-11: the build 224-357 s, Volta's choice and "
-        "FORCE_MMQ 61-93 s), and a session's calls spend 36-101 s more on starts and transfers (sessions 10 and 11)",
-        "a machine that starts with E + 560 s of device time left (session 11: 1,214 s used for a 693 s phase)",
-        "about 912-998 s each", "about 1,470-1,560 s of device time", "24.0 + 39.7 MB", "3.4 MB left (23.5 after "
-        "session 10)"))
-
-
-def test_the_device_command_starts_session_12_from_this_session_s_results(results):
-    """bench/traffic/README.md's device command: the next session starts from the newest session's results.json,
-    rebuilt by analyze.raw with python3's standard library alone (the device has no virtual environment)."""
-    import subprocess
-    import sys
-
-    readme = (REPO / "bench/traffic/README.md").read_text()
-    last = re.search(r"^\s*LAST=(\S+);", readme, re.M).group(1)
-    newest = max(RECORDS.glob("session*"), key=lambda p: int(p.name.removeprefix("session")))
-    assert REPO / last == CALL and newest == SESSION
-    code = re.search(r"python3 -c '([^']+)'", readme).group(1)
-    out = subprocess.run([sys.executable, "-S", "-c", code, f"{last}/results.json.gz"], cwd=REPO, capture_output=True,
-                         check=True).stdout
-    assert json.loads(out) == results
+    # bench/traffic/README.md's ranges and sizes, since session 12's records: tests/unit/test_records51l.py

@@ -149,6 +149,7 @@ SCHEMA: dict[str, Var] = {
     "hostmem_kernel_mib": Var(int, min=0, max=1 << 20),
     "hostmem_heap_share": Var((int, float), min=0, max=1),
     "hostmem_cache_heap_share": Var((int, float), min=0, max=1),
+    "hostmem_cache_heap_floor_mib": Var(int, min=0, max=1 << 20),
     "hostmem_reserve_mib": Var(int, min=0, max=1 << 24),
     "hostmem_ceiling_margin": Var((int, float), min=0, max=10),
     "hostmem_plan_required": Var(bool),

@@ -118,6 +118,7 @@ class ServerSettings:
     hostmem_kernel_mib: int  # hostmem_kernel_mib
     hostmem_heap_share: int | float  # hostmem_heap_share
     hostmem_cache_heap_share: int | float  # hostmem_cache_heap_share
+    hostmem_cache_heap_floor_mib: int  # hostmem_cache_heap_floor_mib
     hostmem_reserve_mib: int  # hostmem_reserve_mib
     hostmem_ceiling_margin: int | float  # hostmem_ceiling_margin
     hostmem_plan_required: bool  # hostmem_plan_required
@@ -337,7 +338,7 @@ _SECTION_KEYS: dict[str, tuple[str, ...]] = {
         'server_malloc_heap', 'server_spec_mtp', 'server_spec_draft_max', 'server_spec_ngram', 'server_gpu_layers',
         'server_allow_partial_offload', 'server_threads', 'server_threads_batch', 'server_mmap',
         'hostmem_process_mib', 'hostmem_slot_mib', 'hostmem_program_mib', 'hostmem_kernel_mib', 'hostmem_heap_share',
-        'hostmem_cache_heap_share', 'hostmem_reserve_mib', 'hostmem_ceiling_margin', 'hostmem_plan_required', 'hostcpu_reserve',
+        'hostmem_cache_heap_share', 'hostmem_cache_heap_floor_mib', 'hostmem_reserve_mib', 'hostmem_ceiling_margin', 'hostmem_plan_required', 'hostcpu_reserve',
         'server_api_key_file', 'server_reasoning_budget', 'server_extra_flags', 'server_user',
         'server_oom_score_adjust', 'server_address', 'server_tier',
     ),

@@ -29,7 +29,9 @@ Per instance (one llama-server), every term in bytes:
                    limit and cannot be planned
     heap           with server_malloc_heap (glibc's malloc kept to its heap, never trimmed): what its
                    holes keep resident beyond the live checkpoints and cache: hostmem_heap_share of
-                   the checkpoints and hostmem_cache_heap_share of the cache. A freed checkpoint's or
+                   the checkpoints and, for a cache, the larger of hostmem_cache_heap_share of it and
+                   hostmem_cache_heap_floor_mib (a small cache turns over more often, and its holes do
+                   not shrink with it). A freed checkpoint's or
                    saved state's chunk stays resident, and a smaller allocation split from it leaves
                    the next one too little room, so the heap grows past what is live. Checkpoints are
                    all one size and reuse their chunks; the cache's saved states differ in size (the
@@ -37,10 +39,11 @@ Per instance (one llama-server), every term in bytes:
                    Fitted on the GPU (bench/records/proof51 sessions 5-8): 1.1 % of the checkpoints
                    at most without a cache (1x, session 5), 15.7 % of an 8 GiB cache without
                    checkpoints (2x, session 8); one share of both, 0.07, was 7.1 % under that one.
-                   Their second run is issue 51's next configs (1x with 8 checkpoints, 4x with the
-                   16 GiB cache), each checked against them by that session's records test as it
-                   lands (bench/RESULTS.md). Assumed: that a cache's heap stops growing (it rose over
-                   one server's replays)
+                   Their second runs (sessions 9-11) held; session 12 found the share 0.4 % under
+                   a 4 GiB cache at 4x (17.3 % of it kept, 711 MiB): the floor, 1024 MiB, is fitted
+                   on that run, and its second run is that config again. Each session's records test
+                   checks the plan against every config (bench/RESULTS.md). Assumed: that a cache's
+                   heap stops growing (it rose over one server's replays)
     kernel         the page tables, 8 bytes for each 4 KiB page of anonymous memory (1/512 of it:
                    145 MiB at 16 x 31 checkpoints of 149.6 MiB), and hostmem_kernel_mib of the rest
                    (slab, sockets), which grows while the kernel reclaims the cgroup's page cache at
@@ -100,6 +103,7 @@ class Instance:
     kernel: int = 0                   # kernel memory beside the page tables (hostmem_kernel_mib): slab, sockets
     heap_share: float = 0.0           # hostmem_heap_share where server_malloc_heap is on, else 0
     cache_heap_share: float = 0.0     # hostmem_cache_heap_share where server_malloc_heap is on, else 0
+    cache_heap_floor: int = 0         # hostmem_cache_heap_floor_mib (bytes) where server_malloc_heap is on, else 0
 
     @property
     def checkpoints(self) -> int:
@@ -108,8 +112,10 @@ class Instance:
     @property
     def heap(self) -> int:
         """What a never-trimmed heap keeps resident beyond the live checkpoints and prompt cache (its holes): a
-        share of each, the cache's the larger (its saved states differ in size, a checkpoint's never do)."""
-        return math.ceil(self.heap_share * self.checkpoints + self.cache_heap_share * self.cache_ram)
+        share of each, the cache's the larger (its saved states differ in size, a checkpoint's never do), and for a
+        cache no less than its floor (a small cache turns over more often: its holes do not shrink with it)."""
+        cache = max(self.cache_heap_share * self.cache_ram, self.cache_heap_floor) if self.cache_ram else 0
+        return math.ceil(self.heap_share * self.checkpoints + cache)
 
     @property
     def anonymous(self) -> int:
@@ -293,15 +299,16 @@ def instance(cfg: Settings, shape, slots: int | None = None, checkpoints: int | 
     mapped = bool(cfg.server.mmap)
     heap_share = float(cfg.server.hostmem_heap_share) if cfg.server.malloc_heap else 0.0
     cache_heap_share = float(cfg.server.hostmem_cache_heap_share) if cfg.server.malloc_heap else 0.0
+    floor = int(cfg.server.hostmem_cache_heap_floor_mib) * MIB if cfg.server.malloc_heap else 0
     if shape is None:
-        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel, heap_share, cache_heap_share)
+        return Instance(process, 0, mapped, 0, slots, 0, 0, cache, program, kernel, heap_share, cache_heap_share, floor)
     host = output_bytes(cfg, shape, slots, ctx)
     if cfg.preflight.backend == "cuda":
         host += host_compute_bytes(shape, ctx, slots, ubatch, cfg.build.ref)
     per_slot = checkpoints_per_slot(cfg, shape) if checkpoints is None else checkpoints
     return Instance(process, model_bytes(cfg, shape, slots, ctx, ubatch), mapped, host, slots, per_slot,
                     checkpoint_bytes(shape, ctx, slots, cfg.server.cache_type_k, cfg.server.cache_type_v, ubatch)
-                    if per_slot else 0, cache, program, kernel, heap_share, cache_heap_share)
+                    if per_slot else 0, cache, program, kernel, heap_share, cache_heap_share, floor)
 
 
 # ---------------------------------------------------------------- the plan
