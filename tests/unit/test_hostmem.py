@@ -115,7 +115,7 @@ def test_a_never_trimmed_heap_adds_its_share_of_the_checkpoints_and_cache(cfg):
 def test_a_small_cache_s_heap_is_planned_at_its_floor(cfg):
     """hostmem_cache_heap_floor_mib: the cache's holes are planned at no less than the floor, whatever the cache's size
     (the 4 GiB cache at 4x kept 711 MiB beyond itself, 17.3 %: bench/records/proof51/session12), so a cache under
-    floor / share (6.4 GiB) plans the floor, a larger one its share, and no cache no cache term at all; glibc's
+    floor / share (6,400 MiB) plans the floor, a larger one its share, and no cache no cache term at all; glibc's
     defaults (server_malloc_heap false) plan no heap."""
     c = v100_32(cfg, server_cache_ram=4096)
     assert c.server.hostmem_cache_heap_floor_mib == 1024

@@ -30,8 +30,8 @@ Per instance (one llama-server), every term in bytes:
     heap           with server_malloc_heap (glibc's malloc kept to its heap, never trimmed): what its
                    holes keep resident beyond the live checkpoints and cache: hostmem_heap_share of
                    the checkpoints and, for a cache, the larger of hostmem_cache_heap_share of it and
-                   hostmem_cache_heap_floor_mib (a small cache turns over more often, and its holes do
-                   not shrink with it). A freed checkpoint's or
+                   hostmem_cache_heap_floor_mib (busy traffic turns a small cache over, and its holes
+                   are assumed not to shrink with it: measured on a 4 GiB cache only). A freed checkpoint's or
                    saved state's chunk stays resident, and a smaller allocation split from it leaves
                    the next one too little room, so the heap grows past what is live. Checkpoints are
                    all one size and reuse their chunks; the cache's saved states differ in size (the
@@ -113,7 +113,8 @@ class Instance:
     def heap(self) -> int:
         """What a never-trimmed heap keeps resident beyond the live checkpoints and prompt cache (its holes): a
         share of each, the cache's the larger (its saved states differ in size, a checkpoint's never do), and for a
-        cache no less than its floor (a small cache turns over more often: its holes do not shrink with it)."""
+        cache no less than its floor (busy traffic turns a small cache over; its holes are assumed not to shrink with
+        it)."""
         cache = max(self.cache_heap_share * self.cache_ram, self.cache_heap_floor) if self.cache_ram else 0
         return math.ceil(self.heap_share * self.checkpoints + cache)
 
