@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 from bench.traffic import analyze
-from tests.unit.records51 import (assert_built, assert_rows_quoted, assert_same_schedules, assert_under_plan,
-                                  call_fixtures, config_named, figures, heap51_configs, matrix_left, plan_fixture,
-                                  pre_phase_s, share_needed, spared, todo, unreclaimable)
+from tests.unit.records51 import (assert_built, assert_one_phase, assert_rows_quoted, assert_same_schedules,
+                                  assert_under_plan, call_fixtures, config_named, figures, heap51_configs, matrix_left,
+                                  plan_fixture, share_needed, spared, todo, unreclaimable)
 from voltafleet.planning import flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,13 +50,9 @@ def test_the_session_goes_on_from_session_9_whose_records_it_holds_unchanged(res
 
 def test_the_device_had_room_for_one_config_and_ran_it_alone():
     """TRAFFIC51_ONLY named -again: the phase skipped the pair ahead of it and 4x's cells after it, each said so."""
-    progress = (CALL / "progress.txt").read_text()
-    skipped = re.findall(r"\] traffic51 (\S+) not in TRAFFIC51_ONLY: skipped", progress)
-    assert skipped == ["2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair", "4x-ck4-cr4-noidle-heap",
-                       "4x-ck0-cr0-heap", "4x-ck8-cr0-heap"]
-    assert re.findall(r"\] traffic51 (\S+) (\d) ", progress) == [(AGAIN, "0"), (AGAIN, "1"), (AGAIN, "2")]
-    assert pre_phase_s(10) == 357  # the phase began 357 s into the call
-    assert progress.rstrip().endswith("done")
+    assert_one_phase(10, ["2x-ck4-cr0-heap-pair", "2x-ck4-cr16-noidle-heap-pair", "4x-ck4-cr4-noidle-heap",
+                          "4x-ck0-cr0-heap", "4x-ck8-cr0-heap"], "1x-ck0-cr0-heap",
+                     [(AGAIN, "0"), (AGAIN, "1"), (AGAIN, "2")], 357)  # the phase began 357 s into the call
 
 
 def test_1x_shipped_again_repeats_session_5_on_every_count_the_gpu_does_not_set(results):
@@ -134,4 +130,4 @@ def test_the_docs_quote_these_records(results, plan_now):
     # hostmem_cache_heap_share's comment, since session 11's records: tests/unit/test_records51k.py
 
 
-# the device command, since session 11: tests/unit/test_records51k.py
+# the device command moves to the newest session's records test (tests/unit/test_records51l.py since session 12)

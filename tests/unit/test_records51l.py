@@ -4,16 +4,14 @@ figure bench/RESULTS.md, docs/host.md and group_vars quote from it is recomputed
 results.json and the server's whole log (logs.tgz)."""
 import json
 import re
-from pathlib import Path
 
 from bench.traffic import analyze
-from tests.unit.records51 import (RECORDS51, assert_built, assert_figures, assert_one_phase, assert_quoted, assert_rows_quoted, assert_under_plan, assert_var_comment, cache_floor_mib, call_fixtures, config_named,
+from tests.unit.records51 import (REPO, RECORDS51, assert_built, assert_figures, assert_one_phase, assert_quoted, assert_rows_quoted, assert_under_plan, assert_var_comment, cache_floor_mib, call_fixtures, config_named,
                                   doc_text, earlier_calls, heap51_configs, last_call, matrix_left, plan_at_share,
                                   plan_fixture, plan_then, pre_phase_s, share_needed, spared, todo, unreclaimable,
                                   v100_s)
 from voltafleet.planning import flags
 
-REPO = Path(__file__).resolve().parents[2]
 SESSION = RECORDS51 / "session12"
 CALL = SESSION / "call3"  # the last of three calls on one machine: its results.json holds sessions 1-12
 CELL = "4x-ck4-cr4-noidle-heap"  # this session's config

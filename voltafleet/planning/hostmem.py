@@ -31,11 +31,12 @@ Per instance (one llama-server), every term in bytes:
                    holes keep resident beyond the live checkpoints and cache: hostmem_heap_share of
                    the checkpoints and, for a cache, the larger of hostmem_cache_heap_share of it and
                    hostmem_cache_heap_floor_mib (busy traffic turns a small cache over, and its holes
-                   are assumed not to shrink with it: measured on a 4 GiB cache only). A freed checkpoint's or
-                   saved state's chunk stays resident, and a smaller allocation split from it leaves
-                   the next one too little room, so the heap grows past what is live. Checkpoints are
-                   all one size and reuse their chunks; the cache's saved states differ in size (the
-                   state and each prompt's own KV rows, and their checkpoints) and leave the holes.
+                   are assumed not to shrink with it: measured on a 4 GiB cache only). A freed
+                   checkpoint's or saved state's chunk stays resident, and a smaller allocation split
+                   from it leaves the next one too little room, so the heap grows past what is live.
+                   Checkpoints are all one size and reuse their chunks; the cache's saved states
+                   differ in size (the state and each prompt's own KV rows, and their checkpoints)
+                   and leave the holes.
                    Fitted on the GPU (bench/records/proof51 sessions 5-8): 1.1 % of the checkpoints
                    at most without a cache (1x, session 5), 15.7 % of an 8 GiB cache without
                    checkpoints (2x, session 8); one share of both, 0.07, was 7.1 % under that one.
