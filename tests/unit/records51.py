@@ -279,3 +279,34 @@ def assert_one_phase(session: int, skipped: list, earlier: str, reps: list, pre_
     assert re.findall(r"\] traffic51 (\S+) (\d) ", progress) == reps
     assert pre_phase_s(session) == pre_s
     assert progress.rstrip().endswith("done")
+
+
+def assert_goes_on(results: dict, session: int, sha256: str, configs: int, phase_seconds: float, new: list) -> None:
+    """A session went on from session `session`'s last call, whose results.json this one's holds: its results.json.held
+    names this session's last call, keeps its own phase_seconds, the sha256 of its bytes (the first call's too, which
+    ended no config) and its `configs` traffic configs; this session's results begin with them unchanged and add `new`
+    ([(config, complete, repetitions)])."""
+    import json
+
+    call = last_call(session)
+    earlier = analyze.load(str(call / "results.json"))
+    held = json.loads((call / "results.json.held").read_text())
+    later = last_call(session + 1)
+    assert held["held_by"] == f"../../{later.parent.name}/{later.name}"
+    assert held["phase_seconds"] == {"traffic51:mmq": phase_seconds}
+    assert held["sha256"] == sha256 and held["traffic51"] == configs
+    assert (later.parent / "call1/results.json.sha256").read_text().split()[0] == sha256
+    assert results["traffic51"][:configs] == earlier["traffic51"]
+    assert [(c["name"], c.get("complete"), len(c["reps"])) for c in results["traffic51"][configs:]] == new
+
+
+def assert_one_server(results: dict, logs: dict, name: str, phase_seconds: float, gpu_total_mib: int = 81559) -> None:
+    """A session's phase started one server, `name`'s: FORCE_MMQ's build with HEAP51, the GPU's memory its baseline
+    records (81,559 MiB: an H100) and the phase's seconds."""
+    from voltafleet.planning import flags
+
+    assert "FORCE_MMQ = 1" in logs[f"load-mmq-{name}.log"] and config_named(results, name)["build"] == "mmq"
+    assert config_named(results, name)["env"] == flags.MALLOC_HEAP
+    assert results["baseline"]["gpu_total_mib"] == gpu_total_mib
+    assert results["phase_seconds"] == {"traffic51:mmq": phase_seconds}
+    assert sorted(logs) == [f"load-mmq-{name}.log"]

@@ -2,18 +2,16 @@
 4x with the 4 GiB cache, the plan's held count 0.4 % under its peak, and the cache's heap floor fitted on it. Every
 figure bench/RESULTS.md, docs/host.md and group_vars quote from it is recomputed by bench.traffic.analyze from the raw
 results.json and the server's whole log (logs.tgz)."""
-import json
-import re
 
 from bench.traffic import analyze
-from tests.unit.records51 import (REPO, RECORDS51, assert_built, assert_figures, assert_one_phase, assert_quoted, assert_rows_quoted, assert_under_plan, assert_var_comment, cache_floor_mib, call_fixtures, config_named,
-                                  doc_text, earlier_calls, heap51_configs, last_call, matrix_left, plan_at_share,
-                                  plan_fixture, plan_then, pre_phase_s, share_needed, spared, todo, unreclaimable,
-                                  v100_s)
-from voltafleet.planning import flags
+from tests.unit.records51 import (RECORDS51, assert_built, assert_figures, assert_goes_on, assert_one_phase,
+                                  assert_one_server, assert_quoted, assert_rows_quoted, assert_under_plan,
+                                  assert_var_comment, cache_floor_mib, call_fixtures, config_named, doc_text,
+                                  earlier_calls, heap51_configs, matrix_left, plan_at_share, plan_fixture, plan_then,
+                                  pre_phase_s, share_needed, spared, todo, unreclaimable, v100_s)
 
 SESSION = RECORDS51 / "session12"
-CALL = SESSION / "call3"  # the last of three calls on one machine: its results.json holds sessions 1-12
+CALL = SESSION / "call3"  # the last of three calls on one machine: its results.json (held by session 13's) holds 1-12
 CELL = "4x-ck4-cr4-noidle-heap"  # this session's config
 SHIP, C8, C16 = "4x-ck4-cr0-heap", "4x-ck4-cr8-noidle-heap", "4x-ck4-cr16-noidle-heap"  # sessions 6, 7 and 9
 SHARES = (0.02, 0.16)  # hostmem_heap_share, hostmem_cache_heap_share (group_vars/all.yml)
@@ -28,24 +26,15 @@ plan_now = plan_fixture()
 
 def test_the_session_built_b11434_with_volta_s_choice_on_an_h100(results, logs):
     assert_built(SESSION, "NVIDIA H100 80GB HBM3", 252, 56, 12)
-    assert "FORCE_MMQ = 1" in logs[f"load-mmq-{CELL}.log"] and config_named(results, CELL)["build"] == "mmq"
-    assert config_named(results, CELL)["env"] == flags.MALLOC_HEAP
-    assert results["baseline"]["gpu_total_mib"] == 81559 and results["phase_seconds"] == {"traffic51:mmq": 982.3}
-    assert sorted(logs) == [f"load-mmq-{CELL}.log"]  # the one server this session started
+    assert_one_server(results, logs, CELL, 982.3)
 
 
 def test_the_session_goes_on_from_session_11_whose_records_it_holds_unchanged(results):
     """Session 11's results.json is rebuilt from this session's (its results.json.held) byte for byte, its own
     phase_seconds (693.2 s) kept beside it; this session's first call ended no config, so its results.json is session
     11's, the same sha256."""
-    eleven = analyze.load(str(RECORDS51 / "session11/call3/results.json"))
-    held = json.loads((RECORDS51 / "session11/call3/results.json.held").read_text())
-    assert held["held_by"] == "../../session12/call3" and held["phase_seconds"] == {"traffic51:mmq": 693.2}
-    assert held["sha256"] == "d3f91daa9548bdf3e5d44539c854241e7118c200426800974e005873cea30dac" and held["traffic51"] == 35
-    assert (SESSION / "call1/results.json.sha256").read_text().split()[0] == held["sha256"]
-    assert results["traffic51"][:len(eleven["traffic51"])] == eleven["traffic51"]
-    new = results["traffic51"][len(eleven["traffic51"]):]
-    assert [(c["name"], c.get("complete"), len(c["reps"])) for c in new] == [(CELL, True, 3)]
+    assert_goes_on(results, 11, "d3f91daa9548bdf3e5d44539c854241e7118c200426800974e005873cea30dac", 35, 693.2,
+                   [(CELL, True, 3)])
 
 
 def test_three_calls_ran_one_phase_of_the_cell_alone():
@@ -127,17 +116,6 @@ def test_two_cells_and_the_floor_s_second_run_are_left(results, plan_now):
     assert -(-(max(waits.values()) + 101) // 10) * 10 == 560 and 998 + 560 == 1558
 
 
-def test_the_builds_before_a_phase_in_sessions_1_to_12():
-    """bench/traffic/README.md's ranges: the build 224-357 s, Volta's choice and FORCE_MMQ 61-93 s together."""
-    builds, variants = [], []
-    for n in range(1, 13):
-        last = last_call(n)
-        builds.append(int(re.search(r"build rc=0 seconds=(\d+)", (last / "build.txt").read_text())[1]))
-        variants.append(sum(int(re.search(rf"{v} rc=0 seconds=(\d+)", (last / f"build-{v}.txt").read_text())[1])
-                            for v in ("volta", "mmq")))
-    assert (min(builds), max(builds), min(variants), max(variants)) == (224, 357, 61, 93)
-
-
 def test_the_docs_quote_these_records(results, plan_now):
     assert_rows_quoted(doc_text("bench/RESULTS.md", "### Session 12"), results, (CELL, SHIP, C8, C16))
     assert_quoted("bench/RESULTS.md", (
@@ -169,27 +147,4 @@ def test_the_docs_quote_these_records(results, plan_now):
     assert_var_comment("group_vars/all.yml", r"^hostmem_cache_heap_floor_mib: 1024 +# with server_malloc_heap and a prompt "
                        r"cache: .*\(0: none, the share alone\); at 4x, 64 conversations turned the 4 GiB cache over and it "
                        r"kept 711 MiB, 17\.3 % of itself \(session12, an H100\), .*\(measured on 4 GiB only; at 2x it kept "
-                       r"3\.2 %\); every cache of 8 GiB and more kept under 0\.16 of itself; fitted on session12 alone: its "
-                       r"second run is 4x-ck4-cr4-noidle-heap-again\)$")
-    assert_quoted("bench/traffic/README.md", (
-        "A phase takes 297-452 s before its first config (sessions 1-12: the build 224-357 s, Volta's choice and "
-        "FORCE_MMQ 61-93 s), and a session's calls spend 36-101 s more on starts and transfers (sessions 10-12)",
-        "a machine that starts with E + 560 s of device time left (session 12: 1,406 s used for a 982 s phase)",
-        "`TRAFFIC51_ONLY=4x-ck4-cr4-noidle-heap-again` on every call (about 998 s; about 1,560 s of device time)",
-        "24.5 + 39.7 MB", "2.9 MB left (24.0 after session 11)"))
-
-
-def test_the_device_command_starts_session_13_from_this_session_s_results(results):
-    """bench/traffic/README.md's device command: the next session starts from the newest session's results.json,
-    rebuilt by analyze.raw with python3's standard library alone (the device has no virtual environment)."""
-    import subprocess
-    import sys
-
-    readme = (REPO / "bench/traffic/README.md").read_text()
-    last = re.search(r"^\s*LAST=(\S+);", readme, re.M).group(1)
-    newest = max(RECORDS51.glob("session*"), key=lambda p: int(p.name.removeprefix("session")))
-    assert REPO / last == CALL and newest == SESSION
-    code = re.search(r"python3 -c '([^']+)'", readme).group(1)
-    out = subprocess.run([sys.executable, "-S", "-c", code, f"{last}/results.json.gz"], cwd=REPO, capture_output=True,
-                         check=True).stdout
-    assert json.loads(out) == results
+                       r"3\.2 %\); every cache of 8 GiB and more kept under 0\.16 of itself; fitted on session12; .*\)$")

@@ -42,9 +42,10 @@ Per instance (one llama-server), every term in bytes:
                    checkpoints (2x, session 8); one share of both, 0.07, was 7.1 % under that one.
                    Their second runs (sessions 9-11) held; session 12 found the share 0.4 % under
                    a 4 GiB cache at 4x (17.3 % of it kept, 711 MiB): the floor, 1024 MiB, is fitted
-                   on that run, and its second run is that config again. Each session's records test
-                   checks the plan against every config (bench/RESULTS.md). Assumed: that a cache's
-                   heap stops growing (it rose over one server's replays)
+                   on that run; its second run (that config again, session 13) held, 2.2 % above
+                   (16.8 % kept, 691 MiB). Each session's records test checks the plan against
+                   every config (bench/RESULTS.md). Assumed: that a cache's heap stops growing (it
+                   rose over one server's replays)
     kernel         the page tables, 8 bytes for each 4 KiB page of anonymous memory (1/512 of it:
                    145 MiB at 16 x 31 checkpoints of 149.6 MiB), and hostmem_kernel_mib of the rest
                    (slab, sockets), which grows while the kernel reclaims the cgroup's page cache at
