@@ -283,8 +283,9 @@ def assert_one_phase(session: int, skipped: list, earlier: str, reps: list, pre_
 
 def assert_goes_on(results: dict, session: int, sha256: str, configs: int, phase_seconds: float, new: list) -> None:
     """A session went on from session `session`'s last call, whose results.json this one's holds: its results.json.held
-    names this session's last call, keeps its own phase_seconds, the sha256 of its bytes (the first call's too, which
-    ended no config) and its `configs` traffic configs; this session's results begin with them unchanged and add `new`
+    names the next session's last call, keeps its own phase_seconds, its `configs` traffic configs and `sha256` (which
+    analyze.load checks the rebuilt bytes against, and which the next session's call1 started from: a session of
+    several calls whose first ended no config); the next session's results begin with them unchanged and add `new`
     ([(config, complete, repetitions)])."""
     import json
 
