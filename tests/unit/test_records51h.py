@@ -191,4 +191,4 @@ def test_the_docs_quote_these_records(results, logs, plan_now, plan_at7):
     assert round(plan_now["4x-ck4-cr16-noidle-heap"]["planned_mib"] / 1024, 1) == 30.2
 
 
-# the device command, since session 9: tests/unit/test_records51i.py
+# the device command, whichever session is the newest: tests/unit/test_records51_next.py

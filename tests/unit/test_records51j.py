@@ -130,4 +130,4 @@ def test_the_docs_quote_these_records(results, plan_now):
     # hostmem_cache_heap_share's comment, since session 11's records: tests/unit/test_records51k.py
 
 
-# the device command moves to the newest session's records test (tests/unit/test_records51l.py since session 12)
+# the device command, whichever session is the newest: tests/unit/test_records51_next.py

@@ -189,4 +189,5 @@ def test_the_docs_quote_these_records(results, plan_now):
         "a 16 GiB cache without those saves (`server_cache_ram: 16384` with `server_extra_flags: "
         "[\"--no-cache-idle-slots\"]`) lowered follow-up TTFT p50 by 7-56 % on each schedule and cost openings 37-52 %",
         "8 V100-32GB then plan 250 GiB"))
-    # bench/traffic/README.md's ranges and sizes, since session 12's records: tests/unit/test_records51l.py
+    # bench/traffic/README.md's ranges and sizes, since session 12's records: the newest session's records test; its
+    # device command: tests/unit/test_records51_next.py
