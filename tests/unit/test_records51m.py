@@ -3,7 +3,6 @@ FORCE_MMQ): the cache's heap floor's second run, 4x with the 4 GiB cache again. 
 docs/host.md, hostmem.py and group_vars quote from it is recomputed by bench.traffic.analyze from the raw results.json
 and the server's whole log (logs.tgz)."""
 import json
-import re
 
 from bench.traffic import analyze
 from tests.unit.records51 import (RECORDS51, assert_built, assert_figures, assert_goes_on, assert_one_phase,
@@ -132,17 +131,6 @@ def test_two_cells_are_left_each_a_session_s_phase(results, plan_now):
     assert margin == 560 and plan_now[left[0]]["estimate_s"] + margin == 1472
 
 
-def test_the_builds_before_a_phase_in_sessions_1_to_13():
-    """bench/traffic/README.md's ranges: the build 224-357 s, Volta's choice and FORCE_MMQ 61-93 s together."""
-    builds, variants = [], []
-    for n in range(1, 14):
-        last = last_call(n)
-        builds.append(int(re.search(r"build rc=0 seconds=(\d+)", (last / "build.txt").read_text())[1]))
-        variants.append(sum(int(re.search(rf"{v} rc=0 seconds=(\d+)", (last / f"build-{v}.txt").read_text())[1])
-                            for v in ("volta", "mmq")))
-    assert (min(builds), max(builds), min(variants), max(variants)) == (224, 357, 61, 93)
-
-
 def test_the_docs_quote_these_records(results):
     assert_rows_quoted(doc_text("bench/RESULTS.md", "### Session 13"), results, (CELL, FIRST, SHIP))
     assert_quoted("bench/RESULTS.md", (
@@ -174,10 +162,4 @@ def test_the_docs_quote_these_records(results):
                                                      "(16.8 % kept, 691 MiB)",))
     assert_var_comment("group_vars/all.yml", r"^hostmem_cache_heap_floor_mib: 1024 +# .*; fitted on session12; its second "
                        r"run, session13 \(an H100\): the same config kept 691 MiB, 16\.8 %, the plan 2\.2 % above\)$")
-    assert_quoted("bench/traffic/README.md", (
-        "A phase takes 297-452 s before its first config (sessions 1-13: the build 224-357 s, Volta's choice and "
-        "FORCE_MMQ 61-93 s), and a session's calls spend 35-101 s more on starts and transfers (sessions 10-13)",
-        "a machine that starts with E + 560 s of device time left (session 13: 1,287 s used for a 951 s phase)",
-        "Session 13 (an H100) ran it whole in three calls, and the floor held", "`TRAFFIC51_ONLY=4x-ck0-cr0-heap` on every "
-        "call (about 912 s; about 1,470 s of device time)", "`4x-ck8-cr0-heap`, about 943 s", "25.1 + 39.6 MB",
-        "2.4 MB left (measured at session 13's commit"))
+    # bench/traffic/README.md's ranges and sizes: the newest session's records test (tests/unit/test_records51n.py)
