@@ -293,8 +293,9 @@ class Local:
 class Faked(Local):
     """The gateway in front of a stand-in upstream instead of llama-server (a small HTTP/1.1 server on
     the server's port): GET answers {"status":"ok"}, POST answers answer(<its x-fake header, "ok">) ->
-    (content type, body). For what the real server never does (a malformed answer) and for measuring
-    the gateway alone."""
+    (content type, body) or (content type, body, seconds): the body's last byte sent that many seconds
+    after the rest. For what the real server never does (a malformed answer) and for measuring the
+    gateway alone."""
 
     def __init__(self, *args, answer=None, **kw):
         super().__init__(*args, **kw)
@@ -312,11 +313,16 @@ class Faked(Local):
             def log_message(self, *args):  # quiet
                 pass
 
-            def reply(self, ctype: str, body: bytes) -> None:
+            def reply(self, ctype: str, body: bytes, last_after_s: float = 0) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if last_after_s:
+                    self.wfile.write(body[:-1])
+                    self.wfile.flush()
+                    time.sleep(last_after_s)
+                    body = body[-1:]
                 self.wfile.write(body)
 
             def do_GET(self):

@@ -21,6 +21,7 @@ from voltafleet.front import budgets, routes, teams
 KEYS = {"web": "key-web", "capped": "key-capped"}
 BUDGETS = {"capped": {"tokens_per_day": 100000}}
 USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+LATE_S = 2.0
 
 
 def answer(mode: str) -> tuple[str, bytes]:
@@ -35,6 +36,9 @@ def answer(mode: str) -> tuple[str, bytes]:
         return "application/json", json.dumps(chat, separators=(",", ":")).encode()
     if mode == "big-nofigures":  # larger than HAProxy's buffer: checked by the filter as it passes
         return "application/json", json.dumps({**chat, "pad": "x" * 100000}, separators=(",", ":")).encode()
+    if mode in ("big-late-end", "big-nofigures-late-end"):  # its last byte LATE_S after the rest
+        figures = {"usage": USAGE} if mode == "big-late-end" else {}
+        return "application/json", json.dumps({**chat, **figures, "pad": "x" * 100000}, separators=(",", ":")).encode(), LATE_S
     raise ValueError(mode)
 
 
@@ -92,6 +96,32 @@ def test_an_answer_too_large_to_wait_for_is_spoilt_at_its_end_when_it_has_no_fig
         r.json()
     time.sleep(0.2)
     assert grew(before, errors(gw)) == {"count": 1}
+
+
+@pytest.mark.parametrize("mode", ["big-late-end", "big-nofigures-late-end"])
+def test_the_filter_holds_back_only_the_answers_last_byte_and_only_once_it_has_come(gw, mode):
+    """With a Content-Length the filter holds back no byte while the server still sends (a stream of HAProxy
+    2.6.12 once spun at 100 % CPU holding one byte, 406,180 still to come): every byte but the last reaches the
+    client while the upstream waits LATE_S before sending its last, which then goes whole with its figures, or
+    spoilt and counted as the gateway's error without them."""
+    before, body = errors(gw), answer(mode)[1]
+    got, at = 0, {}
+    with httpx.stream("POST", gw.gateway + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                      headers={"Authorization": f"Bearer {KEYS['web']}", "x-fake": mode}, timeout=30) as r:
+        start = time.monotonic()
+        data = b""
+        for chunk in r.iter_raw():
+            data += chunk
+            got = len(data)
+            at.setdefault(got >= len(body) - 1, time.monotonic() - start)
+    assert r.status_code == 200 and got == len(body)
+    done = time.monotonic() - start
+    assert done - at[True] > LATE_S / 2, (at, done)  # all but the last byte came before the upstream's wait ended
+    time.sleep(0.2)
+    if mode == "big-late-end":
+        assert json.loads(data)["usage"] == USAGE and grew(before, errors(gw)) == {}
+    else:
+        assert data[:-1] == body[:-1] and data[-1:] == b'"' and grew(before, errors(gw)) == {"count": 1}
 
 
 def set_map(g, path: str, key: str, value: str) -> None:

@@ -174,7 +174,7 @@ function Usage:headers(txn, msg)
   self.sse = ct == "sse"
   self.kind = txn:get_var("txn.vf_kind") or "request"
   self.hold = not self.sse and txn:get_var("txn.vf_hold") ~= nil  -- vf_check: a token route's 2xx answer
-  self.held = 0
+  self.held, self.length, self.passed = 0, tonumber(txn:get_var("txn.vf_length")), 0
   if ct ~= "sse" and ct ~= "json" then filter.unregister_data_filter(self, msg.channel) end
 end
 
@@ -254,7 +254,12 @@ function Usage:payload(txn, msg)
   if #body > self.held then self:read(txn, body:sub(self.held + 1)) end
   if not self.hold then return end
   if not msg:eom() then
-    self.held = math.min(#body, 1)
+    -- the last byte is held back: with a Content-Length only once it has come, so that the filter never
+    -- holds a lone byte while the server still sends (a stream of HAProxy 2.6.12 spun at 100 % CPU so, its
+    -- one byte held and 406,180 to come); without one, always the last byte so far
+    local last = self.length == nil or self.passed + #body >= self.length
+    self.held = last and math.min(#body, 1) or 0
+    self.passed = self.passed + #body - self.held
     return #body - self.held
   end
   self.hold, self.held = false, 0
@@ -305,6 +310,7 @@ core.register_action("vf_check", {"http-res"}, guard("count", function(txn)
   txn:set_var("txn.vf_hold", 1)
   if not ct:find("json", 1, true) then return fail(txn, "count", "a " .. kind .. " answer of type '" .. ct .. "'") end
   local body, cl = txn.f:res_body() or "", tonumber(txn.f:res_hdr("content-length") or "")
+  if cl then txn:set_var("txn.vf_length", cl) end  -- the filter holds back the answer's last byte alone
   if cl == nil or #body < cl then return end  -- not whole in the buffer: the filter checks it as it passes
   for _, k in ipairs(NEEDS[kind]) do
     if not body:find(PATTERNS[k]) then return fail(txn, "count", "a whole " .. kind .. " answer without " .. k) end
