@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.gateway_local import harness
+from tests.gateway_local.test_usage import counters
 from voltafleet.front import budgets, routes, teams
 
 KEYS = {"web": "key-web", "capped": "key-capped"}
@@ -24,8 +25,9 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 LATE_S = 2.0
 
 
-def answer(mode: str) -> tuple[str, bytes]:
-    """(content type, body) of the stand-in upstream's answer to a chat request in `mode` (its x-fake header)."""
+def answer(mode: str) -> tuple:
+    """(content type, body) of the stand-in upstream's answer to a chat request in `mode` (its x-fake header), or
+    (content type, body, seconds) for one whose last byte comes that many seconds after the rest."""
     chat = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant",
                                                                                          "content": "hi"}}]}
     if mode == "ok":
@@ -104,7 +106,7 @@ def test_the_filter_holds_back_only_the_answers_last_byte_and_only_once_it_has_c
     2.6.12 once spun at 100 % CPU holding one byte, 406,180 still to come): every byte but the last reaches the
     client while the upstream waits LATE_S before sending its last, which then goes whole with its figures, or
     spoilt and counted as the gateway's error without them."""
-    before, body = errors(gw), answer(mode)[1]
+    before, body, tokens = errors(gw), answer(mode)[1], counters(gw, "web")
     got, at = 0, {}
     with httpx.stream("POST", gw.gateway + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
                       headers={"Authorization": f"Bearer {KEYS['web']}", "x-fake": mode}, timeout=30) as r:
@@ -120,6 +122,8 @@ def test_the_filter_holds_back_only_the_answers_last_byte_and_only_once_it_has_c
     time.sleep(0.2)
     if mode == "big-late-end":
         assert json.loads(data)["usage"] == USAGE and grew(before, errors(gw)) == {}
+        now = counters(gw, "web")  # counted for the team: the answer's own figures
+        assert [now[k] - tokens[k] for k in ("prompt_tokens_total", "completion_tokens_total")] == [5, 3]
     else:
         assert data[:-1] == body[:-1] and data[-1:] == b'"' and grew(before, errors(gw)) == {"count": 1}
 
