@@ -229,6 +229,13 @@ class Local:
                 raise TimeoutError("the gateway's budgets were never loaded")
             time.sleep(0.05)
 
+    def team_counters(self, team: str) -> dict[str, float]:
+        """The gateway's counters of one team (voltafleet_team_<name>{team="<team>"}), by name."""
+        import re
+
+        text = httpx.get(self.metrics, timeout=10).text
+        return {m: float(v) for m, v in re.findall(r'^voltafleet_team_(\w+)\{team="%s"\} (\S+)$' % team, text, re.M)}
+
     def admin(self, command: str) -> str:
         """One command on HAProxy's admin socket (the runtime API), its answer."""
         import socket

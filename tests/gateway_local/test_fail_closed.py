@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from tests.gateway_local import harness
-from tests.gateway_local.test_usage import counters
 from voltafleet.front import budgets, routes, teams
 
 KEYS = {"web": "key-web", "capped": "key-capped"}
@@ -106,23 +105,21 @@ def test_the_filter_holds_back_only_the_answers_last_byte_and_only_once_it_has_c
     2.6.12 once spun at 100 % CPU holding one byte, 406,180 still to come): every byte but the last reaches the
     client while the upstream waits LATE_S before sending its last, which then goes whole with its figures, or
     spoilt and counted as the gateway's error without them."""
-    before, body, tokens = errors(gw), answer(mode)[1], counters(gw, "web")
-    got, at = 0, {}
+    before, body, tokens = errors(gw), answer(mode)[1], gw.team_counters("web")
+    data, at = b"", {}
     with httpx.stream("POST", gw.gateway + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
                       headers={"Authorization": f"Bearer {KEYS['web']}", "x-fake": mode}, timeout=30) as r:
         start = time.monotonic()
-        data = b""
         for chunk in r.iter_raw():
             data += chunk
-            got = len(data)
-            at.setdefault(got >= len(body) - 1, time.monotonic() - start)
-    assert r.status_code == 200 and got == len(body)
+            at.setdefault(len(data) >= len(body) - 1, time.monotonic() - start)
+    assert r.status_code == 200 and len(data) == len(body)
     done = time.monotonic() - start
     assert done - at[True] > LATE_S / 2, (at, done)  # all but the last byte came before the upstream's wait ended
     time.sleep(0.2)
     if mode == "big-late-end":
         assert json.loads(data)["usage"] == USAGE and grew(before, errors(gw)) == {}
-        now = counters(gw, "web")  # counted for the team: the answer's own figures
+        now = gw.team_counters("web")  # counted for the team: the answer's own figures
         assert [now[k] - tokens[k] for k in ("prompt_tokens_total", "completion_tokens_total")] == [5, 3]
     else:
         assert data[:-1] == body[:-1] and data[-1:] == b'"' and grew(before, errors(gw)) == {"count": 1}

@@ -21,7 +21,7 @@ import pytest
 
 from tests.gateway_local import harness
 from tests.gateway_local.harness import ALIAS
-from tests.gateway_local.test_usage import counted, counters, idle
+from tests.gateway_local.test_usage import counted, idle
 
 CHAT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
 PROMPT = "Once upon a time, in a lighthouse by the sea, there lived"
@@ -218,4 +218,4 @@ def test_a_request_without_a_member_route_passes_unchanged(gw):
     r = httpx.get(gw.gateway + "/v1/models", headers={"Authorization": f"Bearer {KEYS['web']}"}, timeout=30)
     direct = httpx.get(gw.direct + "/v1/models", timeout=30)
     assert r.status_code == 200 and r.json()["data"][0]["id"] == direct.json()["data"][0]["id"] == ALIAS
-    assert counters(gw, "web")["requests_total"] > 0
+    assert gw.team_counters("web")["requests_total"] > 0

@@ -69,16 +69,11 @@ def predicted(url: str) -> float:
                            re.M).group(1))
 
 
-def team_counters(g, team: str) -> dict[str, float]:
-    text = httpx.get(g.metrics, timeout=10).text
-    return {m: float(v) for m, v in re.findall(r'^voltafleet_team_(\w+)\{team="%s"\} (\S+)$' % team, text, re.M)}
-
-
 def test_each_tier_is_its_own_backend_and_every_team_reaches_only_its_tiers_servers(tg):
     s = served(tg)
     assert (s[THROUGHPUT][0], s[LATENCY][0]) == ("llama", "llama_latency")  # one backend a tier
     before, lat, thr = served(tg), predicted(tg.tier_direct("latency")), predicted(tg.direct)
-    u0 = team_counters(tg, "ide")
+    u0 = tg.team_counters("ide")
     with client(tg, "ide") as c:
         for i in range(3):
             r = c.post("/completion", json=body(8, f"Tell me about {i}"))
@@ -86,7 +81,7 @@ def test_each_tier_is_its_own_backend_and_every_team_reaches_only_its_tiers_serv
     time.sleep(0.3)
     assert got(tg, before) == {THROUGHPUT: 0, LATENCY: 3}
     assert (predicted(tg.tier_direct("latency")) - lat, predicted(tg.direct) - thr) == (24, 0)
-    u1 = team_counters(tg, "ide")  # usage counted on the latency tier as on throughput
+    u1 = tg.team_counters("ide")  # usage counted on the latency tier as on throughput
     assert (u1["requests_total"] - u0.get("requests_total", 0), u1["completion_tokens_total"]
             - u0.get("completion_tokens_total", 0)) == (3, 24)
     before = served(tg)
@@ -162,7 +157,7 @@ class Hold:
 
 def test_a_full_tier_overflows_to_throughput_or_refuses_with_retry_after_as_configured(tg):
     with Hold(tg):
-        before, u0 = served(tg), team_counters(tg, "ide")
+        before, u0 = served(tg), tg.team_counters("ide")
         with client(tg, "ide") as c:  # overflow: throughput, at once
             t0 = time.monotonic()
             r = c.post("/completion", json=body(6))
@@ -177,7 +172,7 @@ def test_a_full_tier_overflows_to_throughput_or_refuses_with_retry_after_as_conf
         assert QUEUE_S - 0.5 <= waited < QUEUE_S + 3, waited
         time.sleep(0.3)
         assert got(tg, before) == {THROUGHPUT: 1, LATENCY: 0}
-        u1 = team_counters(tg, "ide")  # the overflowed request is counted for its team
+        u1 = tg.team_counters("ide")  # the overflowed request is counted for its team
         assert u1["completion_tokens_total"] - u0.get("completion_tokens_total", 0) == 6
     with client(tg, "ide") as c:  # the slot is free again: the latency tier
         assert c.post("/completion", json=body(4)).headers["x-voltafleet-tier"] == "latency"

@@ -19,11 +19,6 @@ from tests.gateway_local.harness import ALIAS
 CHAT = [{"role": "user", "content": "Count from one to twenty in words."}]
 
 
-def counters(g, team: str) -> dict[str, float]:
-    text = httpx.get(g.metrics, timeout=10).text
-    return {m: float(v) for m, v in re.findall(r'^voltafleet_team_(\w+)\{team="%s"\} (\S+)$' % team, text, re.M)}
-
-
 def server(g) -> dict[str, float]:
     """llama-server's own Prometheus counters (--metrics)."""
     text = httpx.get(g.direct + "/metrics", timeout=10).text
@@ -33,10 +28,10 @@ def server(g) -> dict[str, float]:
 def counted(g, send, team: str = "web") -> tuple[dict[str, float], object]:
     """send()'s result and what the gateway counted for the team meanwhile (counter deltas),
     once the request was logged."""
-    before = counters(g, team)
+    before = g.team_counters(team)
     out = send()
     time.sleep(0.3)  # the log line (which counts) is written as the connection's request ends
-    after = counters(g, team)
+    after = g.team_counters(team)
     return {k: after[k] - before.get(k, 0) for k in after}, out
 
 
@@ -99,7 +94,7 @@ def test_streamed_completions_and_the_native_completion_count_exactly(local_gate
     for stream in (False, True):
         d, last = counted(g, lambda: native(stream), team="batch")
         assert (d["prompt_tokens_total"], d["completion_tokens_total"]) == (last["tokens_evaluated"], 35)
-    assert counters(g, "web").get("requests_total", 0) > 0  # the other team's usage is its own (counted above)
+    assert g.team_counters("web").get("requests_total", 0) > 0  # the other team's usage is its own (counted above)
 
 
 def test_an_answer_over_64_kib_counts_whole_streamed_or_not(local_gateway):
