@@ -267,6 +267,22 @@ def pre_phase_s(session: int) -> int:
     return (at("varying file written") - at("facts")).seconds
 
 
+def device_time(results: dict, used: dict) -> tuple[dict, dict, dict, int]:
+    """Where issue 51's sessions spent their device time. `used`: {session: the device seconds its calls took (the
+    device tool's status; no record holds it)}, the newest being `results`' own. Returns the seconds before the phase of
+    sessions 1 to the newest (pre_phase_s), the phases of `used`'s sessions (an earlier one's as its held results keep
+    it, the newest's from `results`), their starts and transfers (used less wait and phase), and the margin a config
+    needs beyond its estimate: the longest wait and the most starts, rounded up to 10 s."""
+    import json
+
+    newest = max(used)
+    waits = {s: pre_phase_s(s) for s in range(1, newest + 1)}
+    phases = {s: round(json.loads((last_call(s) / "results.json.held").read_text())["phase_seconds"]["traffic51:mmq"])
+              for s in used if s != newest} | {newest: round(results["phase_seconds"]["traffic51:mmq"])}
+    starts = {s: u - waits[s] - phases[s] for s, u in used.items()}
+    return waits, phases, starts, -(-(max(waits.values()) + max(starts.values())) // 10) * 10
+
+
 def assert_one_phase(session: int, skipped: list, earlier: str, reps: list, pre_s: int) -> None:
     """A session's last call ran its phase to the end: the configs TRAFFIC51_ONLY left out (`skipped`, each said so),
     `earlier` among those done in an earlier call, the repetitions its progress names ([(config, "i")]), and the

@@ -6,9 +6,9 @@ results.json and the server's whole log (logs.tgz)."""
 from bench.traffic import analyze
 from tests.unit.records51 import (RECORDS51, assert_built, assert_figures, assert_goes_on, assert_one_phase,
                                   assert_one_server, assert_quoted, assert_rows_quoted, assert_under_plan,
-                                  assert_var_comment, cache_floor_mib, call_fixtures, config_named, doc_text,
-                                  earlier_calls, heap51_configs, matrix_left, plan_at_share, plan_fixture, plan_then,
-                                  pre_phase_s, share_needed, spared, todo, unreclaimable, v100_s)
+                                  assert_var_comment, cache_floor_mib, call_fixtures, config_named, device_time,
+                                  doc_text, earlier_calls, heap51_configs, matrix_left, plan_at_share, plan_fixture,
+                                  plan_then, share_needed, spared, todo, unreclaimable, v100_s)
 
 SESSION = RECORDS51 / "session12"
 CALL = SESSION / "call3"  # the last of three calls on one machine: its results.json (held by session 13's) holds 1-12
@@ -106,14 +106,13 @@ def test_two_cells_and_the_floor_s_second_run_are_left(results, plan_now):
     assert (again["args"], again["env"], again["traffic"]) == (ran["plan_args"], ran["env"], plan_now[CELL]["traffic"])
     # the calls used 1,406 s of device time (the device tool's status): 336 s before the phase, 982 s of it, 88 s of
     # starts and transfers
-    waits = {s: pre_phase_s(s) for s in range(1, 13)}
-    assert waits[12] == 336 and (min(waits.values()), max(waits.values())) == (297, 452)
     # sessions 10-12's starts and transfers: the device time used less the wait and the phase (session 10: 536 s, one
     # call; 11: 1,214; 12: 1,406)
-    starts = {10: 536 - waits[10] - 143, 11: 1214 - waits[11] - 693,
-              12: 1406 - waits[12] - round(results["phase_seconds"]["traffic51:mmq"])}
+    waits, phases, starts, margin = device_time(results, {10: 536, 11: 1214, 12: 1406})
+    assert len(waits) == 12 and waits[12] == 336 and (min(waits.values()), max(waits.values())) == (297, 452)
+    assert phases == {10: 143, 11: 693, 12: 982}
     assert starts == {10: 36, 11: 101, 12: 88} and (min(starts.values()), max(starts.values())) == (36, 101)
-    assert -(-(max(waits.values()) + 101) // 10) * 10 == 560 and 998 + 560 == 1558
+    assert margin == 560 and plan_now["4x-ck4-cr4-noidle-heap-again"]["estimate_s"] + margin == 1558
 
 
 def test_the_docs_quote_these_records(results, plan_now):

@@ -2,14 +2,13 @@
 FORCE_MMQ): the cache's heap floor's second run, 4x with the 4 GiB cache again. Every figure bench/RESULTS.md,
 docs/host.md, hostmem.py and group_vars quote from it is recomputed by bench.traffic.analyze from the raw results.json
 and the server's whole log (logs.tgz)."""
-import json
 
 from bench.traffic import analyze
 from tests.unit.records51 import (RECORDS51, assert_built, assert_figures, assert_goes_on, assert_one_phase,
                                   assert_one_server, assert_quoted, assert_rows_quoted, assert_under_plan,
-                                  assert_var_comment, cache_floor_mib, call_fixtures, config_named, doc_text,
-                                  earlier_calls, heap51_configs, last_call, matrix_left, plan_at_share, plan_fixture,
-                                  plan_then, pre_phase_s, share_needed, spared, todo, unreclaimable, v100_s)
+                                  assert_var_comment, cache_floor_mib, call_fixtures, config_named, device_time,
+                                  doc_text, earlier_calls, heap51_configs, matrix_left, plan_at_share, plan_fixture,
+                                  plan_then, share_needed, spared, todo, unreclaimable, v100_s)
 
 SESSION = RECORDS51 / "session13"
 CALL = SESSION / "call3"  # the last of three calls on one machine: its results.json holds sessions 1-13
@@ -118,16 +117,12 @@ def test_two_cells_are_left_each_a_session_s_phase(results, plan_now):
     assert matrix_left(plan_now, left) == (16, {(4, 0, 0), (4, 8, 0)})  # 14 of 16 have run
     # the calls used 1,287 s of device time (the device tool's status: 513 s of 1,800 left): 301 s before the phase,
     # 951 s of it, 35 s of starts and transfers
-    waits = {s: pre_phase_s(s) for s in range(1, 14)}
-    assert waits[13] == 301 and (min(waits.values()), max(waits.values())) == (297, 452)
     # sessions 10-13's starts and transfers: the device time used less the wait and the phase (session 10: 536 s, one
-    # call; 11: 1,214; 12: 1,406; 13: 1,287), each earlier phase as its held results keep it
-    phases = {s: round(json.loads((last_call(s) / "results.json.held").read_text())["phase_seconds"]["traffic51:mmq"])
-              for s in (10, 11, 12)} | {13: round(results["phase_seconds"]["traffic51:mmq"])}
+    # call; 11: 1,214; 12: 1,406; 13: 1,287)
+    waits, phases, starts, margin = device_time(results, {10: 536, 11: 1214, 12: 1406, 13: 1800 - 513})
+    assert len(waits) == 13 and waits[13] == 301 and (min(waits.values()), max(waits.values())) == (297, 452)
     assert phases == {10: 143, 11: 693, 12: 982, 13: 951}
-    starts = {s: used - waits[s] - phases[s] for s, used in {10: 536, 11: 1214, 12: 1406, 13: 1800 - 513}.items()}
     assert starts == {10: 36, 11: 101, 12: 88, 13: 35} and (min(starts.values()), max(starts.values())) == (35, 101)
-    margin = -(-(max(waits.values()) + max(starts.values())) // 10) * 10
     assert margin == 560 and plan_now[left[0]]["estimate_s"] + margin == 1472
 
 

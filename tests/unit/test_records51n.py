@@ -2,14 +2,13 @@
 FORCE_MMQ): 4x without checkpoints. Every figure bench/RESULTS.md, docs/host.md, group_vars and bench/traffic/README.md
 quote from it is recomputed by bench.traffic.analyze from the raw results.json and the server's whole log (logs.tgz);
 shipped's checkpoint counts from session 6's log."""
-import json
 import re
 
 from bench.traffic import analyze
 from tests.unit.records51 import (RECORDS51, assert_built, assert_figures, assert_goes_on, assert_one_phase,
                                   assert_one_server, assert_quoted, assert_rows_quoted, assert_under_plan,
-                                  call_fixtures, config_named, doc_text, earlier_calls, heap51_configs, last_call,
-                                  matrix_left, plan_fixture, pre_phase_s, share_needed, spared, todo, unreclaimable,
+                                  call_fixtures, config_named, device_time, doc_text, earlier_calls, heap51_configs,
+                                  last_call, matrix_left, plan_fixture, share_needed, spared, todo, unreclaimable,
                                   v100_s)
 
 SESSION = RECORDS51 / "session14"
@@ -135,18 +134,14 @@ def test_one_cell_is_left_a_session_s_phase(results, plan_now):
     left = todo(results, plan_now, 14)
     assert left == ["4x-ck8-cr0-heap"] and plan_now[left[0]]["estimate_s"] == 943
     assert matrix_left(plan_now, left) == (16, {(4, 8, 0)})  # 15 of 16 have run
-    waits = {s: pre_phase_s(s) for s in range(1, 15)}
-    assert waits[14] == 380 and (min(waits.values()), max(waits.values())) == (297, 452)
     # sessions 10-14's starts and transfers: the device time used less the wait and the phase (session 10: 536 s, one
-    # call; 11: 1,214; 12: 1,406; 13: 1,287; 14: 1,338), each earlier phase as its held results keep it
-    phases = {s: round(json.loads((last_call(s) / "results.json.held").read_text())["phase_seconds"]["traffic51:mmq"])
-              for s in (10, 11, 12, 13)} | {14: round(results["phase_seconds"]["traffic51:mmq"])}
-    assert phases == {10: 143, 11: 693, 12: 982, 13: 951, 14: 923}
+    # call; 11: 1,214; 12: 1,406; 13: 1,287; 14: 1,338)
     used = {10: 536, 11: 1214, 12: 1406, 13: 1800 - 513, 14: LEFT_AT_START - LEFT_AT_END}
-    starts = {s: u - waits[s] - phases[s] for s, u in used.items()}
     assert used[14] == 1338 and 1800 - LEFT_AT_START == 271
+    waits, phases, starts, margin = device_time(results, used)
+    assert len(waits) == 14 and waits[14] == 380 and (min(waits.values()), max(waits.values())) == (297, 452)
+    assert phases == {10: 143, 11: 693, 12: 982, 13: 951, 14: 923}
     assert starts == {10: 36, 11: 101, 12: 88, 13: 35, 14: 35} and (min(starts.values()), max(starts.values())) == (35, 101)
-    margin = -(-(max(waits.values()) + max(starts.values())) // 10) * 10
     assert margin == 560 and plan_now[left[0]]["estimate_s"] + margin == 1503
 
 
