@@ -158,28 +158,46 @@ def test_the_builds_before_a_phase_in_sessions_1_to_15():
 def test_the_docs_quote_these_records():
     assert_quoted("bench/RESULTS.md", (
         "Six asks got no machine (466 s of the session's 1,800 gone); the seventh, with 1,334 s left",
-        "the build took 348 s, Volta's kernel choice 75 s and FORCE_MMQ 15 s, and the phase began 459 s after the call",
-        "the device time ran out 661 s into the phase, after two of the config's three schedules", "The two calls (556 "
-        "and 586 s) and their starts and transfers (106 s) took 1,248 s of device time", "the same tokens, 10,095 and "
-        "9,425", "They processed 3,904 and 2,924 more prompt tokens than shipped (210,395 and 181,102 against 206,491 "
-        "and 178,178)", "(106 and 90, against shipped's 104 and 86)", "differed by 243-8,059 prompt tokens a schedule",
-        "They created 562 and 505 checkpoints (restoring 24 and 26), about shipped's 559 and 509, at a median copy "
-        "alone of 33.9 ms (1,084 copies in the log)", "Follow-up TTFT p50 4,143 and 2,401 ms against shipped's 2,006 "
-        "and 2,048, p99 9,511 and 10,800 against 7,138 and 10,219; tok/s 35.58 and 25.69 against 36.46 and 26.31; "
-        "walls 284 and 367 s against 277 and 358", "It held 20,152 MiB against peaks of 11,923 and 11,924 MiB; the RSS "
-        "peak (12,741 MiB) stayed under the planned total (21,682), MemoryMax (23,851)", "(`memory.events` `max` 1,011) "
-        "with no OOM kill", "8 checkpoints of 149.6 MiB (128); the peak, less 4x without checkpoints' (559 MiB, session "
-        "14), is 76 of them, so the plan stands 69 % above", "sessions 1-15 waited 297-459 s, and the calls of sessions "
-        "10-15 spent 35-106 s more", "E + 570 s left", "(about 1,513 s of device time)"), after="### Session 15")
+        "the build took 348 s, Volta's kernel choice 75 s and FORCE_MMQ 15 s, and the phase began 459 s after "
+        "the call",
+        "its second schedule ended 661 s into the phase, and the device time ran out during the third",
+        "The two calls (556 and 586 s) and their starts and transfers (106 s) took 1,248 s of device time",
+        "the same tokens, 10,095 and 9,425",
+        "They processed 3,904 and 2,924 more prompt tokens than shipped (210,395 and 181,102 against 206,491 "
+        "and 178,178)",
+        "(106 and 90, against shipped's 104 and 86)",
+        "differed by 243-8,059 prompt tokens a schedule",
+        "They created 562 and 505 checkpoints (restoring 24 and 26), about shipped's 559 and 509, at a median "
+        "copy alone of 33.9 ms (1,084 copies in the log)",
+        "Follow-up TTFT p50 4,143 and 2,401 ms against shipped's 2,006 and 2,048, p99 9,511 and 10,800 "
+        "against 7,138 and 10,219; tok/s 35.58 and 25.69 against 36.46 and 26.31; walls 284 and 367 s against "
+        "277 and 358",
+        "It held 20,152 MiB against peaks of 11,923 and 11,924 MiB; the RSS peak (12,741 MiB) stayed under "
+        "the planned total (21,682), MemoryMax (23,851)",
+        "(`memory.events` `max` 1,011) with no OOM kill",
+        "8 checkpoints of 149.6 MiB (128); the peak, less 4x without checkpoints' (559 MiB, session 14), is "
+        "76 of them, so the plan stands 69 % above",
+        "sessions 1-15 waited 297-459 s, and the calls of sessions 10-15 spent 35-106 s more",
+        "E + 570 s left",
+        "(about 1,513 s of device time)",
+    ), after="### Session 15")
     assert_quoted("docs/host.md", (
-        "its peaks held were 11,923 and 11,924 MiB against the 20,152 planned, 69.0 % above", "about 76 of them",
-        "the RSS peak (12,741 MiB) stayed under the planned total (21,682) and MemoryMax (23,851)", "above all 20 "
-        "HEAP51 configs measured (0.2-69.0 %; `tests/unit/test_records51o.py` for session 15)"))
+        "its peaks held were 11,923 and 11,924 MiB against the 20,152 planned, 69.0 % above",
+        "about 76 of them",
+        "the RSS peak (12,741 MiB) stayed under the planned total (21,682) and MemoryMax (23,851)",
+        "above all 20 HEAP51 configs measured (0.2-69.0 %; `tests/unit/test_records51o.py` for session 15)",
+    ))
     assert_quoted("bench/traffic/README.md", (
-        "A phase takes 297-459 s before its first config (sessions 1-15: the build 224-357 s, Volta's choice and "
-        "FORCE_MMQ 61-93 s), and a session's calls spend 35-106 s more on starts and transfers (sessions 10-15)",
-        "a machine that starts with E + 570 s of device time left", "session 15's machine came with 1,334 s left for "
-        "a 943 s config, and the time ran out 661 s into its phase", "its machine came after six asks without one, "
-        "with 1,334 s left, and its two calls ran two of the config's three schedules", "session 16 starts from "
-        "session 15's results with `TRAFFIC51_ONLY=4x-ck8-cr0-heap` on every call (about 943 s; about 1,513 s of "
-        "device time)", "25.7 + 39.6 MB", "1.8 MB left (measured at session 15's commit"))
+        "A phase takes 297-459 s before its first config (sessions 1-15: the build 224-357 s, Volta's choice "
+        "and FORCE_MMQ 61-93 s), and a session's calls spend 35-106 s more on starts and transfers (sessions "
+        "10-15)",
+        "a machine that starts with E + 570 s of device time left",
+        "session 15's machine came with 1,334 s left for a 943 s config, and the time ran out in its third "
+        "schedule, the second having ended 661 s into the phase",
+        "its machine came after six asks without one, with 1,334 s left, and its two calls ran two of the "
+        "config's three schedules",
+        "session 16 starts from session 15's results with `TRAFFIC51_ONLY=4x-ck8-cr0-heap` on every call "
+        "(about 943 s; about 1,513 s of device time)",
+        "25.7 + 39.6 MB",
+        "1.8 MB left (measured at session 15's commit",
+    ))
