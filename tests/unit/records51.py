@@ -267,19 +267,35 @@ def pre_phase_s(session: int) -> int:
     return (at("varying file written") - at("facts")).seconds
 
 
-def device_time(results: dict, used: dict) -> tuple[dict, dict, dict, int]:
-    """Where issue 51's sessions spent their device time. `used`: {session: the device seconds its calls took (the
-    device tool's status; no record holds it)}, the newest being `results`' own. Returns the seconds before the phase of
-    sessions 1 to the newest (pre_phase_s), the phases of `used`'s sessions (an earlier one's as its held results keep
-    it, the newest's from `results`), their starts and transfers (used less wait and phase), and the margin a config
-    needs beyond its estimate: the longest wait and the most starts, rounded up to 10 s."""
+# Each session's device seconds from its machine's start to its give-back (the device tool's status; no record holds
+# them): session 10 ran one call; 13 ended with 513 s of 1,800 left; 14 came with 1,529 s and ended with 191; 15 came
+# with 1,334 and ended with 86
+DEVICE_USED51 = {10: 536, 11: 1214, 12: 1406, 13: 1800 - 513, 14: 1529 - 191, 15: 1334 - 86}
+# sessions whose phase did not end (no phase_seconds of their own): their calls' walls (the device tool's replies) stand
+# for the wait and the phase
+CUT51 = {15: (556.0, 585.7)}
+
+
+def device_time(results: dict, newest: int) -> tuple[dict, dict, dict, int]:
+    """Where issue 51's sessions spent their device time, as it stood once session `newest`'s records (`results`) were
+    in. Returns the seconds before the phase of sessions 1 to `newest` (pre_phase_s); the phases of DEVICE_USED51's
+    sessions up to it, but those cut short (CUT51): each as the results it ended with hold it (a held file keeps its
+    own phase_seconds only where the next session's differ); their starts and transfers (the device time used less
+    wait and phase, or less the calls' walls for one cut short); and the margin a config needs beyond its estimate:
+    the longest wait and the most starts, rounded up to 10 s."""
     import json
 
-    newest = max(used)
+    def phase(s):
+        for t in range(s, newest):
+            held = json.loads((last_call(t) / "results.json.held").read_text())
+            if "phase_seconds" in held:
+                return round(held["phase_seconds"]["traffic51:mmq"])
+        return round(results["phase_seconds"]["traffic51:mmq"])
+
+    used = {s: u for s, u in DEVICE_USED51.items() if s <= newest}
     waits = {s: pre_phase_s(s) for s in range(1, newest + 1)}
-    phases = {s: round(json.loads((last_call(s) / "results.json.held").read_text())["phase_seconds"]["traffic51:mmq"])
-              for s in used if s != newest} | {newest: round(results["phase_seconds"]["traffic51:mmq"])}
-    starts = {s: u - waits[s] - phases[s] for s, u in used.items()}
+    phases = {s: phase(s) for s in used if s not in CUT51}
+    starts = {s: u - (round(sum(CUT51[s])) if s in CUT51 else waits[s] + phases[s]) for s, u in used.items()}
     return waits, phases, starts, -(-(max(waits.values()) + max(starts.values())) // 10) * 10
 
 

@@ -3,7 +3,7 @@ FORCE_MMQ): 4x without checkpoints. Every figure bench/RESULTS.md, docs/host.md,
 quote from it is recomputed by bench.traffic.analyze from the raw results.json and the server's whole log (logs.tgz);
 shipped's checkpoint counts from session 6's log."""
 from bench.traffic import analyze
-from tests.unit.records51 import (RECORDS51, assert_built, assert_figures, assert_goes_on, assert_one_phase,
+from tests.unit.records51 import (DEVICE_USED51, RECORDS51, assert_built, assert_figures, assert_goes_on, assert_one_phase,
                                   assert_one_server, assert_quoted, assert_rows_quoted, assert_under_plan,
                                   call_fixtures, config_named, device_time, doc_text, earlier_calls, heap51_configs,
                                   matrix_left, plan_fixture, share_needed, spared, todo, unreclaimable,
@@ -134,9 +134,8 @@ def test_one_cell_is_left_a_session_s_phase(results, plan_now):
     assert matrix_left(plan_now, left) == (16, {(4, 8, 0)})  # 15 of 16 have run
     # sessions 10-14's starts and transfers: the device time used less the wait and the phase (session 10: 536 s, one
     # call; 11: 1,214; 12: 1,406; 13: 1,287; 14: 1,338)
-    used = {10: 536, 11: 1214, 12: 1406, 13: 1800 - 513, 14: LEFT_AT_START - LEFT_AT_END}
-    assert used[14] == 1338 and 1800 - LEFT_AT_START == 271
-    waits, phases, starts, margin = device_time(results, used)
+    assert DEVICE_USED51[14] == LEFT_AT_START - LEFT_AT_END == 1338 and 1800 - LEFT_AT_START == 271
+    waits, phases, starts, margin = device_time(results, 14)
     assert len(waits) == 14 and waits[14] == 380 and (min(waits.values()), max(waits.values())) == (297, 452)
     assert phases == {10: 143, 11: 693, 12: 982, 13: 951, 14: 923}
     assert starts == {10: 36, 11: 101, 12: 88, 13: 35, 14: 35} and (min(starts.values()), max(starts.values())) == (35, 101)

@@ -3,13 +3,12 @@ FORCE_MMQ): 4x with 8 checkpoints, cut short by the device time after two of its
 bench/RESULTS.md, docs/host.md and bench/traffic/README.md quote from it is recomputed by bench.traffic.analyze from the
 raw results.json and the server's log (logs.tgz); shipped's figures are session 6's run, which these results hold."""
 import json
-import math
 import re
 
 import pytest
 
 from bench.traffic import analyze
-from tests.unit.records51 import (RECORDS51, assert_built, assert_quoted, assert_under_plan,
+from tests.unit.records51 import (CUT51, DEVICE_USED51, RECORDS51, assert_built, assert_quoted, assert_under_plan,
                                   call_fixtures, config_named, device_time, earlier_calls, heap51_configs, last_call,
                                   matrix_left, plan_fixture, pre_phase_s, spared, todo, unreclaimable)
 
@@ -21,8 +20,6 @@ CKPT_MIB = 149.6  # one checkpoint of Qwen3.6-27B's recurrent state (bench/RESUL
 # the device tool (no record holds these): left when the machine came (six asks without one cost 466 s), after giving
 # it back, and the two calls' walls as the tool's replies gave them
 LEFT_AT_START, LEFT_AT_END, CALL_WALLS = 1334, 86, (556.0, 585.7)
-# sessions 10-14's device time (tests/unit/test_records51n.py)
-USED_BEFORE = {10: 536, 11: 1214, 12: 1406, 13: 1800 - 513, 14: 1338}
 
 
 results, logs, rounds = call_fixtures(CALL)
@@ -128,20 +125,19 @@ def test_the_cell_is_left_and_its_next_run_stands_for_it(results, cell, plan_now
     assert config_named(later, CELL)["complete"] is True and todo(later, plan_now, 15) == []
 
 
-def test_a_config_needs_its_estimate_and_570_s():
-    """Sessions 1-15's waits before the phase; sessions 10-14's starts and transfers from their held phases and this
-    session's from its calls' walls: the margin a config needs beyond its estimate, rounded up to 10 s."""
-    earlier = analyze.load(str(RECORDS51 / "session14/call3/results.json"))
-    waits, _, starts, _ = device_time(earlier, USED_BEFORE)
-    assert (min(waits.values()), max(waits.values())) == (297, 452)
-    starts[15] = LEFT_AT_START - LEFT_AT_END - round(sum(CALL_WALLS))
-    waits[15] = pre_phase_s(15)
-    assert starts[15] == 106 and 1800 - LEFT_AT_START == 466 and LEFT_AT_START - LEFT_AT_END == 1248
-    assert [round(w) for w in CALL_WALLS] == [556, 586]
-    assert (min(starts.values()), max(starts.values()), max(waits.values())) == (35, 106, 459)
-    margin = math.ceil((max(waits.values()) + max(starts.values())) / 10) * 10
+def test_a_config_needs_its_estimate_and_570_s(results):
+    """Sessions 1-15's waits before the phase; sessions 10-14's starts and transfers from their phases (session 14's
+    as this session's results hold it) and this session's from its calls' walls: the margin a config needs beyond its
+    estimate, rounded up to 10 s."""
+    assert DEVICE_USED51[15] == LEFT_AT_START - LEFT_AT_END == 1248 and 1800 - LEFT_AT_START == 466
+    assert CUT51[15] == CALL_WALLS and [round(w) for w in CALL_WALLS] == [556, 586]
+    waits, phases, starts, margin = device_time(results, 15)
+    assert len(waits) == 15 and waits[15] == pre_phase_s(15) == 459
+    assert (min(waits.values()), max(waits.values())) == (297, 459)
+    assert phases == {10: 143, 11: 693, 12: 982, 13: 951, 14: 923}  # none of this session's own
+    assert starts == {10: 36, 11: 101, 12: 88, 13: 35, 14: 35, 15: 106}
     assert margin == 570 and 943 + margin == 1513
-    assert LEFT_AT_START < 943 + pre_phase_s(15) + starts[15]  # this session could not have ended the config
+    assert LEFT_AT_START < 943 + waits[15] + starts[15]  # this session could not have ended the config
 
 
 def test_the_builds_before_a_phase_in_sessions_1_to_15():
