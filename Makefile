@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 LAB_HOSTS ?= 3
-HOST_PACKAGES := debootstrap systemd-container iproute2 nginx-light git ccache openssh-client curl python3-venv haproxy socat faketime
+HOST_PACKAGES := debootstrap systemd-container iproute2 nginx-light git ccache openssh-client curl python3-venv haproxy socat faketime gcc libc6-dev
 
 .PHONY: host-packages promtool setup lab-up lab-down demo test unit bench
 

@@ -5,7 +5,8 @@ Turing table) and GGML_CUDA_FORCE_MMQ as both V100 groups ship it; then the gate
     .venv/bin/python -m bench.gpu.pin_proof pack [DEST]          # both sources, plan50's argv (< 64 MiB)
     # on the GPU machine: PHASES=<PHASES50> bash DEST/gpu_proof.sh   (RES=dir for the results)
     .venv/bin/python -m bench.gpu.pin_proof record RUN_DIR [OUT]  # the gate's h200.json from the run's results
-    .venv/bin/python -m bench.gpu.pin_proof pack51 [DEST]        # issue 51's traffic runs, built at b11434
+    .venv/bin/python -m bench.gpu.pin_proof pack51 [DEST] [--prebuilt DIR]  # issue 51's traffic runs at b11434
+                                                                 # (DIR: bench/gpu/offbuild.py's binary, no build)
 
 The run (plan50, phases PHASES50) measures on each side, the old pin `mmq` and the new `mmqnew`:
   peaks    one long prompt per slot at once at both V100 groups' shipped argv: the GPU peak against the
@@ -22,6 +23,7 @@ requests leave its figure out (None, never a pass).
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,10 +90,46 @@ def plan51_new(new_commit: str = NEW_COMMIT) -> dict:
 
 
 def pack51(dest: Path, bare: Path | None = None, checkout: Path | None = None, commit: str = gpu_proof.COMMIT,
-           new_commit: str = NEW_COMMIT) -> dict:
+           new_commit: str = NEW_COMMIT, prebuilt: Path | None = None) -> dict:
     """pack50's pack (both commits in llama.cpp.git; gguf-py, vocabulary and template from the pin's sdist,
-    which qwen35gen was proven with) with plan51_new over its plan: `PHASES=traffic51:mmq` builds b11434."""
-    return pack50(dest, bare, checkout, commit, new_commit, overlay=plan51_new(new_commit))
+    which qwen35gen was proven with) with plan51_new over its plan: `PHASES=traffic51:mmq` builds b11434.
+    `prebuilt`: bench/gpu/offbuild.py's folder for this plan's build. The pack then holds the vocabulary as a file,
+    not the sources (llama.cpp.git stays out), and its llama-server.xz in two halves, since the whole (40 MiB) and
+    the checkout are more than one device call carries: prebuilt/llama-server.xz.1 with SHA256SUMS in the pack, and
+    llama-server.xz.2 alone in DEST-part2, which the session's first call carries to the GPU machine's
+    /tmp/prebuilt51 (bench/traffic/README.md); gpu_proof.sh joins them, checks the sum and runs that binary."""
+    m = pack50(dest, bare, checkout, commit, new_commit, overlay=plan51_new(new_commit))
+    if prebuilt is None:
+        return m
+    dest = Path(dest)
+    fp = json.loads((dest / "plan.json").read_text())["build"]["fingerprint"]
+    for f in ("llama-server.xz", "SHA256SUMS", "build.txt", "build-mmq.txt"):
+        if not (Path(prebuilt) / f).is_file():
+            raise SystemExit(f"{prebuilt}: no {f}; build it with `python -m bench.gpu.offbuild {dest} {prebuilt}`")
+    if f"as release {fp} " not in (Path(prebuilt) / "build.txt").read_text():
+        raise SystemExit(f"{prebuilt}/build.txt: not release {fp}, this pack's build; build it again with "
+                         f"`python -m bench.gpu.offbuild {dest} {prebuilt}`")
+    if "FORCE_MMQ" not in (Path(prebuilt) / "variants.diff").read_text():
+        raise SystemExit(f"{prebuilt}/variants.diff: no FORCE_MMQ: not the mmq variant the traffic runs take")
+    git = dest / "llama.cpp.git"
+    for line in (dest / "vocab-blobs.txt").read_text().splitlines():
+        name, blob = line.split()
+        (dest / name).write_bytes(subprocess.run(["git", "--git-dir", str(git), "cat-file", "blob", blob],
+                                                 capture_output=True, check=True).stdout)
+    (dest / "vocab-blobs.txt").unlink()
+    shutil.rmtree(git)
+    (dest / "prebuilt").mkdir()
+    shutil.copy(Path(prebuilt) / "SHA256SUMS", dest / "prebuilt/SHA256SUMS")
+    xz = (Path(prebuilt) / "llama-server.xz").read_bytes()
+    part2 = dest.with_name(dest.name + "-part2")
+    shutil.rmtree(part2, ignore_errors=True)
+    part2.mkdir()
+    (dest / "prebuilt/llama-server.xz.1").write_bytes(xz[:len(xz) // 2])
+    (part2 / "llama-server.xz.2").write_bytes(xz[len(xz) // 2:])
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    return {**m, "files": files, "bytes": gpu_proof.carried(dest, files), "part2": str(part2),
+            "part2_bytes": gpu_proof.carried(part2, ["llama-server.xz.2"]),
+            "prebuilt": (dest / "prebuilt/SHA256SUMS").read_text().split()[0]}
 
 
 # ---------------------------------------------------------------- the gate's record from the run's results
@@ -227,8 +265,14 @@ def main(argv: list[str]) -> int:
         print(f"on the GPU machine: PHASES={PHASES50} bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
         return 0
     if cmd == "pack51":
-        m = pack51(Path(argv[1]) if len(argv) > 1 else REPO / ".voltafleet" / "gpu51")
-        print(f"packed {m['dest']}: {m['bytes'] / 2**20:.1f} MiB, release {m['fingerprint']} ({NEW_REF})")
+        rest, pre = argv[1:], None
+        if "--prebuilt" in rest:
+            i = rest.index("--prebuilt")
+            pre, rest = Path(rest[i + 1]), rest[:i] + rest[i + 2:]
+        m = pack51(Path(rest[0]) if rest else REPO / ".voltafleet" / "gpu51", prebuilt=pre)
+        print(f"packed {m['dest']}: {m['bytes'] / 2**20:.1f} MiB, release {m['fingerprint']} ({NEW_REF})"
+              + (f", prebuilt llama-server {m['prebuilt'][:16]}; its second half in {m['part2']}: "
+                 f"{m['part2_bytes'] / 2**20:.1f} MiB" if pre else ""))
         print(f"on the GPU machine: PHASES=traffic51:mmq bash {m['dest']}/gpu_proof.sh  (RES=dir for the results)")
         return 0
     if cmd == "record":
