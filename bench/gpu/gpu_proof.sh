@@ -7,6 +7,9 @@
 #   the same with FORCE_MMQ -> bench/gpu/proof_bench.py: peaks, llama-bench, the servers, the probes (issue 27)
 # PHASES picks proof_bench's phases (its PHASES table; default: issue 27's); the FORCE_MMQ variant is skipped when every
 # phase names the Volta-rule build (e.g. issue 32: PHASES=think32:volta), the tiny probe model unless probe27 runs.
+# Issue 51 (bench/gpu/offbuild.py): BUILD_ONLY=1 ends after the variants' builds (off the GPU machine, JOBS= its
+# cores); a pack with prebuilt/ (pin_proof pack51 --prebuilt) builds nothing and runs that FORCE_MMQ binary, its
+# second half found in PARTS (default /tmp/prebuilt51).
 set -u
 W=$(cd "$(dirname "$0")" && pwd)
 RES=${RES:-/tmp/proof}
