@@ -75,8 +75,14 @@ class Run:
         assert m, f"no results table in pyinfra output:\n{self.out[-3000:]}"
         return 0 if m.group(2) == "-" else int(m.group(2))
 
+    def why(self) -> str:
+        """The lines that say why a run failed (pyinfra's errors, the smoke test's verdicts, rollbacks), not the
+        results table's rows: a failed run's repr begins with them, where a cut log still shows them."""
+        return "\n".join([ln for ln in self.out.splitlines()
+                          if re.search(r"error|fail|rolled back|smoke|refus", ln, re.I) and " | " not in ln][-40:])
+
     def __repr__(self):
-        return f"Run(rc={self.rc}):\n{self.out[-4000:]}"
+        return f"Run(rc={self.rc}):\n{self.why() if self.rc else ''}\n--- the output's end:\n{self.out[-3000:]}"
 
 
 # every pyinfra run and driver of this lab test session, timed (the lab's conftest empties it first)
