@@ -1120,8 +1120,14 @@ def pack(dest: Path, checkout: Path | None = None, commit: str = COMMIT, overlay
     plan = {"build": build_plan(), **run_plan(), **plan27(), "tune29": plan_tune29(), **plan32(),
             "tune29b": plan_tune29b(), **plan38(), **plan41(), **plan49(), **plan51(), **(overlay or {})}
     (dest / "plan.json").write_text(json.dumps(plan, indent=1))
-    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    return {"dest": str(dest), "bytes": carried(dest, files), "files": files, "fingerprint": plan["build"]["fingerprint"]}
+    return {"dest": str(dest), **listed(dest), "fingerprint": plan["build"]["fingerprint"]}
+
+
+def listed(dest: Path) -> dict:
+    """A pack's files (relative to dest, sorted) and what they weigh (`carried`: SystemExit when they and the
+    checkout are more than one device call carries): {"files", "bytes"}."""
+    files = sorted(str(p.relative_to(dest)) for p in Path(dest).rglob("*") if p.is_file())
+    return {"files": files, "bytes": carried(Path(dest), files)}
 
 
 def tracked_bytes(repo: Path = REPO) -> int:

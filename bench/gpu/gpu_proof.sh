@@ -62,11 +62,11 @@ PY
       >> "$RES/progress.txt" 2>&1
     log "model written"
   }
+  IFS=, read -ra PHS <<< "$PH"
   if [ -e "$W/prebuilt/llama-server.xz.1" ]; then
     # issue 51: the pack holds the FORCE_MMQ variant with Volta's choice built off this machine by this script's
     # BUILD_ONLY run (bench/gpu/offbuild.py, the same nvcc and argv): no build here, every phase on `mmq`. Its
     # xz comes in two halves (pin_proof.pack51): the second one the session's first call left in PARTS
-    IFS=, read -ra PHS <<< "$PH"
     for p in "${PHS[@]}"; do
       case "$p" in *:mmq) ;; *) log "prebuilt: phase $p needs a build the pack does not hold"; echo failed > "$RES/DONE"; exit 1 ;; esac
     done
@@ -143,7 +143,6 @@ PY
     variant volta
     # the FORCE_MMQ variant unless every phase names the Volta-rule build (issue 32: think32:volta)
     need_mmq=0
-    IFS=, read -ra PHS <<< "$PH"
     for p in "${PHS[@]}"; do case "$p" in *:volta) ;; *) need_mmq=1 ;; esac; done
     if [ "$need_mmq" = 1 ]; then
       force_mmq "$src"

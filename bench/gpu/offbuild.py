@@ -159,9 +159,9 @@ def build(pack: Path, res: Path, prefix: Path, cmake_bin: Path, stubs: Path, job
         raise SystemExit(f"{res}: the build ended {done!r}: {last[0] if last else 'no progress line'}")
 
 
-def collect(res: Path, binary: Path, dest: Path, wheels: list[Path], pack: Path | None = None) -> dict:
-    """DEST: llama-server.xz, SHA256SUMS (sha256sum's form, of llama-server), the run's LOGS, wheels.txt (each
-    wheel's name and sha256) and binary.json: {"sha256", "bytes", "xz_bytes"}, which it returns. The pack's path
+def collect(res: Path, binary: Path, dest: Path, wheels: dict[str, str], pack: Path | None = None) -> dict:
+    """DEST: llama-server.xz, SHA256SUMS (sha256sum's form, of llama-server), the run's LOGS, wheels.txt (`wheels`:
+    each wheel's file name and the sha256 fetch checked it against) and binary.json: {"sha256", "bytes", "xz_bytes"}, which it returns. The pack's path
     (`pack`) reads @PACK@ in the logs, as in plan.json's argv."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -174,8 +174,7 @@ def collect(res: Path, binary: Path, dest: Path, wheels: list[Path], pack: Path 
             raise SystemExit(f"{res}: no {f}: the build's logs are incomplete")
         text = (res / f).read_text(errors="replace")
         (dest / f).write_text(text.replace(str(pack), "@PACK@") if pack else text)  # no path of this machine's
-    (dest / "wheels.txt").write_text("".join(f"{w.name} {hashlib.sha256(w.read_bytes()).hexdigest()}\n"
-                                             for w in wheels))
+    (dest / "wheels.txt").write_text("".join(f"{name} {sha}\n" for name, sha in wheels.items()))
     m = {"sha256": sha, "bytes": len(data), "xz_bytes": (dest / "llama-server.xz").stat().st_size}
     (dest / "binary.json").write_text(json.dumps(m, indent=1) + "\n")
     return m
@@ -198,7 +197,8 @@ def main(argv: list[str]) -> int:
     cm = cmake(wheels[-1], cache / "cmake")
     res = cache / "res"
     build(pack, res, prefix, cm, stubs, os.cpu_count() or 2)
-    m = collect(res, Path("/tmp/mmq/bin/llama-server"), dest, wheels, pack)
+    pins = {w.name: sha for w, (_, _, sha) in zip(wheels, (*WHEELS, CMAKE))}  # the sums fetch checked
+    m = collect(res, Path("/tmp/mmq/bin/llama-server"), dest, pins, pack)
     print(f"{dest}: llama-server {m['bytes'] / 2**20:.1f} MiB ({m['xz_bytes'] / 2**20:.1f} MiB as xz), sha256 {m['sha256']}")
     return 0
 

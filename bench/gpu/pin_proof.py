@@ -79,8 +79,7 @@ def pack50(dest: Path, bare: Path | None = None, checkout: Path | None = None, c
                          text=True, check=True).stdout.strip()
     if got != new_commit:
         raise SystemExit(f"{git}: {NEW_REF} is {got}, not {new_commit}")
-    files = sorted(str(p.relative_to(dest)) for p in Path(dest).rglob("*") if p.is_file())
-    return {**m, "files": files, "bytes": gpu_proof.carried(Path(dest), files)}
+    return {**m, **gpu_proof.listed(dest)}
 
 
 def plan51_new(new_commit: str = NEW_COMMIT) -> dict:
@@ -101,15 +100,15 @@ def pack51(dest: Path, bare: Path | None = None, checkout: Path | None = None, c
     m = pack50(dest, bare, checkout, commit, new_commit, overlay=plan51_new(new_commit))
     if prebuilt is None:
         return m
-    dest = Path(dest)
+    dest, prebuilt = Path(dest), Path(prebuilt)
     fp = json.loads((dest / "plan.json").read_text())["build"]["fingerprint"]
-    for f in ("llama-server.xz", "SHA256SUMS", "build.txt", "build-mmq.txt"):
-        if not (Path(prebuilt) / f).is_file():
+    for f in ("llama-server.xz", "SHA256SUMS", "build.txt", "build-mmq.txt", "variants.diff"):
+        if not (prebuilt / f).is_file():
             raise SystemExit(f"{prebuilt}: no {f}; build it with `python -m bench.gpu.offbuild {dest} {prebuilt}`")
-    if f"as release {fp} " not in (Path(prebuilt) / "build.txt").read_text():
+    if f"as release {fp} " not in (prebuilt / "build.txt").read_text():
         raise SystemExit(f"{prebuilt}/build.txt: not release {fp}, this pack's build; build it again with "
                          f"`python -m bench.gpu.offbuild {dest} {prebuilt}`")
-    if "FORCE_MMQ" not in (Path(prebuilt) / "variants.diff").read_text():
+    if "FORCE_MMQ" not in (prebuilt / "variants.diff").read_text():
         raise SystemExit(f"{prebuilt}/variants.diff: no FORCE_MMQ: not the mmq variant the traffic runs take")
     git = dest / "llama.cpp.git"
     for line in (dest / "vocab-blobs.txt").read_text().splitlines():
@@ -119,16 +118,14 @@ def pack51(dest: Path, bare: Path | None = None, checkout: Path | None = None, c
     (dest / "vocab-blobs.txt").unlink()
     shutil.rmtree(git)
     (dest / "prebuilt").mkdir()
-    shutil.copy(Path(prebuilt) / "SHA256SUMS", dest / "prebuilt/SHA256SUMS")
-    xz = (Path(prebuilt) / "llama-server.xz").read_bytes()
+    shutil.copy(prebuilt / "SHA256SUMS", dest / "prebuilt/SHA256SUMS")
+    xz = (prebuilt / "llama-server.xz").read_bytes()
     part2 = dest.with_name(dest.name + "-part2")
     shutil.rmtree(part2, ignore_errors=True)
     part2.mkdir()
     (dest / "prebuilt/llama-server.xz.1").write_bytes(xz[:len(xz) // 2])
     (part2 / "llama-server.xz.2").write_bytes(xz[len(xz) // 2:])
-    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    return {**m, "files": files, "bytes": gpu_proof.carried(dest, files), "part2": str(part2),
-            "part2_bytes": gpu_proof.carried(part2, ["llama-server.xz.2"]),
+    return {**m, **gpu_proof.listed(dest), "part2": str(part2), "part2_bytes": gpu_proof.listed(part2)["bytes"],
             "prebuilt": (dest / "prebuilt/SHA256SUMS").read_text().split()[0]}
 
 

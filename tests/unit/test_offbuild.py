@@ -110,9 +110,7 @@ def prebuilt_dir(path: Path, fp: str, binary: bytes, tmp: Path) -> Path:
     (res / "variants.diff").write_text("+#define GGML_CUDA_FORCE_MMQ\n")
     b = tmp / "llama-server"
     b.write_bytes(binary)
-    whl = tmp / "w.whl"
-    whl.write_bytes(b"w")
-    m = offbuild.collect(res, b, path, [whl], tmp / "pack")
+    m = offbuild.collect(res, b, path, {"w.whl": hashlib.sha256(b"w").hexdigest()}, tmp / "pack")
     assert m["sha256"] == hashlib.sha256(binary).hexdigest() and m["bytes"] == len(binary)
     return path
 
@@ -131,7 +129,7 @@ def test_collect_keeps_the_binary_its_sum_and_every_log(tmp_path):
     assert (dest / "facts.txt").read_text() == "@PACK@/gpu_proof.sh: line 36: nvidia-smi: command not found\n"
     (tmp_path / "res/facts.txt").unlink()
     with pytest.raises(SystemExit, match="no facts.txt"):
-        offbuild.collect(tmp_path / "res", tmp_path / "llama-server", tmp_path / "pre2", [])
+        offbuild.collect(tmp_path / "res", tmp_path / "llama-server", tmp_path / "pre2", {})
 
 
 def test_pack51_with_a_prebuilt_binary_holds_it_and_no_sources(tmp_path, checkout):  # noqa: F811
@@ -163,11 +161,13 @@ def test_pack51_with_a_prebuilt_binary_holds_it_and_no_sources(tmp_path, checkou
 
 
 def prebuilt_block(pack: Path, mmq: Path) -> str:
-    """gpu_proof.sh's prebuilt branch (from its `if` to the `else` of the build), its /tmp/mmq under `mmq`."""
+    """gpu_proof.sh's prebuilt branch (from its `if` to the `else` of the build) after the line before it, which
+    reads the phase list, its /tmp/mmq under `mmq`."""
     lines = (REPO / "bench/gpu/gpu_proof.sh").read_text().splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.strip() == 'if [ -e "$W/prebuilt/llama-server.xz.1" ]; then')
     end = next(i for i in range(start, len(lines)) if lines[i] == "  else")
-    body = "\n".join(lines[start + 1:end]).replace("/tmp/mmq", str(mmq))
+    assert lines[start - 1].strip() == 'IFS=, read -ra PHS <<< "$PH"'
+    body = "\n".join([lines[start - 1], *lines[start + 1:end]]).replace("/tmp/mmq", str(mmq))
     return (f'set -u\nW={pack}\nRES={pack}/res\nNVCC=/nonexistent/bin/nvcc\nPH="${{PH:-traffic51:mmq}}"\n'
             'log() { echo "$*" >> "$RES/progress.txt"; }\nmodel() { log "model written"; }\n'
             f'{body}\necho "BIN=$BIN BINS=$BINS"\n')
