@@ -269,8 +269,8 @@ def pre_phase_s(session: int) -> int:
 
 # Each session's device seconds from its machine's start to its give-back (the device tool's status; no record holds
 # them): session 10 ran one call; 13 ended with 513 s of 1,800 left; 14 came with 1,529 s and ended with 191; 15 came
-# with 1,334 and ended with 86
-DEVICE_USED51 = {10: 536, 11: 1214, 12: 1406, 13: 1800 - 513, 14: 1529 - 191, 15: 1334 - 86}
+# with 1,334 and ended with 86; 16 came with 1,619 and ended with 536
+DEVICE_USED51 = {10: 536, 11: 1214, 12: 1406, 13: 1800 - 513, 14: 1529 - 191, 15: 1334 - 86, 16: 1619 - 536}
 # sessions whose phase did not end (no phase_seconds of their own): their calls' walls (the device tool's replies) stand
 # for the wait and the phase
 CUT51 = {15: (556.0, 585.7)}

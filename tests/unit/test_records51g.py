@@ -239,7 +239,8 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
     baseline; session 10 ran one call), and session 10's by session 11's (its held file keeps its own phase_seconds),
     and session 11's by session 12's (its phase_seconds too), and session 12's by session 13's (its phase_seconds too),
     and session 13's by session 14's (its phase_seconds too), and session 14's by session 15's (whose phase did not end:
-    the same phase_seconds, none kept), so sessions 1-7 are rebuilt through them."""
+    the same phase_seconds, none kept), and session 15's by session 16's (session 14's phase_seconds kept), so sessions
+    1-7 are rebuilt through them."""
     import hashlib
     import json
 
@@ -248,7 +249,7 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
     assert [str(h.parent.relative_to(base)) for h in held] == [
         "session1/call3", "session2/call2", "session3/call2", "session4/call3", "session5/call3", "session6/call3",
         "session7/call3", "session8/call3", "session9/call3", "session10/call1", "session11/call3",
-        "session12/call3", "session13/call3", "session14/call3"]
+        "session12/call3", "session13/call3", "session14/call3", "session15/call2"]
     for h in held:
         info = json.loads(h.read_text())
         later = {SESSION: "session8/call3", SESSION.parent / "session8": "session9/call3",
@@ -257,7 +258,8 @@ def test_earlier_sessions_results_are_held_by_this_one_byte_for_byte():
                  SESSION.parent / "session11": "session12/call3",
                  SESSION.parent / "session12": "session13/call3",
                  SESSION.parent / "session13": "session14/call3",
-                 SESSION.parent / "session14": "session15/call2"}.get(h.parent.parent, "session7/call3")
+                 SESSION.parent / "session14": "session15/call2",
+                 SESSION.parent / "session15": "session16/call2"}.get(h.parent.parent, "session7/call3")
         assert info["held_by"] == f"../../{later}"
         assert not (h.parent / "results.json").exists() and not (h.parent / "results.json.gz").exists()
         assert hashlib.sha256(analyze.raw(str(h.parent / "results.json"))).hexdigest() == info["sha256"]

@@ -184,9 +184,6 @@ def test_the_docs_quote_these_records():
         "above all 20 HEAP51 configs measured (0.2-69.0 %; `tests/unit/test_records51o.py` for session 15)",
     ))
     assert_quoted("bench/traffic/README.md", (
-        "A phase takes 297-459 s before its first config (sessions 1-15: the build 224-357 s, Volta's choice "
-        "and FORCE_MMQ 61-93 s), and a session's calls spend 35-106 s more on starts and transfers (sessions "
-        "10-15)",
         "a machine that starts with E + 570 s of device time left",
         "session 15's machine came with 1,334 s left for a 943 s config, and the time ran out in its third "
         "schedule, the second having ended 661 s into the phase",
