@@ -253,6 +253,7 @@ def test_the_docs_quote_these_records():
         "Session 16 (an H100) started from session 15's results with the prebuilt binary",
         "its three calls took 1,083 s of device time (181 s more went to an ask without a machine)",
         "The matrix is complete",
+        "session 16's are `bench/records/offbuild51`, the binary its build.txt names",
         "After session 16 the checkout and the pack come to 26.2 + 39.6 MB of the 67.1 MB a call carries, 1.3 MB "
         "left, or 26.2 + 28.1 MB with `--prebuilt` (measured at session 16's commit)",
     ))
